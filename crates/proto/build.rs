@@ -1,0 +1,16 @@
+//! Compiles `proto/*.proto` with protox (pure Rust), so a build never needs a
+//! system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["agent.proto", "raft.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={}", root.join(file).display());
+    }
+    let descriptors = protox::compile(files, [&root])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}
