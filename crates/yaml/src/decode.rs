@@ -102,6 +102,12 @@ impl Cx {
         !self.problems.is_empty()
     }
 
+    /// How many problems so far; decoders compare it before and after a
+    /// value to know whether that value was sound.
+    pub fn problem_count(&self) -> usize {
+        self.problems.len()
+    }
+
     /// Finishes decoding: the value when nothing was wrong, else every problem.
     pub fn finish<T>(mut self, file: &str, value: Option<T>) -> Result<T, Problems> {
         match value {

@@ -176,7 +176,14 @@ impl MarkedEventReceiver for TreeBuilder {
                 pending_key: None,
             }),
             Event::SequenceEnd | Event::MappingEnd => {
-                if let Some(Open::Seq(node) | Open::Map { node, .. }) = self.stack.pop() {
+                if let Some(Open::Seq(mut node) | Open::Map { mut node, .. }) = self.stack.pop() {
+                    // The parser marks a block mapping where its first value
+                    // starts; its first key is where a reader looks.
+                    if let Value::Map(entries) = &node.value {
+                        if let Some(first) = entries.first() {
+                            node.pos = first.key_pos;
+                        }
+                    }
                     self.push_finished(node);
                 }
             }
