@@ -453,7 +453,7 @@ fn status_cmd(args: &[String]) -> i32 {
         return not_found();
     };
     let (y, mo, d, h, mi, s) = crate::logs::utc_parts(std::time::SystemTime::now());
-    let gpus: u64 = nodes.iter().map(|n| n.2).sum();
+    let gpus = nodes.iter().map(|n| n.2).sum::<u64>() as f64;
     println!(
         "======== Autoscaler status: {y}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}.000000 ========"
     );
