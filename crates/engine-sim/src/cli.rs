@@ -126,25 +126,25 @@ fn engine_main(engine: Engine, args: &[String]) -> i32 {
         println!("{}", parser.help_text());
         return 0;
     }
-    if engine == Engine::Vllm {
-        if let Some(path) = parsed.str("config").map(str::to_string) {
-            // Options from the file come first so the command line wins.
-            let mut merged = match config_file_args(&path) {
-                Ok(a) => a,
-                Err(e) => {
-                    eprintln!("{}: error: {e}", parser.prog);
-                    return 2;
-                }
-            };
-            merged.extend(args.iter().cloned());
-            parsed = match parser.parse(&merged) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return 2;
-                }
-            };
-        }
+    if engine == Engine::Vllm
+        && let Some(path) = parsed.str("config").map(str::to_string)
+    {
+        // Options from the file come first so the command line wins.
+        let mut merged = match config_file_args(&path) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("{}: error: {e}", parser.prog);
+                return 2;
+            }
+        };
+        merged.extend(args.iter().cloned());
+        parsed = match parser.parse(&merged) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("{e}");
+                return 2;
+            }
+        };
     }
     let knobs = match Knobs::resolve(&parsed, &ProcessEnv) {
         Ok(k) => k,

@@ -104,19 +104,11 @@ impl ServeConfig {
                 ))),
             }
         };
-        let (tp, pp, dp) = if vllm {
-            (
-                int("tensor-parallel-size", 1)?,
-                int("pipeline-parallel-size", 1)?,
-                int("data-parallel-size", 1)?,
-            )
-        } else {
-            (
-                int("tensor-parallel-size", 1)?,
-                int("pipeline-parallel-size", 1)?,
-                int("data-parallel-size", 1)?,
-            )
-        };
+        let (tp, pp, dp) = (
+            int("tensor-parallel-size", 1)?,
+            int("pipeline-parallel-size", 1)?,
+            int("data-parallel-size", 1)?,
+        );
         let nnodes = int("nnodes", 1)?;
         let node_rank = int("node-rank", 0)?;
         let host_arg = args.str("host").map(str::to_string);
@@ -153,10 +145,11 @@ impl ServeConfig {
                 .map(|k| vec![k.to_string()])
                 .unwrap_or_default(),
         };
-        if api_keys.is_empty() && vllm {
-            if let Some(key) = env.get("VLLM_API_KEY") {
-                api_keys.push(key);
-            }
+        if api_keys.is_empty()
+            && vllm
+            && let Some(key) = env.get("VLLM_API_KEY")
+        {
+            api_keys.push(key);
         }
         let max_num_seqs = if vllm {
             int("max-num-seqs", 256)?

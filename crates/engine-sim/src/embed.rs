@@ -30,7 +30,7 @@ pub fn respond(state: &EngineState, body: &[u8]) -> Result<String, Rejection> {
     let request: EmbeddingRequest = serde_json::from_slice(body)
         .map_err(|e| Rejection::bad_request(format!("JSON decode error: {e}")))?;
     let model = request.model.unwrap_or_default();
-    if !model.is_empty() && !state.cfg.served_names.iter().any(|n| *n == model) {
+    if !model.is_empty() && !state.cfg.served_names.contains(&model) {
         return Err(Rejection {
             status: 404,
             message: format!("The model `{model}` does not exist."),

@@ -597,21 +597,21 @@ async fn stream_inner(
             pause(itl, interrupt, Some(tx)).await?;
             state.metrics.itl.observe(itl.as_secs_f64());
         }
-        if let Some((mode, after)) = p.crash {
-            if step as u64 >= after {
-                return match mode {
-                    StreamCrash::Cut => Err(Stop::Abort),
-                    StreamCrash::ErrorEvent => {
-                        let event = wire::stream_error_event(
-                            "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                            "InternalServerError",
-                            500,
-                        );
-                        send(event).await?;
-                        Ok(())
-                    }
-                };
-            }
+        if let Some((mode, after)) = p.crash
+            && step as u64 >= after
+        {
+            return match mode {
+                StreamCrash::Cut => Err(Stop::Abort),
+                StreamCrash::ErrorEvent => {
+                    let event = wire::stream_error_event(
+                        "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                        "InternalServerError",
+                        500,
+                    );
+                    send(event).await?;
+                    Ok(())
+                }
+            };
         }
         let mut emitted = 0;
         for (i, choice) in plan.choices.iter().enumerate() {

@@ -85,7 +85,7 @@ fn parse_start(args: &[String]) -> Result<StartArgs, String> {
             "--port" => {
                 out.port = value()?
                     .parse()
-                    .map_err(|_| format!("Invalid value for '--port': not a valid integer."))?
+                    .map_err(|_| "Invalid value for '--port': not a valid integer.".to_string())?
             }
             "--node-ip-address" => out.node_ip = Some(value()?),
             "--num-gpus" => {
@@ -517,7 +517,7 @@ pub async fn wait_for_placement(cfg: &ServeConfig, log: &Logger) {
             );
             return;
         }
-        if waited % 10 == 0 {
+        if waited.is_multiple_of(10) {
             let specs: Vec<String> = (0..world).map(|_| "{'GPU': 1.0}".to_string()).collect();
             log.api(
                 "WARNING",

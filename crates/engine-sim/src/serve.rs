@@ -144,7 +144,7 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
                 nnodes: cfg.nnodes,
             });
         }
-        if cfg.world_size() % cfg.nnodes != 0 {
+        if !cfg.world_size().is_multiple_of(cfg.nnodes) {
             return Err(Failure::NnodesDoesNotDivide {
                 world: cfg.world_size(),
                 nnodes: cfg.nnodes,
@@ -686,7 +686,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
