@@ -147,7 +147,7 @@ impl ServeConfig {
         };
         if api_keys.is_empty()
             && vllm
-            && let Some(key) = env.get("VLLM_API_KEY")
+            && let Some(key) = env.get("VLLM_API_KEY").filter(|k| !k.is_empty())
         {
             api_keys.push(key);
         }

@@ -189,7 +189,8 @@ pub struct ProcessEnv;
 
 impl Env for ProcessEnv {
     fn get(&self, key: &str) -> Option<String> {
-        std::env::var(key).ok().filter(|v| !v.is_empty())
+        // Empty values are kept: `CUDA_VISIBLE_DEVICES=""` means no GPUs.
+        std::env::var(key).ok()
     }
 }
 
@@ -207,7 +208,11 @@ impl Knobs {
         let lookup = |flag: &str, var: &str| -> Option<(String, String)> {
             args.str(flag)
                 .map(|v| (format!("--{flag}"), v.to_string()))
-                .or_else(|| env.get(var).map(|v| (var.to_string(), v)))
+                .or_else(|| {
+                    env.get(var)
+                        .filter(|v| !v.is_empty())
+                        .map(|v| (var.to_string(), v))
+                })
         };
         let mut duration = |flag: &str, var: &str, default: Duration| match lookup(flag, var) {
             None => default,

@@ -169,9 +169,13 @@ async fn throughput(o: &Options) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let start_count = done.load(Ordering::Relaxed);
     let started = Instant::now();
+    let sim_cpu_start = cpu_seconds(sim.id());
+    let own_cpu_start = cpu_seconds(std::process::id());
     tokio::time::sleep(o.duration).await;
     let measured = done.load(Ordering::Relaxed) - start_count;
     let elapsed = started.elapsed().as_secs_f64();
+    let sim_cpu = cpu_seconds(sim.id()) - sim_cpu_start;
+    let own_cpu = cpu_seconds(std::process::id()) - own_cpu_start;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
     for t in tasks {
@@ -193,8 +197,40 @@ async fn throughput(o: &Options) -> Result<()> {
         errors.load(Ordering::Relaxed)
     );
     println!("  latency p50 {} us, p99 {} us", pct(0.5), pct(0.99));
+    // CPU time is what the machine's other load cannot distort: requests per
+    // CPU-second is what one dedicated core would sustain.
+    println!(
+        "  simulator used {sim_cpu:.2} CPU-s ({:.0}% of one core): {:.0} requests per simulator CPU-second",
+        100.0 * sim_cpu / elapsed,
+        measured as f64 / sim_cpu.max(0.01)
+    );
+    println!(
+        "  load generator used {own_cpu:.2} CPU-s ({:.0}% of one core)",
+        100.0 * own_cpu / elapsed
+    );
     stop_sim(sim);
     Ok(())
+}
+
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the name.
+    let ticks: f64 = fields
+        .get(11)
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    ticks / 100.0
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {

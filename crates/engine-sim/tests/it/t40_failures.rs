@@ -101,6 +101,14 @@ fn visible_gpus_are_checked_against_the_world() {
     );
     assert_eq!(status, "exit code 1");
     assert!(sim.stderr().contains("ValueError: World size (4) is larger than the number of available GPUs (2) in this node."), "{}", sim.stderr());
+    let (status, sim) = run_to_exit("vllm=0.34.0", SMALL, &[], &[("CUDA_VISIBLE_DEVICES", "")]);
+    assert_eq!(status, "exit code 1");
+    assert!(
+        sim.stdout()
+            .contains("RuntimeError: No CUDA GPUs are available"),
+        "{}",
+        sim.output()
+    );
     // SGLang fails in its scheduler on a device it cannot see.
     let (status, sim) = run_to_exit(
         "sglang=0.5.10",
