@@ -297,17 +297,25 @@ impl Parser {
         if !self.underscores_to_dashes {
             return args.to_vec();
         }
-        args.iter()
-            .map(|arg| {
-                if !arg.starts_with("--") {
-                    return arg.clone();
-                }
-                match arg.split_once('=') {
+        let mut out = Vec::with_capacity(args.len());
+        for arg in args {
+            if let Some(level) = arg
+                .strip_prefix("-O")
+                .filter(|l| !l.is_empty() && !arg.starts_with("--"))
+            {
+                // vLLM accepts `-O3` and `-O=3` for `-O 3`.
+                out.push("-O".to_string());
+                out.push(level.trim_start_matches('=').to_string());
+            } else if !arg.starts_with("--") {
+                out.push(arg.clone());
+            } else {
+                out.push(match arg.split_once('=') {
                     Some((key, value)) => format!("{}={value}", key.replace('_', "-")),
                     None => arg.replace('_', "-"),
-                }
-            })
-            .collect()
+                });
+            }
+        }
+        out
     }
 
     /// Parses `args` (without the program name) or returns argparse's error.

@@ -82,6 +82,13 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
                 args.join(", ")
             ),
         );
+        if cfg.given.iter().any(|(k, _)| k == "model") && cfg.persona.at_least((0, 12, 0)) {
+            log.api(
+                "WARNING",
+                "argparse_utils.py:206",
+                "With `vllm serve`, you should provide the model as a positional argument or in a config file instead of via the `--model` option. The `--model` option will be removed in a future version.",
+            );
+        }
         if !cfg.persona.at_least((0, 12, 0))
             && cfg.given.iter().any(|(k, _)| k == "disable_log_requests")
         {
@@ -384,7 +391,7 @@ async fn load(
             titles.push("sglang::detokenizer".into());
         }
     }
-    let workers = Workers::spawn(&titles).map_err(|_| Failure::NoGpus)?;
+    let workers = Workers::spawn(&titles).map_err(|e| Failure::WorkerSpawn(e.to_string()))?;
     log.core_pid = workers.pids().first().copied().unwrap_or(log.api_pid);
     let v = cfg.persona.version_string();
     if vllm && cfg.headless {

@@ -91,6 +91,12 @@ fn boolean_optional_has_a_negative_form() {
 }
 
 #[test]
+fn vllm_optimisation_level_may_be_joined() {
+    let parsed = vllm("vllm").parse(&args("M -O3")).unwrap();
+    assert_eq!(parsed.str("compilation-config"), Some("3"));
+}
+
+#[test]
 fn served_model_name_takes_several_names() {
     let parsed = vllm("vllm")
         .parse(&args("M --served-model-name a b --port 1"))
