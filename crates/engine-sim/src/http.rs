@@ -23,7 +23,12 @@ use crate::generate::Stop;
 /// looks to the client.
 pub enum SimBody {
     Full(Option<Bytes>),
-    Stream(mpsc::Receiver<Result<Bytes, Stop>>),
+    /// The guard lives as long as hyper holds the body, so a shutdown can
+    /// wait until the last chunk has been handed to the socket.
+    Stream(
+        mpsc::Receiver<Result<Bytes, Stop>>,
+        Option<Box<dyn Send + Sync>>,
+    ),
 }
 
 /// The error a stream ends with when it is cut.
@@ -48,7 +53,7 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         match &mut *self {
             SimBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            SimBody::Stream(rx) => match rx.poll_recv(cx) {
+            SimBody::Stream(rx, _) => match rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
                 Poll::Ready(Some(Err(stop))) => Poll::Ready(Some(Err(StreamCut(stop)))),
                 Poll::Ready(None) => Poll::Ready(None),
@@ -65,7 +70,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             SimBody::Full(None) => SizeHint::with_exact(0),
-            SimBody::Stream(_) => SizeHint::default(),
+            SimBody::Stream(..) => SizeHint::default(),
         }
     }
 }
@@ -102,8 +107,9 @@ pub fn text(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> 
 pub fn event_stream(
     content_type: &'static str,
     rx: mpsc::Receiver<Result<Bytes, Stop>>,
+    guard: Option<Box<dyn Send + Sync>>,
 ) -> SimResponse {
-    let mut r = Response::new(SimBody::Stream(rx));
+    let mut r = Response::new(SimBody::Stream(rx, guard));
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     r

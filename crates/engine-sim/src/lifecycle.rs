@@ -22,6 +22,9 @@ pub enum Death {
     PeerLost(String),
 }
 
+/// Time for a finished response's last bytes to leave before exiting.
+const FLUSH_GRACE: Duration = Duration::from_millis(50);
+
 /// How long a dead vLLM keeps answering `/health` 503 before it exits.
 const DEATH_GRACE: Duration = Duration::from_millis(500);
 
@@ -170,10 +173,11 @@ pub async fn shutdown(state: &Arc<EngineState>, stop_accepting: &watch::Sender<b
             if !unhealthy && !forced {
                 let started = Instant::now();
                 loop {
-                    let remaining = state.in_flight();
-                    if remaining == 0 {
+                    if state.busy() == 0 {
                         break;
                     }
+                    // SGLang counts requests, not the sockets still flushing.
+                    let remaining = state.in_flight().max(1);
                     log.sglang(
                         None,
                         &format!(
@@ -184,12 +188,13 @@ pub async fn shutdown(state: &Arc<EngineState>, stop_accepting: &watch::Sender<b
                     // Poll often so the exit follows the last request closely,
                     // but log only every 5 s, as SGLang does.
                     let until = Instant::now() + Duration::from_secs(5);
-                    while Instant::now() < until && state.in_flight() > 0 {
+                    while Instant::now() < until && state.busy() > 0 {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
             }
             let _ = stop_accepting.send(true);
+            tokio::time::sleep(FLUSH_GRACE).await;
             Ending::Signal(libc::SIGKILL)
         }
     }
@@ -198,7 +203,10 @@ pub async fn shutdown(state: &Arc<EngineState>, stop_accepting: &watch::Sender<b
 /// Waits until no request is in flight, or the deadline passes.
 async fn wait_idle(state: &EngineState, limit: Duration) {
     let deadline = Instant::now() + limit;
-    while state.in_flight() > 0 && Instant::now() < deadline {
+    while state.busy() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The body is dropped as its last chunk is queued; give the connection
+    // a moment to put the terminating chunk on the wire.
+    tokio::time::sleep(FLUSH_GRACE).await;
 }

@@ -320,7 +320,8 @@ impl EngineApp {
                 Engine::Vllm => "text/event-stream; charset=utf-8",
                 Engine::Sglang => "text/event-stream",
             };
-            return Ok(http::event_stream(content_type, rx));
+            let guard = crate::state::OpenStream::new(s.clone());
+            return Ok(http::event_stream(content_type, rx, Some(Box::new(guard))));
         }
         match generate::run_full(s.clone(), plan).await {
             Ok(body) => Ok(http::json(200, body)),

@@ -53,6 +53,7 @@ pub struct EngineState {
     phase: AtomicU8,
     pub interrupt: watch::Sender<Interrupt>,
     pub request_counter: AtomicU64,
+    pub open_streams: AtomicU64,
     pub tokens_generated: AtomicU64,
     pub fatal_started: AtomicBool,
     /// Prompt fingerprints seen recently, for prefix-cache hit counting.
@@ -68,6 +69,22 @@ pub struct ServingFacts {
     pub max_model_len: u64,
     pub eos_token_id: u64,
     pub embedding_dim: Option<u64>,
+}
+
+/// Counts a streaming response body until hyper drops it.
+pub struct OpenStream(Arc<EngineState>);
+
+impl OpenStream {
+    pub fn new(state: Arc<EngineState>) -> Self {
+        state.open_streams.fetch_add(1, Ordering::Relaxed);
+        Self(state)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Holds one batch slot; releases it and its KV tokens when dropped.
@@ -133,6 +150,7 @@ impl EngineState {
             phase: AtomicU8::new(Phase::Starting as u8),
             interrupt,
             request_counter: AtomicU64::new(0),
+            open_streams: AtomicU64::new(0),
             tokens_generated: AtomicU64::new(0),
             fatal_started: AtomicBool::new(false),
             prefix_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
@@ -162,6 +180,11 @@ impl EngineState {
     /// Requests admitted and not yet finished (running plus waiting).
     pub fn in_flight(&self) -> u64 {
         self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// In flight, or a stream whose last chunks are still being written.
+    pub fn busy(&self) -> u64 {
+        self.in_flight() + self.open_streams.load(Ordering::Relaxed)
     }
 
     /// Waits for a batch slot, counting the request as waiting meanwhile.
