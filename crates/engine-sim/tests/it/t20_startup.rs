@@ -8,7 +8,10 @@ use crate::common::*;
 #[test]
 fn connections_are_refused_while_loading_then_health_is_200() {
     for persona in PERSONAS {
-        let mut sim = Sim::start(persona, SMALL, &[], &[("LLMGW_SIM_LOAD_TIME", "2s")]);
+        // SGLang's warm-up is a tenth of the load: make it long enough (500 ms)
+        // for a poll on a busy machine to land inside it.
+        let load = if is_vllm(persona) { "2s" } else { "5s" };
+        let mut sim = Sim::start(persona, SMALL, &[], &[("LLMGW_SIM_LOAD_TIME", load)]);
         assert!(wait_until(Duration::from_secs(10), || sim
             .output()
             .contains("Load")
