@@ -3,8 +3,8 @@
 
 use serde::Deserialize;
 
-use crate::generate::Rejection;
 use crate::persona::Engine;
+use crate::plan::Rejection;
 use crate::rng::SplitMix;
 use crate::state::EngineState;
 use crate::wire;

@@ -9,9 +9,10 @@ use hyper::body::Incoming;
 use hyper::{Method, Request};
 use tokio::sync::mpsc;
 
-use crate::generate::{self, Rejection, Stop};
+use crate::generate::{self, Stop};
 use crate::http::{self, Handler, HandlerResult, SimResponse, StreamCut};
 use crate::persona::Engine;
+use crate::plan::{self, Rejection};
 use crate::state::{EngineState, Phase};
 use crate::wire::{self, Route};
 
@@ -309,7 +310,7 @@ impl EngineApp {
                 "The model does not support Chat Completions API".to_string(),
             )));
         }
-        let plan = match generate::plan(s, route, &body) {
+        let plan = match plan::plan(s, route, &body) {
             Ok(plan) => plan,
             Err(rejection) => return Ok(self.error(&rejection)),
         };

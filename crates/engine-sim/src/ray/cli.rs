@@ -1,27 +1,10 @@
-//! A stand-in for the `ray` CLI as vLLM's multi-node recipe uses it:
-//! `ray start --head`, `ray start --address`, `ray status`, `ray stop`, and
-//! the placement a `--distributed-executor-backend ray` head waits for.
-//!
-//! The head daemon listens on the GCS port. Worker daemons register their
-//! GPUs over a connection they keep open, so a node that dies leaves the
-//! cluster at once. The CLI parses like Ray's (click): unknown options are
-//! `Error: No such option: --x`, exit code 2.
+//! The `ray start|status|stop` command lines, parsed as click parses them.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
-
-use crate::config::ServeConfig;
-use crate::logs::Logger;
-
-/// The hidden argv[1] that runs a Ray node daemon.
-pub const DAEMON_MODE: &str = "__llmgw_sim_ray_daemon";
-
-const DEFAULT_PORT: u16 = 6379;
+use super::{
+    DAEMON_MODE, DEFAULT_PORT, cluster_address, daemon_main, local_gpus, query, runtime, temp_dir,
+};
 
 #[derive(Debug, Default, Clone)]
 struct StartArgs {
@@ -39,18 +22,6 @@ fn click_error(command: &str, message: &str) -> i32 {
         "Usage: ray {command} [OPTIONS]\nTry 'ray {command} --help' for help.\n\nError: {message}"
     );
     2
-}
-
-fn temp_dir(explicit: Option<&str>) -> PathBuf {
-    explicit
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var("RAY_TMPDIR")
-                .ok()
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from)
-        })
-        .unwrap_or_else(|| PathBuf::from("/tmp/ray"))
 }
 
 /// Splits click-style `--opt=value` / `--opt value` arguments.
@@ -115,16 +86,6 @@ fn parse_start(args: &[String]) -> Result<StartArgs, String> {
     Ok(out)
 }
 
-fn local_gpus() -> u64 {
-    match std::env::var("CUDA_VISIBLE_DEVICES") {
-        Ok(v) => v.split(',').filter(|s| !s.trim().is_empty()).count() as u64,
-        Err(_) => std::env::var("LLMGW_SIM_GPUS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(crate::knobs::DEFAULT_NODE_GPUS),
-    }
-}
-
 /// `ray start|status|stop ...`; returns the exit code.
 pub fn cli(args: &[String]) -> i32 {
     let Some(command) = args.first() else {
@@ -148,12 +109,6 @@ pub fn cli(args: &[String]) -> i32 {
             2
         }
     }
-}
-
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
 }
 
 fn start_cmd(start: StartArgs) -> i32 {
@@ -264,167 +219,6 @@ fn announce(start: &StartArgs, ip: &str) {
     }
 }
 
-/// The node daemon: `head|worker IP PORT HEAD_ADDR GPUS TEMP_DIR`.
-pub fn daemon_main(args: &[String]) -> i32 {
-    let [role, ip, port, head_addr, gpus, dir] = args else {
-        eprintln!("ray daemon: bad arguments {args:?}");
-        return 2;
-    };
-    let gpus: u64 = gpus.parse().unwrap_or(0);
-    let dir = PathBuf::from(dir);
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ray daemon: {e}");
-            return 1;
-        }
-    };
-    rt.block_on(async move {
-        if role == "head" {
-            let listener =
-                match TcpListener::bind(("0.0.0.0", port.parse::<u16>().unwrap_or(DEFAULT_PORT)))
-                    .await
-                {
-                    Ok(l) => l,
-                    Err(_) => return 1,
-                };
-            let _ = std::fs::write(dir.join("ray_current_cluster"), format!("{ip}:{port}\n"));
-            record_pid(&dir);
-            head_daemon(listener, ip.clone(), gpus).await;
-            0
-        } else {
-            let Ok(mut stream) = TcpStream::connect(head_addr.as_str()).await else {
-                return 1;
-            };
-            if stream
-                .write_all(format!("NODE {ip} {gpus}\n").as_bytes())
-                .await
-                .is_err()
-            {
-                return 1;
-            }
-            record_pid(&dir);
-            // Stay registered until the head goes away.
-            let mut buf = [0u8; 64];
-            loop {
-                match tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await {
-                    Ok(0) | Err(_) => return 1,
-                    Ok(_) => {}
-                }
-            }
-        }
-    })
-}
-
-fn record_pid(dir: &std::path::Path) {
-    use std::io::Write;
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("llmgw-sim-ray-pids"))
-    {
-        let _ = writeln!(f, "{}", std::process::id());
-    }
-}
-
-type NodeTable = Arc<Mutex<HashMap<u64, (String, u64)>>>;
-
-async fn head_daemon(listener: TcpListener, ip: String, gpus: u64) {
-    let nodes: NodeTable = Arc::new(Mutex::new(HashMap::new()));
-    if let Ok(mut table) = nodes.lock() {
-        table.insert(0, (ip, gpus));
-    }
-    let mut next_id = 1u64;
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let nodes = nodes.clone();
-        let id = next_id;
-        next_id += 1;
-        tokio::spawn(async move {
-            let mut reader = BufReader::new(stream);
-            let mut line = String::new();
-            if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
-                return;
-            }
-            let parts: Vec<&str> = line.split_whitespace().collect();
-            match parts.as_slice() {
-                ["NODE", ip, gpus] => {
-                    if let Ok(mut table) = nodes.lock() {
-                        table.insert(id, (ip.to_string(), gpus.parse().unwrap_or(0)));
-                    }
-                    let mut sink = String::new();
-                    while reader.read_line(&mut sink).await.unwrap_or(0) > 0 {
-                        sink.clear();
-                    }
-                    if let Ok(mut table) = nodes.lock() {
-                        table.remove(&id);
-                    }
-                }
-                ["STATUS"] => {
-                    let listing: Vec<String> = match nodes.lock() {
-                        Ok(table) => {
-                            let mut rows: Vec<_> = table.iter().collect();
-                            rows.sort_by_key(|(id, _)| **id);
-                            rows.into_iter()
-                                .map(|(id, (ip, g))| format!("{id} {ip} {g}"))
-                                .collect()
-                        }
-                        Err(_) => Vec::new(),
-                    };
-                    let _ = reader
-                        .get_mut()
-                        .write_all(format!("{}\nEND\n", listing.join("\n")).as_bytes())
-                        .await;
-                }
-                _ => {}
-            }
-        });
-    }
-}
-
-/// Nodes of the cluster at `addr`: (node id, ip, gpus).
-async fn query(addr: &str) -> Option<Vec<(u64, String, u64)>> {
-    let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
-        .await
-        .ok()?
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    reader.get_mut().write_all(b"STATUS\n").await.ok()?;
-    let mut nodes = Vec::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await.ok()? == 0 {
-            return None;
-        }
-        let line = line.trim();
-        if line == "END" {
-            return Some(nodes);
-        }
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        if let [id, ip, gpus] = parts.as_slice() {
-            nodes.push((id.parse().ok()?, ip.to_string(), gpus.parse().ok()?));
-        }
-    }
-}
-
-fn cluster_address(explicit: Option<&str>, dir: Option<&str>) -> Option<String> {
-    explicit
-        .map(str::to_string)
-        .or_else(|| {
-            std::env::var("RAY_ADDRESS")
-                .ok()
-                .filter(|s| !s.is_empty() && s != "auto")
-        })
-        .map(|a| a.trim_start_matches("ray://").to_string())
-        .or_else(|| {
-            std::fs::read_to_string(temp_dir(dir).join("ray_current_cluster"))
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-}
-
 fn status_cmd(args: &[String]) -> i32 {
     let mut address = None;
     let mut i = 0;
@@ -492,66 +286,4 @@ fn stop_cmd(args: &[String]) -> i32 {
     let _ = std::fs::remove_file(dir.join("ray_current_cluster"));
     println!("Stopped all {stopped} Ray processes.");
     0
-}
-
-/// A vLLM head with the Ray backend: waits until the cluster holds enough
-/// GPUs for TP x PP, warning every 10 s as vLLM's placement does.
-pub async fn wait_for_placement(cfg: &ServeConfig, log: &Logger) {
-    let world = cfg.world_size();
-    let addr = cluster_address(None, None);
-    let mut waited = 0u64;
-    loop {
-        let available = match &addr {
-            Some(addr) => query(addr)
-                .await
-                .map(|nodes| nodes.iter().map(|n| n.2).sum::<u64>()),
-            None => None,
-        }
-        // No cluster: ray.init() starts a local one with this node's GPUs.
-        .unwrap_or(cfg.visible_gpus);
-        if available >= world {
-            log.api(
-                "INFO",
-                "ray_utils.py:345",
-                &format!("Using the existing placement group with {world} bundles, {available} GPUs in the cluster."),
-            );
-            return;
-        }
-        if waited.is_multiple_of(10) {
-            let specs: Vec<String> = (0..world).map(|_| "{'GPU': 1.0}".to_string()).collect();
-            log.api(
-                "WARNING",
-                "ray_utils.py:270",
-                &format!(
-                    "Waiting for creating a placement group of specs for {waited} seconds. specs=[{}]. Check `ray status` and `ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running on a multi-node.",
-                    specs.join(", ")
-                ),
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        waited += 1;
-    }
-}
-
-/// After placement: reports a lost node when the cluster's GPUs fall below
-/// what the replica uses.
-pub fn watch_cluster(cfg: &ServeConfig) -> Option<crate::rendezvous::Membership> {
-    let addr = cluster_address(None, None)?;
-    let world = cfg.world_size();
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let keep = tx.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let gpus = query(&addr)
-                .await
-                .map(|n| n.iter().map(|n| n.2).sum::<u64>())
-                .unwrap_or(0);
-            if gpus < world {
-                let _ = tx.send(Some(format!("a Ray node of {addr}")));
-                return;
-            }
-        }
-    });
-    Some(crate::rendezvous::Membership::from_channel(rx, keep))
 }
