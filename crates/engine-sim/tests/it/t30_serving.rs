@@ -359,3 +359,96 @@ fn same_seed_same_answer() {
     assert_eq!(ra["choices"], rb["choices"]);
     assert_eq!(ra["id"], rb["id"]);
 }
+
+#[test]
+fn engine_routes_answer_in_their_shapes() {
+    let sim = Sim::ready(
+        "vllm=0.11.0",
+        SMALL,
+        &[
+            "--enable-server-load-tracking",
+            "--show-hidden-metrics-for-version",
+            "0.10",
+        ],
+        &[("VLLM_API_KEY", "k")],
+    );
+    assert_eq!(
+        get(sim.port, "/version").unwrap().json(),
+        serde_json::json!({"version": "0.11.0"})
+    );
+    assert_eq!(
+        get(sim.port, "/load").unwrap().json(),
+        serde_json::json!({"server_load": 0})
+    );
+    let metrics = get(sim.port, "/metrics").unwrap();
+    assert_eq!(metrics.status, 200, "metrics are open even with an API key");
+    assert!(
+        metrics
+            .body
+            .contains("vllm:gpu_cache_usage_perc{engine=\"0\""),
+        "0.11 shows the legacy gauge when asked"
+    );
+    assert!(
+        metrics
+            .body
+            .contains("# TYPE vllm:time_to_first_token_seconds histogram")
+    );
+    assert_eq!(
+        get(sim.port, "/v1/models").unwrap().status,
+        401,
+        "VLLM_API_KEY guards /v1"
+    );
+    assert_eq!(
+        get(sim.port, "/nowhere").unwrap().body,
+        "{\"detail\":\"Not Found\"}"
+    );
+
+    let current = Sim::ready(
+        "vllm=0.34.0",
+        SMALL,
+        &["--show-hidden-metrics-for-version", "0.10"],
+        &[],
+    );
+    let body = get(current.port, "/metrics").unwrap().body;
+    assert!(
+        body.contains("vllm:kv_cache_usage_perc{") && !body.contains("vllm:gpu_cache_usage_perc"),
+        "removed in 0.34"
+    );
+
+    let sg = Sim::ready(
+        "sglang=0.5.10",
+        SMALL,
+        &["--served-model-name", "small"],
+        &[],
+    );
+    let info = get(sg.port, "/model_info").unwrap().json();
+    assert_eq!(info["model_path"], SMALL);
+    assert_eq!(info["architectures"][0], "Qwen2ForCausalLM");
+    assert_eq!(info["is_generation"], true);
+    let server = get(sg.port, "/server_info").unwrap().json();
+    assert_eq!(server["tp_size"], 1);
+    assert_eq!(server["version"], "0.5.10");
+    assert!(
+        server["internal_states"][0]["max_total_num_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(get(sg.port, "/get_load").unwrap().json()[0]["num_reqs"], 0);
+    assert_eq!(
+        get(sg.port, "/metrics").unwrap().status,
+        404,
+        "SGLang metrics need --enable-metrics"
+    );
+    let reply = post(
+        sg.port,
+        "/v1/chat/completions",
+        &chat_body("small", 2, false, ""),
+    )
+    .unwrap();
+    assert_eq!(
+        reply.json()["model"],
+        "small",
+        "SGLang echoes the request's model"
+    );
+}
