@@ -169,6 +169,7 @@ pub async fn serve<H: Handler>(
             });
             let conn = http1::Builder::new()
                 .keep_alive(true)
+                .writev(false)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
