@@ -32,6 +32,7 @@ pub mod rng;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod stats_log;
 pub mod sys;
 pub mod wire;
 pub mod workers;
