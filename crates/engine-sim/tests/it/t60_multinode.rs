@@ -157,3 +157,28 @@ fn a_rank_joining_twice_is_refused_by_the_head() {
     assert!(refused(head.port), "the head still waits for rank 2");
     drop(first);
 }
+
+#[test]
+fn vllm_head_gives_up_after_the_engine_ready_timeout() {
+    let master = free_port();
+    let port = free_port();
+    let mut head = Sim::spawn(
+        &vllm_rank(0, master, port),
+        &[
+            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+            ("VLLM_ENGINE_READY_TIMEOUT_S", "1"),
+        ],
+        port,
+    );
+    let status = head
+        .wait_exit(Duration::from_secs(20))
+        .expect("head times out");
+    assert_eq!(describe(status), "exit code 1");
+    assert!(
+        head.stderr()
+            .contains("TimeoutError: Timed out waiting for engine core processes to start."),
+        "{}",
+        head.stderr()
+    );
+    assert!(refused(port));
+}
