@@ -33,5 +33,5 @@ pub use cli::{RouterArgs, run_cli};
 pub use control_plane::ControlPlaneWatcher;
 pub use error::RouterError;
 pub use serve::{Router, RunningRouter};
-pub use settings::Settings;
+pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};

@@ -20,11 +20,9 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        // OpenAI's own API says `invalid_request_error` for every client
+        // mistake (the `code` tells them apart) and `server_error` otherwise.
         let kind = match status.as_u16() {
-            401 => "authentication_error",
-            403 => "permission_error",
-            404 => "not_found_error",
-            429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
             _ => "server_error",
         };
