@@ -6,3 +6,4 @@ mod t10_errors;
 mod t20_openai_client;
 mod t30_failover;
 mod t40_drain;
+mod t50_control_plane;
