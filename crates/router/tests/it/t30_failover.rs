@@ -18,8 +18,12 @@ struct Tally {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
-    // Tokens every 10 ms: streams are long enough to be caught mid-way.
-    let slow = [("LLMGW_SIM_ITL", "10ms")];
+    // 40 tokens 10 ms apart: every stream lasts about 0.4 s, so streams are
+    // running on both engines whenever the kill comes.
+    let slow = [
+        ("LLMGW_SIM_ITL", "10ms"),
+        ("LLMGW_SIM_OUTPUT_TOKENS", "200"),
+    ];
     let mut victim = Sim::start(SMALL, &["m"], &slow);
     let survivor = Sim::start(SMALL, &["m"], &slow);
     victim.wait_ready().await;
@@ -43,21 +47,21 @@ async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
     let url = format!("{}/v1/chat/completions", router.url());
     let stop = Arc::new(AtomicBool::new(false));
 
-    // Eight workers, half streaming; each stops on the flag or after 200
-    // requests, whichever comes first.
+    // Twelve workers, two thirds streaming; each stops on the flag or after
+    // 200 requests, whichever comes first.
     let mut workers = Vec::new();
-    for w in 0..8 {
+    for w in 0..12 {
         let url = url.clone();
         let stop = Arc::clone(&stop);
         workers.push(tokio::spawn(async move {
             let c = client();
-            let stream = w % 2 == 0;
+            let stream = w % 3 != 0;
             let mut tally = Tally::default();
             for _ in 0..200 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                match post(&c, &url, chat_body("m", stream, 20), &[]).await {
+                match post(&c, &url, chat_body("m", stream, 40), &[]).await {
                     Ok((200, body)) if !stream => {
                         if body.contains("\"chat.completion\"") {
                             tally.ok += 1;
