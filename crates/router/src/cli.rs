@@ -43,18 +43,12 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
         .map_err(RouterError::Runtime)?;
     runtime.block_on(async move {
         let table = static_table(&catalog);
-        // Either source must outlive the router: it owns the sender.
-        let (_static_tx, watcher): (
-            Option<watch::Sender<Arc<RoutingTable>>>,
-            Option<ControlPlaneWatcher>,
-        );
-        let source: &dyn EndpointSource = if config.control_plane.is_empty() {
-            let (tx, _) = watch::channel(Arc::new(table));
-            _static_tx = Some(tx);
-            watcher = None;
-            _static_tx.as_ref().expect("set just above")
+        // The source must outlive the router: it owns the table's sender.
+        let source = if config.control_plane.is_empty() {
+            Source::Static(watch::channel(Arc::new(table)).0)
         } else {
-            _static_tx = None;
+            // Managed models come from the control plane; only router-only
+            // models (with endpoints) are static.
             let static_only = RoutingTable {
                 models: table
                     .models
@@ -62,13 +56,16 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
                     .filter(|m| !m.endpoints.is_empty())
                     .collect(),
             };
-            watcher = Some(ControlPlaneWatcher::spawn(
+            Source::ControlPlane(ControlPlaneWatcher::spawn(
                 config.control_plane.clone(),
                 static_only,
                 POLL_INTERVAL,
                 settings.connect_timeout,
-            ));
-            watcher.as_ref().expect("set just above")
+            ))
+        };
+        let source: &dyn EndpointSource = match &source {
+            Source::Static(sender) => sender,
+            Source::ControlPlane(watcher) => watcher,
         };
         let router = Router::new(settings, source).bind(config.listen).await?;
         tracing::info!(listen = %router.local_addr(), "llmgw router serving");
@@ -79,9 +76,13 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
             _ = term.recv() => tracing::info!("SIGTERM; stopping"),
         }
-        drop(watcher);
         Ok(())
     })
+}
+
+enum Source {
+    Static(watch::Sender<Arc<RoutingTable>>),
+    ControlPlane(ControlPlaneWatcher),
 }
 
 fn read_catalog(file: &PathBuf) -> Result<Catalog, RouterError> {
