@@ -31,21 +31,18 @@ pub fn discover() -> Result<(Vec<Gpu>, Vec<GpuLink>), NvmlError> {
         for link in 0..MAX_NVLINKS {
             let wrapper = device.link_wrapper_for(link);
             // GPUs without a given link answer InvalidArg or NotSupported.
-            if wrapper.is_active().unwrap_or(false) {
-                if let Ok(remote) = wrapper.remote_pci_info() {
-                    links.push(normalize_bus_id(&remote.bus_id));
-                }
+            if wrapper.is_active().unwrap_or(false)
+                && let Ok(remote) = wrapper.remote_pci_info()
+            {
+                links.push(normalize_bus_id(&remote.bus_id));
             }
         }
         remotes.push(links);
     }
     let mut links = Vec::new();
-    for a in 0..gpus.len() {
-        for b in a + 1..gpus.len() {
-            let direct = remotes[a]
-                .iter()
-                .filter(|r| **r == gpus[b].pci_bus_id)
-                .count() as u32;
+    for (a, a_remotes) in remotes.iter().enumerate() {
+        for (b, gpu_b) in gpus.iter().enumerate().skip(a + 1) {
+            let direct = a_remotes.iter().filter(|r| **r == gpu_b.pci_bus_id).count() as u32;
             let (kind, nvlinks) = if direct > 0 {
                 (LinkKind::Nvlink, direct)
             } else {
@@ -54,13 +51,13 @@ pub fn discover() -> Result<(Vec<Gpu>, Vec<GpuLink>), NvmlError> {
                 // Through NVSwitch the links end at the switch, not at the
                 // peer GPU; NVML's P2P status then says whether NVLink is
                 // the path, and every active link carries the traffic.
-                let via_switch = !remotes[a].is_empty()
+                let via_switch = !a_remotes.is_empty()
                     && matches!(
                         da.p2p_status(&db, P2pCapabilitiesIndex::NvLink),
                         Ok(P2pStatus::Ok)
                     );
                 if via_switch {
-                    (LinkKind::Nvlink, remotes[a].len() as u32)
+                    (LinkKind::Nvlink, a_remotes.len() as u32)
                 } else {
                     (pcie_kind(nvml.topology_common_ancestor(&da, &db)?), 0)
                 }
