@@ -7,3 +7,4 @@ mod t20_openai_client;
 mod t30_failover;
 mod t40_drain;
 mod t50_control_plane;
+mod t60_cancel;
