@@ -25,7 +25,7 @@ enum Command {
     /// Run the agent of one GPU node.
     Agent(NotBuilt),
     /// Run a standalone OpenAI-compatible router.
-    Router(NotBuilt),
+    Router(llmgw_router::RouterArgs),
     /// Operate a cluster through its admin API.
     Ctl(NotBuilt),
     /// Start a whole local cluster with simulated GPUs and engines.
@@ -74,7 +74,13 @@ fn main() -> ExitCode {
         }) => config_check::run(&args),
         Command::Server(_) => not_built("server"),
         Command::Agent(_) => not_built("agent"),
-        Command::Router(_) => not_built("router"),
+        Command::Router(args) => match llmgw_router::run_cli(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("llmgw router: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Ctl(_) => not_built("ctl"),
         Command::Dev(_) => not_built("dev"),
         Command::Certs(_) => not_built("certs"),
