@@ -237,9 +237,7 @@ impl StreamClient {
         message: ControlMessage,
         tx: &mpsc::Sender<AgentMessage>,
     ) -> Option<SessionEnd> {
-        let Some(body) = message.body else {
-            return None;
-        };
+        let body = message.body?;
         if let Down::Redirect(r) = body {
             return Some(SessionEnd::Redirect {
                 leader: r.leader_addr,

@@ -105,10 +105,10 @@ impl Run {
                 format!("started {} process(es)", self.task.record.processes.len()),
             );
         }
-        if let Some(deferred) = self.task.deferred.take() {
-            if !self.launch_deferred(deferred).await {
-                return;
-            }
+        if let Some(deferred) = self.task.deferred.take()
+            && !self.launch_deferred(deferred).await
+        {
+            return;
         }
         let mut tick = tokio::time::interval(self.task.settings.health_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -386,3 +386,81 @@ async fn profiles_that_cannot_work_are_refused_before_anything_starts() {
     assert!(h.supervisor.stop("holder", "test").accepted);
     h.wait_for("holder", ShardState::Stopped, LONG).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_supervisor_adopts_live_engines_and_removes_stale_files() {
+    let setup = NodeSetup::default();
+    let mut h = Harness::new(&setup);
+    let port = free_port();
+    assert!(h.start(spec("keep", Engine::Vllm, &[0], port)).accepted);
+    let ready = h.wait_for("keep", ShardState::Ready, LONG).await;
+    let pids = h.supervisor.pids("keep");
+
+    // A state file whose process is another one than recorded (same pid,
+    // other start time), and one that is not JSON at all.
+    let shards = llmgw_agent::shards_dir(h.dir.path());
+    let mut record = llmgw_agent::read_state_files(h.dir.path())[0]
+        .1
+        .clone()
+        .unwrap();
+    record.shard_id = "gone".into();
+    record.processes[0].start_time += 1;
+    std::fs::write(
+        shards.join("gone.json"),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(shards.join("junk.json"), "{").unwrap();
+
+    let mut adoptions = h.restart(&setup);
+    adoptions.sort_by_key(|a| format!("{a:?}"));
+    assert_eq!(adoptions.len(), 3, "{adoptions:?}");
+    assert!(adoptions.contains(&llmgw_agent::Adoption::Adopted {
+        shard_id: "keep".into(),
+        pids: pids.clone()
+    }));
+    let stale: Vec<_> = adoptions
+        .iter()
+        .filter(|a| matches!(a, llmgw_agent::Adoption::Stale { .. }))
+        .collect();
+    assert_eq!(stale.len(), 2, "{adoptions:?}");
+    let left: Vec<String> = llmgw_agent::read_state_files(h.dir.path())
+        .into_iter()
+        .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["keep.json"]);
+
+    // Same engine, still serving, reported ready as adopted.
+    assert_eq!(completion(port, 4).unwrap().0, 200);
+    let adopted = h.wait_for("keep", ShardState::Ready, LONG).await;
+    assert_eq!(adopted.pid, ready.pid);
+    assert!(
+        adopted.message.starts_with("adopted"),
+        "{}",
+        adopted.message
+    );
+    let running = h.supervisor.running();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].pid, ready.pid);
+    // A start with the same spec is just acknowledged.
+    let again = h.start(spec("keep", Engine::Vllm, &[0], port));
+    assert!(
+        again.accepted && again.message.contains("already runs"),
+        "{again:?}"
+    );
+
+    // Not a child any more: its death is noticed through /proc.
+    kill_group(pids[0], libc::SIGKILL);
+    let failed = h.wait_for("keep", ShardState::Failed, LONG).await;
+    assert!(
+        failed.message.contains("while serving"),
+        "{}",
+        failed.message
+    );
+    assert!(
+        failed.message.contains("exit status is unknown"),
+        "{}",
+        failed.message
+    );
+    assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
+}

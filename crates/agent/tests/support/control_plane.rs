@@ -159,10 +159,10 @@ impl FakePeer {
         let deadline = Instant::now() + within;
         loop {
             for (conn, m) in self.received() {
-                if let Some(body) = &m.body {
-                    if let Some(t) = pick(conn, body) {
-                        return t;
-                    }
+                if let Some(body) = &m.body
+                    && let Some(t) = pick(conn, body)
+                {
+                    return t;
                 }
             }
             assert!(

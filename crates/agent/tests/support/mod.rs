@@ -268,6 +268,22 @@ impl Harness {
         }
     }
 
+    /// A new supervisor on the same work_dir, as after an agent restart;
+    /// the old one is dropped, which ends its tasks but no engine.
+    pub fn restart(&mut self, setup: &NodeSetup) -> Vec<llmgw_agent::Adoption> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (supervisor, adopted) = Supervisor::new(
+            supervisor_config(self.dir.path(), setup),
+            node_facts(self.dir.path(), setup),
+            tx,
+        )
+        .expect("supervisor");
+        self.supervisor = supervisor;
+        self.events = rx;
+        self.history.clear();
+        adopted
+    }
+
     pub fn start(&mut self, spec: LaunchSpec) -> llmgw_agent::Outcome {
         let id = spec.shard_id.clone();
         let outcome = self.supervisor.start(spec, 1);
