@@ -26,6 +26,12 @@ pub fn main_with_args(args: &[String]) -> i32 {
             1
         }
         Some("start" | "status" | "stop") => crate::ray::cli(args),
+        // Version probes a supervisor may run before launching.
+        Some("--version" | "-v") => {
+            println!("{}", persona_or_current(Engine::Vllm).version_string());
+            0
+        }
+        Some("-c") => version_probe(args.get(1).map(String::as_str).unwrap_or("")),
         Some(other) => {
             eprintln!(
                 "{TOP_USAGE}: '{other}' (choose from 'chat', 'complete', 'serve', 'bench', 'collect-env', 'run-batch')\n\n\
@@ -40,6 +46,28 @@ pub fn main_with_args(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// The persona from the environment alone (no command line to read).
+fn persona_or_current(engine: Engine) -> Persona {
+    choose_persona(engine, &[]).unwrap_or_else(|_| Persona::current(engine))
+}
+
+/// `python -c "import sglang; print(sglang.__version__)"` and the vLLM
+/// equivalent: prints the persona's version; other code is not run.
+fn version_probe(code: &str) -> i32 {
+    let engine = if code.contains("sglang") {
+        Engine::Sglang
+    } else if code.contains("vllm") {
+        Engine::Vllm
+    } else {
+        eprintln!("llmgw-engine-sim: `-c` runs only version probes of vllm or sglang, not: {code}");
+        return 1;
+    };
+    if code.contains("__version__") {
+        println!("{}", persona_or_current(engine).version_string());
+    }
+    0
 }
 
 /// The persona for `engine`: `--sim-persona`, then `LLMGW_SIM_PERSONA`

@@ -45,6 +45,8 @@ pub struct ServeConfig {
     pub force_include_usage: bool,
     pub show_hidden_metrics: bool,
     pub skip_warmup: bool,
+    /// vLLM `--disable-log-stats`: no periodic throughput lines.
+    pub log_stats: bool,
     /// GPUs this process may use, from `CUDA_VISIBLE_DEVICES`, `--device-ids`
     /// or the simulated node size.
     pub visible_gpus: u64,
@@ -234,6 +236,7 @@ impl ServeConfig {
             force_include_usage: args.flag("enable-force-include-usage").unwrap_or(false),
             show_hidden_metrics: args.str("show-hidden-metrics-for-version").is_some(),
             skip_warmup: args.flag("skip-server-warmup").unwrap_or(false),
+            log_stats: !args.flag("disable-log-stats").unwrap_or(false),
             visible_gpus,
             knobs,
             given,

@@ -60,6 +60,8 @@ pub enum Failure {
     InvalidDeviceOrdinal,
     /// vLLM 0.34: no engine came up within `VLLM_ENGINE_READY_TIMEOUT_S`.
     EngineReadyTimeout(u64),
+    /// The rank could not join its replica's rendezvous.
+    Rendezvous(String),
     /// The operating system refused to start a worker process.
     WorkerSpawn(String),
 }
@@ -126,6 +128,7 @@ impl Failure {
             ),
             Failure::SchedulerKilled => "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.".into(),
             Failure::InvalidDeviceOrdinal => "torch.AcceleratorError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1".into(),
+            Failure::Rendezvous(reason) => format!("torch.distributed.DistNetworkError: {reason}"),
             Failure::WorkerSpawn(reason) => format!("RuntimeError: cannot start a worker process: {reason}"),
             Failure::EngineReadyTimeout(secs) => format!(
                 "TimeoutError: Timed out waiting for engine core processes to start. This can happen if the model is large or the engine cannot reach its peers. Waited {secs} seconds (VLLM_ENGINE_READY_TIMEOUT_S)."

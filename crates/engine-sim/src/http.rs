@@ -25,10 +25,10 @@ pub enum SimBody {
     Full(Option<Bytes>),
     /// The guard lives as long as hyper holds the body, so a shutdown can
     /// wait until the last chunk has been handed to the socket.
-    Stream(
-        mpsc::Receiver<Result<Bytes, Stop>>,
-        Option<Box<dyn Send + Sync>>,
-    ),
+    Stream {
+        rx: mpsc::Receiver<Result<Bytes, Stop>>,
+        _guard: Option<Box<dyn Send + Sync>>,
+    },
 }
 
 /// The error a stream ends with when it is cut.
@@ -53,7 +53,7 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<Frame<Bytes>, StreamCut>>> {
         match &mut *self {
             SimBody::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            SimBody::Stream(rx, _) => match rx.poll_recv(cx) {
+            SimBody::Stream { rx, .. } => match rx.poll_recv(cx) {
                 Poll::Ready(Some(Ok(b))) => Poll::Ready(Some(Ok(Frame::data(b)))),
                 Poll::Ready(Some(Err(stop))) => Poll::Ready(Some(Err(StreamCut(stop)))),
                 Poll::Ready(None) => Poll::Ready(None),
@@ -70,7 +70,7 @@ impl Body for SimBody {
         match self {
             SimBody::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
             SimBody::Full(None) => SizeHint::with_exact(0),
-            SimBody::Stream(..) => SizeHint::default(),
+            SimBody::Stream { .. } => SizeHint::default(),
         }
     }
 }
@@ -109,7 +109,7 @@ pub fn event_stream(
     rx: mpsc::Receiver<Result<Bytes, Stop>>,
     guard: Option<Box<dyn Send + Sync>>,
 ) -> SimResponse {
-    let mut r = Response::new(SimBody::Stream(rx, guard));
+    let mut r = Response::new(SimBody::Stream { rx, _guard: guard });
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
@@ -169,6 +169,7 @@ pub async fn serve<H: Handler>(
             });
             let conn = http1::Builder::new()
                 .keep_alive(true)
+                .writev(false)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {

@@ -147,7 +147,7 @@ pub(crate) async fn load(
                 rendezvous::RendezvousError::Bind { port, .. } => {
                     Failure::RendezvousPortInUse { port }
                 }
-                _ => Failure::RendezvousPortInUse { port: 0 },
+                other => Failure::Rendezvous(other.to_string()),
             })?;
             let timeout = std::env::var("VLLM_ENGINE_READY_TIMEOUT_S")
                 .ok()
@@ -170,8 +170,7 @@ pub(crate) async fn load(
             match rendezvous::join(&addr, cfg.node_rank, cfg.nnodes).await {
                 Ok(m) => m,
                 Err(e) => {
-                    log.raw_err(&format!("RuntimeError: {e}\n"));
-                    return Err(Failure::RendezvousPortInUse { port: 0 });
+                    return Err(Failure::Rendezvous(e.to_string()));
                 }
             }
         };

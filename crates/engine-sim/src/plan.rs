@@ -232,6 +232,11 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
             "This model's maximum context length is {max_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
         )));
     }
+    if max_tokens == Some(0) {
+        return Err(Rejection::bad_request(
+            "max_tokens must be at least 1, got 0.",
+        ));
+    }
     let n = request.n.unwrap_or(1);
     if n == 0 || n > 128 {
         return Err(Rejection::bad_request(format!(

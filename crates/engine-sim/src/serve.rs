@@ -271,6 +271,9 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
         state: state.clone(),
     });
     tokio::spawn(crate::http::serve(listener, app, stop_rx));
+    if cfg.log_stats {
+        tokio::spawn(crate::stats_log::run(state.clone()));
+    }
     if vllm {
         state.set_phase(Phase::Serving);
     } else {

@@ -84,11 +84,19 @@ async fn start_sim(o: &Options, extra: &[&str], env: &[(&str, &str)]) -> Result<
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let child = cmd
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot start {}", o.sim))?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
+        // A simulator that exited (port taken) must not be mistaken for one
+        // that listens.
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "simulator exited with {status} before listening; is port {} taken?",
+                o.port
+            );
+        }
         if TcpStream::connect(("127.0.0.1", o.port)).await.is_ok() {
             return Ok(child);
         }

@@ -107,3 +107,20 @@ fn sglang_tp_abbreviation_reaches_the_heads_check() {
     );
     assert_eq!(describe(status), "signal 9");
 }
+
+#[test]
+fn version_probes_report_the_persona() {
+    let persona = [("LLMGW_SIM_PERSONA", "vllm=0.11.0,sglang=0.5.10")];
+    let out = std::process::Command::new(BIN)
+        .arg("--version")
+        .envs(persona)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0.11.0\n");
+    let out = std::process::Command::new(BIN)
+        .args(["-c", "import sglang; print(sglang.__version__)"])
+        .envs(persona)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "0.5.10\n");
+}

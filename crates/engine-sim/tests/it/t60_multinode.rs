@@ -113,3 +113,72 @@ fn sglang_non_zero_rank_serves_the_dummy_health_app() {
         sims[1].stderr()
     );
 }
+
+#[test]
+fn a_rank_joining_twice_is_refused_by_the_head() {
+    let dist = format!("127.0.0.1:{}", free_port());
+    let start = |rank: u32| {
+        let port = free_port();
+        let mut args = engine_args("sglang=0.5.10", MODEL, port);
+        for a in [
+            "--tp",
+            "2",
+            "--pp-size",
+            "3",
+            "--nnodes",
+            "3",
+            "--dist-init-addr",
+            &dist,
+            "--node-rank",
+            &rank.to_string(),
+        ] {
+            args.push(a.to_string());
+        }
+        Sim::spawn(&args, &[], port)
+    };
+    let head = start(0);
+    let first = start(1);
+    assert!(wait_until(Duration::from_secs(10), || head
+        .stderr()
+        .contains("Init torch distributed begin.")));
+    std::thread::sleep(Duration::from_millis(500));
+    let mut twin = start(1);
+    let status = twin
+        .wait_exit(Duration::from_secs(15))
+        .expect("the duplicate rank fails");
+    assert_eq!(describe(status), "signal 9");
+    assert!(
+        twin.stderr().contains(
+            "torch.distributed.DistNetworkError: the head refused rank 1: node rank 1 joined twice"
+        ),
+        "{}",
+        twin.stderr()
+    );
+    assert!(refused(head.port), "the head still waits for rank 2");
+    drop(first);
+}
+
+#[test]
+fn vllm_head_gives_up_after_the_engine_ready_timeout() {
+    let master = free_port();
+    let port = free_port();
+    let mut head = Sim::spawn(
+        &vllm_rank(0, master, port),
+        &[
+            ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+            ("VLLM_ENGINE_READY_TIMEOUT_S", "1"),
+        ],
+        port,
+    );
+    let status = head
+        .wait_exit(Duration::from_secs(20))
+        .expect("head times out");
+    assert_eq!(describe(status), "exit code 1");
+    assert!(
+        head.stderr()
+            .contains("TimeoutError: Timed out waiting for engine core processes to start."),
+        "{}",
+        head.stderr()
+    );
+    assert!(refused(port));
+}

@@ -15,9 +15,19 @@ fn ray(dir: &std::path::Path, args: &[&str], gpus: &str) -> std::process::Output
         .expect("run ray stand-in")
 }
 
+/// Stops the test's Ray daemons even when an assertion fails midway.
+struct StopRay(std::path::PathBuf);
+
+impl Drop for StopRay {
+    fn drop(&mut self) {
+        let _ = ray(&self.0, &["stop"], "");
+    }
+}
+
 #[test]
 fn ray_cluster_places_a_two_node_vllm_replica() {
     let dir = tempfile::tempdir().unwrap();
+    let _cleanup = StopRay(dir.path().to_path_buf());
     let gcs = free_port().to_string();
     let out = ray(
         dir.path(),
