@@ -16,7 +16,7 @@ use llmgw_agent::{LaunchSpec, StreamClient, Supervisor, TermStore, group_members
 use llmgw_catalog::Engine;
 use llmgw_proto::agent::agent_message::Body as Up;
 use llmgw_proto::agent::control_message::Body as Down;
-use llmgw_proto::agent::{ShardState, StartShard, StopShard};
+use llmgw_proto::agent::{Registered, ShardState, StartShard, StopShard};
 use support::control_plane::FakePeer;
 use support::*;
 
@@ -122,8 +122,10 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
     let leader = FakePeer::leader().await;
     let follower = FakePeer::follower(&leader.addr.to_string(), 3).await;
     let dir = tempfile::tempdir().unwrap();
-    // Only the follower is listed: the leader is reachable through the redirect alone.
-    let config = agent_config(dir.path(), &[follower.addr.to_string()]);
+    // A dead peer first, then the follower: the leader is reachable only
+    // through the follower's redirect.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let config = agent_config(dir.path(), &[dead, follower.addr.to_string()]);
     let inventory = llmgw_discovery::discover(&config.discovery, &config.fabrics);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let node = node_facts(dir.path(), &NodeSetup::default());
@@ -199,6 +201,25 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
     leader.send(6, 4, stop_cmd("st-0")).await;
     assert!(wait_ack(&leader, 4).await.accepted);
     assert!(group_members(ready.pid as i32).is_empty());
+
+    // `Registered` is the whole set: what is listed starts, the rest stops.
+    let listed = support::spec("st-1", Engine::Vllm, &[1], free_port());
+    let registered = |shards| {
+        Down::Registered(Registered {
+            shards,
+            heartbeat_interval_ms: 0,
+        })
+    };
+    leader.send(6, 0, registered(vec![listed.to_proto()])).await;
+    let ready = wait_status(&leader, 1, "st-1", ShardState::Ready).await;
+    guard.add(ready.pid as i32);
+    leader.send(6, 0, registered(vec![])).await;
+    let stopped = wait_status(&leader, 1, "st-1", ShardState::Stopped).await;
+    assert!(
+        stopped.message.contains("not assigned to this node"),
+        "{}",
+        stopped.message
+    );
     task.abort();
 }
 
