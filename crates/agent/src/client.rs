@@ -161,7 +161,7 @@ impl StreamClient {
         endpoint
             .connect()
             .await
-            .map_err(|e| format!("connect {addr}: {e}"))
+            .map_err(|e| format!("connect {addr}: {}", error_chain(&e)))
     }
 
     async fn session(&mut self, addr: &str) -> SessionEnd {
@@ -329,6 +329,18 @@ impl StreamClient {
             }
         }
     }
+}
+
+/// An error with its causes, since transport errors say little on their own.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn up_status(status: ShardStatus) -> AgentMessage {
