@@ -20,7 +20,11 @@ fn all_gone(pids: &[i32]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_and_sglang_shards_become_ready_and_serve() {
-    let mut h = Harness::new(&NodeSetup::default());
+    // Long enough a load that the first health check always sees it.
+    let mut h = Harness::new(&NodeSetup {
+        load_time: "1s",
+        ..NodeSetup::default()
+    });
     let (pv, ps) = (free_port(), free_port());
     assert!(h.start(spec("v0", Engine::Vllm, &[0], pv)).accepted);
     assert!(h.start(spec("s0", Engine::Sglang, &[1, 2], ps)).accepted);
@@ -134,7 +138,7 @@ async fn crash_while_loading_is_failed_with_the_engines_error_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hang_while_loading_fails_after_the_startup_timeout_and_leaves_nothing() {
     let setup = NodeSetup {
-        startup_timeout: Duration::from_secs(2),
+        startup_timeout: Duration::from_secs(3),
         ..NodeSetup::default()
     };
     let mut h = Harness::new(&setup);
@@ -147,11 +151,11 @@ async fn hang_while_loading_fails_after_the_startup_timeout_and_leaves_nothing()
     // The engine and its two workers, one process group.
     eventually("engine workers", LONG, || group_members(pids[0]).len() >= 3).await;
     let failed = h.wait_for("hang", ShardState::Failed, LONG).await;
-    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(started.elapsed() >= Duration::from_secs(3));
     assert!(
         failed
             .message
-            .contains("not ready within startup_timeout 2s"),
+            .contains("not ready within startup_timeout 3s"),
         "{}",
         failed.message
     );
