@@ -23,7 +23,7 @@ enum Command {
     /// Run one control-plane peer (Raft, agent stream, admin API, router).
     Server(NotBuilt),
     /// Run the agent of one GPU node.
-    Agent(NotBuilt),
+    Agent(llmgw_agent::AgentArgs),
     /// Run a standalone OpenAI-compatible router.
     Router(llmgw_router::RouterArgs),
     /// Operate a cluster through its admin API.
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check(args),
         }) => config_check::run(&args),
         Command::Server(_) => not_built("server"),
-        Command::Agent(_) => not_built("agent"),
+        Command::Agent(args) => llmgw_agent::main(args),
         Command::Router(args) => match llmgw_router::run_cli(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

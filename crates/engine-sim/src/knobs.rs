@@ -48,6 +48,9 @@ pub enum Fault {
     Stall,
     /// `/health` answers 503 once serving.
     Unhealthy,
+    /// SIGTERM is ignored by the engine and its workers, from the start
+    /// (an engine stuck in a CUDA call), so only SIGKILL ends them.
+    IgnoreSigterm,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +120,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 
 const FAULT_HINT: &str = "expected a comma-separated list of crash_on_load:{kv_cache|oom|free_memory|arch}, \
 hang_on_load[:{distributed|weights|kv_cache}], oom_after_tokens:N, crash_mid_stream:{cut|error_event}[@N], \
-slow_tokens:Nx, ttft_spike:DURATION, stall, unhealthy";
+slow_tokens:Nx, ttft_spike:DURATION, stall, unhealthy, ignore_sigterm";
 
 /// Parses the fault grammar: `name[:arg]` items separated by commas.
 pub fn parse_faults(text: &str, source_name: &str) -> Result<Vec<Fault>, KnobError> {
@@ -172,6 +175,7 @@ pub fn parse_faults(text: &str, source_name: &str) -> Result<Vec<Fault>, KnobErr
             ("ttft_spike", Some(d)) => Fault::TtftSpike(parse_duration(d).ok_or_else(bad)?),
             ("stall", None) => Fault::Stall,
             ("unhealthy", None) => Fault::Unhealthy,
+            ("ignore_sigterm", None) => Fault::IgnoreSigterm,
             _ => return Err(bad()),
         };
         faults.push(fault);
@@ -309,7 +313,7 @@ mod tests {
     #[test]
     fn fault_grammar_reads_every_form() {
         let faults = parse_faults(
-            "crash_mid_stream:cut@5, slow_tokens:10x,stall,hang_on_load",
+            "crash_mid_stream:cut@5, slow_tokens:10x,stall,hang_on_load,ignore_sigterm",
             "X",
         )
         .unwrap();
@@ -323,6 +327,7 @@ mod tests {
                 Fault::SlowTokens(10.0),
                 Fault::Stall,
                 Fault::HangOnLoad(LoadPhase::Distributed),
+                Fault::IgnoreSigterm,
             ]
         );
         let err = parse_faults("crash_on_load:meteor", "LLMGW_SIM_FAULT")

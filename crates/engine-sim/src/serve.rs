@@ -32,6 +32,15 @@ pub async fn run(cfg: ServeConfig, mut log: Logger) -> Ending {
 
 async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure> {
     let started = Instant::now();
+    let ignore_term = cfg
+        .knobs
+        .faults
+        .contains(&crate::knobs::Fault::IgnoreSigterm);
+    if ignore_term {
+        // Before any worker starts: an ignored signal stays ignored across
+        // exec, so the whole process group shrugs SIGTERM off.
+        crate::sys::ignore_sigterm();
+    }
     let vllm = cfg.persona.engine == Engine::Vllm;
     let v = cfg.persona.version_string();
     if vllm {
@@ -194,7 +203,7 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
             &stop_tx,
             membership.as_mut(),
             &mut loaded.workers,
-            Signals::install(),
+            Signals::install(ignore_term),
             false,
         )
         .await);
@@ -254,7 +263,7 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
     let listener = listen(socket)?;
     // Python's default SIGTERM action applies until the server runs; only
     // now do the engines install their handlers.
-    let signals = Signals::install();
+    let signals = Signals::install(ignore_term);
     log.uvicorn(&format!("Started server process [{}]", std::process::id()));
     log.uvicorn("Waiting for application startup.");
     log.uvicorn("Application startup complete.");
@@ -347,9 +356,13 @@ struct Signals {
 }
 
 impl Signals {
-    fn install() -> Self {
+    fn install(ignore_term: bool) -> Self {
         Self {
-            term: signal(SignalKind::terminate()).ok(),
+            term: if ignore_term {
+                None
+            } else {
+                signal(SignalKind::terminate()).ok()
+            },
             int: signal(SignalKind::interrupt()).ok(),
         }
     }

@@ -38,3 +38,12 @@ pub fn terminate(pid: i32) -> bool {
     // SAFETY: kill(2) takes plain integers.
     unsafe { libc::kill(pid, libc::SIGTERM) == 0 }
 }
+
+/// Ignores SIGTERM in this process and, through exec, in its children.
+#[allow(unsafe_code)]
+pub fn ignore_sigterm() {
+    // SAFETY: signal(2) with SIG_IGN takes plain integers.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+    }
+}

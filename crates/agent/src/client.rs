@@ -1,0 +1,366 @@
+//! The control-plane stream, from the agent's side: dial any peer, follow a
+//! redirect to the leader at once, otherwise try the next peer after a
+//! full-jitter backoff, forever. Up go registration, heartbeats, shard
+//! statuses and command acks; down come commands, each fenced by the
+//! leader's term.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use llmgw_config::AgentConfig;
+use llmgw_discovery::Inventory;
+use llmgw_proto::agent::agent_message::Body as Up;
+use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+use llmgw_proto::agent::control_message::Body as Down;
+use llmgw_proto::agent::{
+    AgentMessage, CommandAck, ControlMessage, Heartbeat, Registered, ShardStatus,
+};
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::fencing::{TermCheck, TermStore};
+use crate::register;
+use crate::report::unix_ms;
+use crate::spec::LaunchSpec;
+use crate::supervisor::Supervisor;
+
+/// Redirects followed back to back before backing off, so two peers that
+/// name each other cannot spin the agent.
+const MAX_REDIRECTS: u32 = 3;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a session with one peer ended.
+#[derive(Debug)]
+enum SessionEnd {
+    Redirect { leader: String, reason: String },
+    Lost { why: String, was_registered: bool },
+}
+
+pub struct StreamClient {
+    pub config: AgentConfig,
+    pub inventory: Inventory,
+    pub supervisor: Supervisor,
+    pub terms: TermStore,
+    pub statuses: mpsc::UnboundedReceiver<ShardStatus>,
+    /// Statuses taken from the supervisor but not yet sent.
+    unsent: VecDeque<ShardStatus>,
+    heartbeat_interval: Duration,
+}
+
+/// Full jitter: uniform in [0, min(max, base * 2^attempt)], at least base/10
+/// so that a fleet never reconnects in a tight loop.
+pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let cap = base
+        .checked_mul(1u32 << attempt.min(20))
+        .unwrap_or(max)
+        .min(max);
+    let floor = base / 10;
+    let pick = rand::rng().random_range(0.0..=1.0);
+    cap.mul_f64(pick).max(floor)
+}
+
+impl StreamClient {
+    pub fn new(
+        config: AgentConfig,
+        inventory: Inventory,
+        supervisor: Supervisor,
+        terms: TermStore,
+        statuses: mpsc::UnboundedReceiver<ShardStatus>,
+    ) -> Self {
+        let heartbeat_interval = config.heartbeat_interval;
+        StreamClient {
+            config,
+            inventory,
+            supervisor,
+            terms,
+            statuses,
+            unsent: VecDeque::new(),
+            heartbeat_interval,
+        }
+    }
+
+    /// Runs forever.
+    pub async fn run(mut self) {
+        let peers = self.config.servers.clone();
+        let mut next_peer = 0usize;
+        let mut redirect: Option<String> = None;
+        let mut redirects = 0u32;
+        let mut attempt = 0u32;
+        loop {
+            let target = match redirect.take() {
+                Some(leader) => leader,
+                None => {
+                    let peer = peers[next_peer % peers.len()].clone();
+                    next_peer += 1;
+                    peer
+                }
+            };
+            match self.session(&target).await {
+                SessionEnd::Redirect { leader, reason } if !leader.is_empty() => {
+                    tracing::info!(peer = %target, %leader, %reason, "redirected to the leader");
+                    redirects += 1;
+                    if redirects <= MAX_REDIRECTS {
+                        redirect = Some(leader);
+                        continue;
+                    }
+                    tracing::warn!(%leader, "too many redirects in a row; backing off");
+                }
+                SessionEnd::Redirect { reason, .. } => {
+                    tracing::info!(peer = %target, %reason, "peer knows no leader; trying the next peer");
+                }
+                SessionEnd::Lost {
+                    why,
+                    was_registered,
+                } => {
+                    tracing::warn!(peer = %target, %why, "control-plane stream lost");
+                    if was_registered {
+                        attempt = 0;
+                    }
+                }
+            }
+            redirects = 0;
+            let wait = backoff(
+                self.config.reconnect_base,
+                self.config.reconnect_max,
+                attempt,
+            );
+            attempt = attempt.saturating_add(1);
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let scheme = if self.config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10));
+        if let Some(tls) = &self.config.tls {
+            let read =
+                |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            let config = tonic::transport::ClientTlsConfig::new()
+                .domain_name(host.trim_matches(['[', ']']))
+                .ca_certificate(tonic::transport::Certificate::from_pem(read(&tls.ca)?))
+                .identity(tonic::transport::Identity::from_pem(
+                    read(&tls.cert)?,
+                    read(&tls.key)?,
+                ));
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| format!("TLS setup for {addr}: {e}"))?;
+        }
+        endpoint
+            .connect()
+            .await
+            .map_err(|e| format!("connect {addr}: {}", error_chain(&e)))
+    }
+
+    async fn session(&mut self, addr: &str) -> SessionEnd {
+        let lost = |why: String| SessionEnd::Lost {
+            why,
+            was_registered: false,
+        };
+        let channel = match self.channel(addr).await {
+            Ok(c) => c,
+            Err(why) => return lost(why),
+        };
+        let (tx, rx) = mpsc::channel::<AgentMessage>(1024);
+        let register = register::register(
+            &self.config,
+            &self.inventory,
+            self.supervisor.running(),
+            self.terms.highest(),
+        );
+        let _ = tx.try_send(AgentMessage {
+            body: Some(Up::Register(register)),
+        });
+        let mut client = AgentServiceClient::new(channel);
+        let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
+            Ok(r) => r.into_inner(),
+            Err(status) => return lost(format!("{addr} refused the stream: {status}")),
+        };
+        tracing::info!(peer = %addr, node = %self.config.node_id, "stream open; registered");
+        let mut seq = 0u64;
+        let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut registered = false;
+        loop {
+            // Statuses from an earlier session go first, in order.
+            while let Some(status) = self.unsent.pop_front() {
+                if let Err(e) = tx.try_send(up_status(status)) {
+                    if let Some(Up::ShardStatus(s)) = e.into_inner().body {
+                        self.unsent.push_front(s);
+                    }
+                    break;
+                }
+            }
+            tokio::select! {
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        match self.handle(message, &tx) {
+                            Some(end) => return end,
+                            None => registered = true,
+                        }
+                        if self.heartbeat_interval != heartbeat.period() {
+                            heartbeat = tokio::time::interval(self.heartbeat_interval);
+                        }
+                    }
+                    Ok(None) => return SessionEnd::Lost { why: format!("{addr} closed the stream"), was_registered: registered },
+                    Err(status) => return SessionEnd::Lost { why: format!("{addr}: {status}"), was_registered: registered },
+                },
+                _ = heartbeat.tick() => {
+                    seq += 1;
+                    let beat = AgentMessage { body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: unix_ms() })) };
+                    if tx.send(beat).await.is_err() {
+                        return SessionEnd::Lost { why: "stream closed".into(), was_registered: registered };
+                    }
+                }
+                Some(status) = self.statuses.recv() => {
+                    self.unsent.push_back(status);
+                }
+            }
+        }
+    }
+
+    /// Acts on one message; `Some` ends the session.
+    fn handle(
+        &mut self,
+        message: ControlMessage,
+        tx: &mpsc::Sender<AgentMessage>,
+    ) -> Option<SessionEnd> {
+        let body = message.body?;
+        if let Down::Redirect(r) = body {
+            return Some(SessionEnd::Redirect {
+                leader: r.leader_addr,
+                reason: r.reason,
+            });
+        }
+        let id = message.command_id;
+        let ack = |accepted: bool, text: String| {
+            let _ = tx.try_send(AgentMessage {
+                body: Some(Up::Ack(CommandAck {
+                    command_id: id,
+                    accepted,
+                    message: text,
+                })),
+            });
+        };
+        match self.terms.check(message.term) {
+            Ok(TermCheck::Current) => {}
+            Ok(TermCheck::Stale { command, highest }) => {
+                let text = format!(
+                    "refused: command {id} carries leader term {command}, but this agent has already seen term {highest}"
+                );
+                tracing::warn!(command_id = id, term = command, highest, "{text}");
+                ack(false, text);
+                return None;
+            }
+            Err(e) => {
+                let text = format!("refused: cannot persist leader term {}: {e}", message.term);
+                tracing::error!("{text}");
+                ack(false, text);
+                return None;
+            }
+        }
+        let term = message.term;
+        match body {
+            Down::Redirect(_) => unreachable!("handled above"),
+            Down::Registered(registered) => self.reconcile(registered, term),
+            Down::Start(start) => {
+                let outcome = match start.spec.as_ref().map(LaunchSpec::from_proto) {
+                    Some(Ok(spec)) => self.supervisor.start(spec, term),
+                    Some(Err(e)) => crate::supervisor::Outcome {
+                        accepted: false,
+                        message: format!("refused: {e}"),
+                    },
+                    None => crate::supervisor::Outcome {
+                        accepted: false,
+                        message: "refused: StartShard without a spec".into(),
+                    },
+                };
+                ack(outcome.accepted, outcome.message);
+            }
+            Down::Stop(stop) => {
+                let o = self.supervisor.stop(&stop.shard_id, &stop.reason);
+                ack(o.accepted, o.message);
+            }
+            Down::Drain(drain) => {
+                let o = self.supervisor.drain(
+                    &drain.shard_id,
+                    Duration::from_millis(drain.deadline_ms),
+                    &drain.reason,
+                );
+                ack(o.accepted, o.message);
+            }
+        }
+        None
+    }
+
+    /// `Registered` names every shard this node should run: start what is
+    /// missing (idempotent for adopted ones), stop the rest.
+    fn reconcile(&mut self, registered: Registered, term: u64) {
+        if registered.heartbeat_interval_ms > 0 {
+            self.heartbeat_interval = Duration::from_millis(registered.heartbeat_interval_ms);
+        }
+        let mut wanted = Vec::new();
+        for spec in &registered.shards {
+            match LaunchSpec::from_proto(spec) {
+                Ok(spec) => {
+                    wanted.push(spec.shard_id.clone());
+                    let outcome = self.supervisor.start(spec, term);
+                    tracing::info!(accepted = outcome.accepted, "{}", outcome.message);
+                }
+                Err(e) => tracing::warn!("registered shard refused: {e}"),
+            }
+        }
+        for running in self.supervisor.running() {
+            if !wanted.contains(&running.shard_id) {
+                self.supervisor
+                    .stop(&running.shard_id, "not assigned to this node by the leader");
+            }
+        }
+    }
+}
+
+/// An error with its causes, since transport errors say little on their own.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+fn up_status(status: ShardStatus) -> AgentMessage {
+    AgentMessage {
+        body: Some(Up::ShardStatus(status)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_base_tenth_and_cap() {
+        let base = Duration::from_millis(100);
+        let max = Duration::from_secs(3);
+        for attempt in 0..40 {
+            let d = backoff(base, max, attempt);
+            assert!(d >= base / 10 && d <= max, "{attempt}: {d:?}");
+        }
+        assert!(backoff(base, max, 0) <= base);
+    }
+}

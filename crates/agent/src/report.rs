@@ -1,0 +1,107 @@
+//! Shard status messages: every transition of a shard goes up the stream as
+//! a `ShardStatus`, and the latest one per shard is kept for registration.
+
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use llmgw_proto::agent::{ShardState, ShardStatus};
+use tokio::sync::mpsc;
+
+use crate::process::ExitInfo;
+
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Sends one shard's statuses and remembers the last.
+#[derive(Clone)]
+pub struct Reporter {
+    pub shard_id: String,
+    pub replica_id: String,
+    pub port: u32,
+    pid: Arc<Mutex<u32>>,
+    last: Arc<Mutex<ShardStatus>>,
+    events: mpsc::UnboundedSender<ShardStatus>,
+}
+
+impl Reporter {
+    pub fn new(
+        shard_id: &str,
+        replica_id: &str,
+        port: u32,
+        events: mpsc::UnboundedSender<ShardStatus>,
+    ) -> Self {
+        Reporter {
+            shard_id: shard_id.to_string(),
+            replica_id: replica_id.to_string(),
+            port,
+            pid: Arc::new(Mutex::new(0)),
+            last: Arc::new(Mutex::new(ShardStatus {
+                shard_id: shard_id.to_string(),
+                replica_id: replica_id.to_string(),
+                state: ShardState::Unspecified as i32,
+                ..Default::default()
+            })),
+            events,
+        }
+    }
+
+    pub fn set_pid(&self, pid: u32) {
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = pid;
+    }
+
+    pub fn last(&self) -> ShardStatus {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn state(&self) -> ShardState {
+        ShardState::try_from(self.last().state).unwrap_or(ShardState::Unspecified)
+    }
+
+    pub fn send(&self, state: ShardState, message: impl Into<String>) {
+        self.send_full(state, message, Vec::new(), None);
+    }
+
+    pub fn send_full(
+        &self,
+        state: ShardState,
+        message: impl Into<String>,
+        output_tail: Vec<String>,
+        exit: Option<ExitInfo>,
+    ) {
+        let status = ShardStatus {
+            shard_id: self.shard_id.clone(),
+            replica_id: self.replica_id.clone(),
+            state: state as i32,
+            pid: *self.pid.lock().unwrap_or_else(|e| e.into_inner()),
+            port: self.port,
+            message: message.into(),
+            output_tail,
+            exit_code: exit.and_then(|e| e.code),
+            signal: exit.and_then(|e| e.signal),
+            at_unix_ms: unix_ms(),
+        };
+        tracing::info!(
+            shard = %self.shard_id,
+            state = state.as_str_name(),
+            pid = status.pid,
+            message = %status.message,
+            "shard status"
+        );
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = status.clone();
+        let _ = self.events.send(status);
+    }
+
+    /// Sends the last status again (an idempotent command repeated).
+    pub fn resend(&self) {
+        let mut status = self.last();
+        status.at_unix_ms = unix_ms();
+        let _ = self.events.send(status);
+    }
+}
+
+pub fn is_terminal(state: ShardState) -> bool {
+    matches!(state, ShardState::Stopped | ShardState::Failed)
+}

@@ -1,0 +1,133 @@
+//! `llmgw agent --config agent.yaml`: load the config, discover the node,
+//! adopt what an earlier agent left running, and hold the control-plane
+//! stream until told to exit. Exiting never stops an engine.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use llmgw_config::AgentConfig;
+use llmgw_engines::NodeContext;
+use tokio::sync::mpsc;
+
+use crate::client::StreamClient;
+use crate::fencing::TermStore;
+use crate::supervisor::{Adoption, Supervisor};
+use crate::validate::NodeFacts;
+
+/// Command line of `llmgw agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    /// The agent's config file (see deploy/examples/agent.yaml).
+    #[arg(long, short, default_value = "/etc/llmgw/agent.yaml")]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] llmgw_config::ConfigError),
+    #[error(transparent)]
+    Supervisor(#[from] crate::supervisor::SupervisorError),
+    #[error("leader term file in {dir}: {source}")]
+    Term {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The whole program: returns when SIGTERM or SIGINT arrives.
+pub fn main(args: AgentArgs) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)
+        .and_then(|rt| rt.block_on(run_from_file(&args.config)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("llmgw agent: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run_from_file(path: &std::path::Path) -> Result<(), AgentError> {
+    let config = AgentConfig::load(path)?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
+    run(config).await
+}
+
+/// Runs the agent with a loaded config until SIGTERM or SIGINT.
+pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let inventory = llmgw_discovery::discover(&config.discovery, &config.fabrics);
+    for warning in &inventory.warnings {
+        tracing::warn!("discovery: {warning}");
+    }
+    tracing::info!(
+        node = %config.node_id,
+        gpus = inventory.gpus.len(),
+        source = inventory.gpu_source.as_str(),
+        "node discovered"
+    );
+    let node = NodeFacts {
+        node_id: config.node_id.clone(),
+        context: NodeContext {
+            mgmt_addr: config.mgmt_addr.clone(),
+            mgmt_interface: config.mgmt_interface.clone(),
+            engines: config.engines.clone(),
+        },
+        inventory: inventory.clone(),
+    };
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (supervisor, adoptions) = Supervisor::new(config.supervisor.clone(), node, events_tx)?;
+    for adoption in &adoptions {
+        match adoption {
+            Adoption::Adopted { shard_id, pids } => {
+                tracing::info!(shard = %shard_id, ?pids, "adopted engine left by an earlier agent")
+            }
+            Adoption::Stale { file, why } => {
+                tracing::info!(%file, %why, "removed stale state file")
+            }
+        }
+    }
+    let terms =
+        TermStore::open(&config.supervisor.work_dir).map_err(|source| AgentError::Term {
+            dir: config.supervisor.work_dir.clone(),
+            source,
+        })?;
+    let client = StreamClient::new(config, inventory, supervisor, terms, events_rx);
+    let stream = tokio::spawn(client.run());
+    wait_for_exit_signal().await;
+    tracing::info!("exiting; engines keep running and the next agent adopts them");
+    stream.abort();
+    Ok(())
+}
+
+async fn wait_for_exit_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

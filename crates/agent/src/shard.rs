@@ -1,0 +1,469 @@
+//! One shard's life after launch (or adoption): readiness and health checks,
+//! the startup timeout, crash reports, stop and drain. One task per shard;
+//! it ends when the shard is stopped or has failed, and never restarts
+//! anything: restarts are the leader's decision.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use llmgw_config::SupervisorConfig;
+use llmgw_engines::ProcessSpec;
+use llmgw_proto::agent::ShardState;
+use tokio::sync::mpsc;
+
+use crate::logfile;
+use crate::probe::{self, Probe};
+use crate::process::{ExitInfo, ExitNotice};
+use crate::procfs;
+use crate::report::Reporter;
+use crate::statefile::{self, ReadyRule, ShardRecord};
+
+/// Commands the supervisor passes to a running shard.
+#[derive(Debug)]
+pub enum Control {
+    Stop { reason: String },
+    Drain { deadline: Duration, reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Starting,
+    Loading,
+    Ready { healthy: bool },
+    Draining { until: Instant },
+}
+
+/// Consecutive failed health checks before a ready shard is reported unhealthy.
+const UNHEALTHY_AFTER: u32 = 3;
+/// How long a group may take to vanish after SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+/// Group membership is polled this often while stopping.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// A process of the plan and the file its output goes to.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub spec: ProcessSpec,
+    pub log: PathBuf,
+}
+
+/// Processes started only once `gate` (a Ray head's GCS) accepts
+/// connections.
+pub struct Deferred {
+    pub gate: String,
+    pub launches: Vec<Launch>,
+    pub exits: mpsc::UnboundedSender<ExitNotice>,
+}
+
+pub struct ShardTask {
+    pub settings: Arc<SupervisorConfig>,
+    /// What the state file says; its processes are the shard's processes.
+    pub record: ShardRecord,
+    pub deferred: Option<Deferred>,
+    /// Shared with the supervisor, which lists them.
+    pub pids: Arc<Mutex<Vec<i32>>>,
+    pub exits: mpsc::UnboundedReceiver<ExitNotice>,
+    pub control: mpsc::UnboundedReceiver<Control>,
+    pub reporter: Reporter,
+    /// Adopted shards begin by finding out where their engine is.
+    pub adopted: bool,
+}
+
+struct Run {
+    task: ShardTask,
+    exited: Vec<Option<ExitInfo>>,
+    phase: Phase,
+    since: Instant,
+    failed_checks: u32,
+    last_wait: String,
+}
+
+/// Drives a shard to its end.
+pub async fn run(task: ShardTask) {
+    let n = task.record.processes.len();
+    let mut run = Run {
+        task,
+        exited: vec![None; n],
+        phase: Phase::Starting,
+        since: Instant::now(),
+        failed_checks: 0,
+        last_wait: String::new(),
+    };
+    run.drive().await;
+}
+
+impl Run {
+    fn work_dir(&self) -> PathBuf {
+        self.task.settings.work_dir.clone()
+    }
+
+    async fn drive(&mut self) {
+        if !self.task.adopted {
+            self.task.reporter.send(
+                ShardState::Starting,
+                format!("started {} process(es)", self.task.record.processes.len()),
+            );
+        }
+        if let Some(deferred) = self.task.deferred.take()
+            && !self.launch_deferred(deferred).await
+        {
+            return;
+        }
+        let mut tick = tokio::time::interval(self.task.settings.health_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some((index, info)) = self.task.exits.recv() => {
+                    self.exited[index] = Some(info);
+                    self.fail_on_exit(index).await;
+                    return;
+                }
+                command = self.task.control.recv() => match command {
+                    Some(Control::Stop { reason }) => {
+                        self.stop(format!("stopped: {reason}")).await;
+                        return;
+                    }
+                    Some(Control::Drain { deadline, reason }) => self.begin_drain(deadline, &reason),
+                    // The supervisor is gone (the agent is exiting): engines
+                    // keep serving and the next agent adopts them.
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    if self.on_tick().await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for the gate, then starts the deferred processes; false when
+    /// the shard ended meanwhile.
+    async fn launch_deferred(&mut self, deferred: Deferred) -> bool {
+        let timeout = self.task.settings.startup_timeout;
+        loop {
+            if tokio::net::TcpStream::connect(&deferred.gate).await.is_ok() {
+                break;
+            }
+            if self.since.elapsed() >= timeout {
+                self.terminate().await;
+                let msg = format!(
+                    "{} never accepted connections within startup_timeout {timeout:?}; stopped it",
+                    deferred.gate
+                );
+                self.finish(ShardState::Failed, msg, true);
+                return false;
+            }
+            tokio::select! {
+                Some((index, info)) = self.task.exits.recv() => {
+                    self.exited[index] = Some(info);
+                    self.fail_on_exit(index).await;
+                    return false;
+                }
+                command = self.task.control.recv() => match command {
+                    Some(Control::Stop { reason }) | Some(Control::Drain { reason, .. }) => {
+                        self.stop(format!("stopped before it was ready: {reason}")).await;
+                        return false;
+                    }
+                    None => return false,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        for launch in deferred.launches {
+            let index = self.task.record.processes.len();
+            match crate::process::spawn(&launch.spec, &launch.log, index, deferred.exits.clone()) {
+                Ok(record) => {
+                    self.task
+                        .pids
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(record.pid);
+                    self.task.reporter.set_pid(record.pid as u32);
+                    self.task.record.processes.push(record);
+                    self.exited.push(None);
+                }
+                Err(e) => {
+                    self.terminate().await;
+                    let msg = format!("could not start {}: {e}", launch.spec.program.display());
+                    self.finish(ShardState::Failed, msg, false);
+                    return false;
+                }
+            }
+        }
+        if let Err(e) = statefile::write(&self.work_dir(), &self.task.record) {
+            tracing::error!(shard = %self.task.reporter.shard_id, "could not write the state file: {e}");
+        }
+        true
+    }
+
+    fn begin_drain(&mut self, deadline: Duration, reason: &str) {
+        if matches!(self.phase, Phase::Draining { .. }) {
+            self.task.reporter.resend();
+            return;
+        }
+        self.phase = Phase::Draining {
+            until: Instant::now() + deadline,
+        };
+        self.task.reporter.send(
+            ShardState::Draining,
+            format!("draining ({reason}); waiting up to {deadline:?} for requests in flight"),
+        );
+    }
+
+    /// One health interval's work; true when the shard has ended.
+    async fn on_tick(&mut self) -> bool {
+        for record in &self.task.record.processes {
+            if let Err(e) = logfile::cap(&record.log, self.task.settings.log_max_bytes) {
+                tracing::warn!(log = %record.log.display(), "could not cap engine log: {e}");
+            }
+        }
+        match self.phase {
+            Phase::Starting | Phase::Loading => {
+                match self.check().await {
+                    Ok(()) => {
+                        self.phase = Phase::Ready { healthy: true };
+                        let how = match &self.task.record.readiness {
+                            ReadyRule::ProcessAlive => {
+                                "ready (processes alive; this rank has no health endpoint)"
+                                    .to_string()
+                            }
+                            rule => {
+                                format!("ready: {} answered 200", rule.health_url().unwrap_or(""))
+                            }
+                        };
+                        let how = if self.task.adopted {
+                            format!("adopted, {how}")
+                        } else {
+                            how
+                        };
+                        self.task.reporter.send(ShardState::Ready, how);
+                    }
+                    Err(why) => {
+                        if self.phase == Phase::Starting || why != self.last_wait {
+                            self.phase = Phase::Loading;
+                            let msg = if self.task.adopted {
+                                format!("adopted, {why}")
+                            } else {
+                                why.clone()
+                            };
+                            self.task.reporter.send(ShardState::Loading, msg);
+                            self.last_wait = why.clone();
+                        }
+                        let timeout = self.task.settings.startup_timeout;
+                        if self.since.elapsed() >= timeout {
+                            let killed = self.terminate().await;
+                            let msg = format!(
+                                "not ready within startup_timeout {timeout:?} (last check: {why}); stopped it{}",
+                                if killed {
+                                    " with SIGKILL after SIGTERM was ignored"
+                                } else {
+                                    ""
+                                }
+                            );
+                            self.finish(ShardState::Failed, msg, true);
+                            return true;
+                        }
+                    }
+                }
+                false
+            }
+            Phase::Ready { healthy } => {
+                match self.check().await {
+                    Ok(()) => {
+                        self.failed_checks = 0;
+                        if !healthy {
+                            self.phase = Phase::Ready { healthy: true };
+                            self.task.reporter.send(ShardState::Ready, "healthy again");
+                        }
+                    }
+                    Err(why) => {
+                        self.failed_checks += 1;
+                        // Reported, not acted on: the router ejects the
+                        // endpoint and the leader decides what to do.
+                        if healthy && self.failed_checks >= UNHEALTHY_AFTER {
+                            self.phase = Phase::Ready { healthy: false };
+                            self.task.reporter.send(
+                                ShardState::Ready,
+                                format!(
+                                    "unhealthy: {why} ({} checks in a row)",
+                                    self.failed_checks
+                                ),
+                            );
+                        }
+                    }
+                }
+                false
+            }
+            Phase::Draining { until } => {
+                let in_flight = self.in_flight().await;
+                let done = matches!(in_flight, Some(n) if n <= 0.0) || in_flight.is_none();
+                if done || Instant::now() >= until {
+                    let why = match in_flight {
+                        Some(n) if n > 0.0 => {
+                            format!("drain deadline passed with {n} request(s) in flight")
+                        }
+                        Some(_) => "drained: no requests in flight".to_string(),
+                        None => "drained: the engine reports no request metrics".to_string(),
+                    };
+                    self.stop(why).await;
+                    return true;
+                }
+                false
+            }
+        }
+    }
+
+    /// The readiness rule, once.
+    async fn check(&self) -> Result<(), String> {
+        let (url, sglang) = match &self.task.record.readiness {
+            ReadyRule::ProcessAlive => return Ok(()),
+            ReadyRule::VllmHealth { url } => (url, false),
+            ReadyRule::SglangHealth { url } => (url, true),
+        };
+        let timeout = self
+            .task
+            .settings
+            .health_interval
+            .max(Duration::from_secs(2));
+        match probe::get(url, timeout).await {
+            Probe::Answer { status: 200, .. } => Ok(()),
+            Probe::Refused => Err("loading: connection refused".to_string()),
+            Probe::Answer { status: 503, .. } if sglang => {
+                Err("warming up: /health answers 503".to_string())
+            }
+            Probe::Answer { status, .. } => Err(format!("/health answered {status}")),
+            Probe::Broken(why) => Err(format!("/health: {why}")),
+        }
+    }
+
+    async fn in_flight(&self) -> Option<f64> {
+        let url = self.task.record.readiness.metrics_url()?;
+        match probe::get(&url, Duration::from_secs(5)).await {
+            Probe::Answer { status: 200, body } => probe::requests_in_flight(&body),
+            _ => None,
+        }
+    }
+
+    /// A process of the shard ended on its own: the shard has failed. The
+    /// rest of its processes are stopped so that its GPUs are free.
+    async fn fail_on_exit(&mut self, index: usize) {
+        let record = self.task.record.processes[index].clone();
+        let info = self.exited[index].unwrap_or_default();
+        let when = match self.phase {
+            Phase::Starting | Phase::Loading => "while loading",
+            Phase::Ready { .. } => "while serving",
+            Phase::Draining { .. } => "while draining",
+        };
+        self.terminate().await;
+        let tail = logfile::tail(&record.log, self.task.settings.log_lines);
+        statefile::remove(&self.work_dir(), &self.task.reporter.shard_id);
+        self.task.reporter.send_full(
+            ShardState::Failed,
+            format!(
+                "{} (pid {}) {} {when}",
+                record.role,
+                record.pid,
+                info.describe()
+            ),
+            tail,
+            Some(info),
+        );
+    }
+
+    /// SIGTERM to every group, SIGKILL after `stop_timeout`, then the final
+    /// status.
+    async fn stop(&mut self, why: String) {
+        let killed = self.terminate().await;
+        let msg = if killed {
+            format!(
+                "{why}; still running {:?} after SIGTERM (stop_timeout), killed with SIGKILL",
+                self.task.settings.stop_timeout
+            )
+        } else {
+            why
+        };
+        self.finish(ShardState::Stopped, msg, false);
+    }
+
+    fn finish(&mut self, state: ShardState, msg: String, with_tail: bool) {
+        let engine = self.engine_index();
+        let tail = match self.task.record.processes.get(engine) {
+            Some(record) if with_tail => logfile::tail(&record.log, self.task.settings.log_lines),
+            _ => Vec::new(),
+        };
+        statefile::remove(&self.work_dir(), &self.task.reporter.shard_id);
+        let exit = self.exited.get(engine).copied().flatten();
+        self.task.reporter.send_full(state, msg, tail, exit);
+    }
+
+    fn engine_index(&self) -> usize {
+        self.task
+            .record
+            .processes
+            .iter()
+            .rposition(|r| r.role == "engine")
+            .unwrap_or(self.task.record.processes.len().saturating_sub(1))
+    }
+
+    /// Ends every process group of the shard; true when SIGKILL was needed.
+    async fn terminate(&mut self) -> bool {
+        for record in self.task.record.processes.iter().rev() {
+            procfs::signal_group(record.pgid, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + self.task.settings.stop_timeout;
+        if self.wait_groups_gone(deadline).await {
+            return false;
+        }
+        for record in &self.task.record.processes {
+            let left = procfs::group_members(record.pgid);
+            if !left.is_empty() {
+                tracing::warn!(
+                    shard = %self.task.reporter.shard_id,
+                    pgid = record.pgid,
+                    ?left,
+                    "still running after stop_timeout; sending SIGKILL"
+                );
+                procfs::signal_group(record.pgid, libc::SIGKILL);
+            }
+        }
+        if !self.wait_groups_gone(Instant::now() + KILL_GRACE).await {
+            tracing::error!(shard = %self.task.reporter.shard_id, "processes survived SIGKILL");
+        }
+        true
+    }
+
+    /// Waits until no live process is left in any of the shard's groups,
+    /// collecting exit statuses of our own children on the way.
+    async fn wait_groups_gone(&mut self, deadline: Instant) -> bool {
+        loop {
+            while let Ok((index, info)) = self.task.exits.try_recv() {
+                self.exited[index] = Some(info);
+            }
+            let gone = self
+                .task
+                .record
+                .processes
+                .iter()
+                .all(|r| procfs::group_members(r.pgid).is_empty());
+            if gone {
+                // A child's exit status arrives once it is reaped, just after
+                // it stopped counting as live.
+                let reap_by = Instant::now() + Duration::from_secs(1);
+                while self.exited.iter().any(Option::is_none) && Instant::now() < reap_by {
+                    match tokio::time::timeout(STOP_POLL, self.task.exits.recv()).await {
+                        Ok(Some((index, info))) => self.exited[index] = Some(info),
+                        Ok(None) => break,
+                        Err(_) => {}
+                    }
+                }
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(STOP_POLL).await;
+        }
+    }
+}

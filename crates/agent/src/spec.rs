@@ -1,0 +1,315 @@
+//! A shard as the leader asked for it: the wire `ShardSpec` read into a
+//! checked, serialisable form that the state file keeps and the spec hash
+//! covers.
+
+use std::collections::BTreeMap;
+
+use llmgw_catalog::{Engine, LaunchMode, Profile};
+use llmgw_engines::{FabricAssignment, ShardAssignment};
+use llmgw_proto::agent::ShardSpec;
+use serde::{Deserialize, Serialize};
+
+/// Why a `ShardSpec` from the wire cannot be used at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "shard id {0:?} is not usable: use 1-128 characters from letters, digits, `.`, `_` and `-`"
+    )]
+    BadShardId(String),
+    #[error("shard {shard}: unknown engine {engine:?} (expected `vllm` or `sglang`)")]
+    UnknownEngine { shard: String, engine: String },
+    #[error("shard {shard}: unknown launch_mode {mode:?} (expected `mp`, `ray` or empty)")]
+    UnknownLaunchMode { shard: String, mode: String },
+    #[error("shard {shard}: {field} {value} is not a TCP port")]
+    BadPort {
+        shard: String,
+        field: &'static str,
+        value: u32,
+    },
+    #[error("shard {shard}: {field} must be at least 1")]
+    Zero { shard: String, field: &'static str },
+}
+
+/// One shard to run on this node, as commanded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub shard_id: String,
+    pub replica_id: String,
+    pub model: String,
+    pub source: String,
+    /// Catalog aliases, served after `model`.
+    pub aliases: Vec<String>,
+    pub engine: Engine,
+    pub profile: String,
+    pub nodes: u32,
+    pub rank: u32,
+    pub gpus: Vec<u32>,
+    pub gpus_per_node: u32,
+    pub port: u16,
+    pub tensor_parallel: u32,
+    pub pipeline_parallel: u32,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub fabric: Option<String>,
+    pub launch_mode: Option<LaunchMode>,
+    pub min_gpu_memory_gb: u32,
+    pub gpu_models: Vec<String>,
+    pub engine_args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Shard ids become file names in `work_dir`, so they are kept to a safe set.
+pub fn check_shard_id(id: &str) -> Result<(), SpecError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SpecError::BadShardId(id.to_string()))
+    }
+}
+
+fn port(shard: &str, field: &'static str, value: u32) -> Result<u16, SpecError> {
+    u16::try_from(value).map_err(|_| SpecError::BadPort {
+        shard: shard.to_string(),
+        field,
+        value,
+    })
+}
+
+impl LaunchSpec {
+    pub fn from_proto(spec: &ShardSpec) -> Result<Self, SpecError> {
+        let shard = spec.shard_id.clone();
+        check_shard_id(&shard)?;
+        let engine = match spec.engine.as_str() {
+            "vllm" => Engine::Vllm,
+            "sglang" => Engine::Sglang,
+            other => {
+                return Err(SpecError::UnknownEngine {
+                    shard,
+                    engine: other.to_string(),
+                });
+            }
+        };
+        let launch_mode = match spec.launch_mode.as_str() {
+            "" => None,
+            "mp" => Some(LaunchMode::Mp),
+            "ray" => Some(LaunchMode::Ray),
+            other => {
+                return Err(SpecError::UnknownLaunchMode {
+                    shard,
+                    mode: other.to_string(),
+                });
+            }
+        };
+        for (field, value) in [
+            ("nodes", spec.nodes),
+            ("tensor_parallel", spec.tensor_parallel),
+            ("pipeline_parallel", spec.pipeline_parallel),
+        ] {
+            if value == 0 {
+                return Err(SpecError::Zero { shard, field });
+            }
+        }
+        // `master_addr` may carry the port (`host:port`) as its comment says.
+        let (master_addr, embedded_port) = match spec.master_addr.rsplit_once(':') {
+            Some((host, p)) if p.parse::<u16>().is_ok() && !host.is_empty() => {
+                (host.to_string(), p.parse::<u16>().ok())
+            }
+            _ => (spec.master_addr.clone(), None),
+        };
+        let master_port = match (spec.master_port, embedded_port) {
+            (0, Some(p)) => p,
+            (p, _) => port(&shard, "master_port", p)?,
+        };
+        let gpus_per_node = if spec.gpus_per_node == 0 {
+            (spec.tensor_parallel * spec.pipeline_parallel) / spec.nodes
+        } else {
+            spec.gpus_per_node
+        };
+        let aliases = spec
+            .served_names
+            .iter()
+            .filter(|n| **n != spec.model)
+            .cloned()
+            .collect();
+        Ok(LaunchSpec {
+            replica_id: spec.replica_id.clone(),
+            model: spec.model.clone(),
+            source: spec.source.clone(),
+            aliases,
+            engine,
+            profile: spec.profile.clone(),
+            nodes: spec.nodes,
+            rank: spec.rank,
+            gpus: spec.gpus.clone(),
+            gpus_per_node,
+            port: port(&shard, "port", spec.port)?,
+            tensor_parallel: spec.tensor_parallel,
+            pipeline_parallel: spec.pipeline_parallel,
+            master_addr,
+            master_port,
+            fabric: (!spec.fabric.is_empty()).then(|| spec.fabric.clone()),
+            launch_mode,
+            min_gpu_memory_gb: spec.min_gpu_memory_gb,
+            gpu_models: spec.gpu_models.clone(),
+            engine_args: spec.engine_args.clone(),
+            env: spec.env.clone().into_iter().collect(),
+            shard_id: shard,
+        })
+    }
+
+    /// The wire form, for tests and for the fake control plane.
+    pub fn to_proto(&self) -> ShardSpec {
+        ShardSpec {
+            shard_id: self.shard_id.clone(),
+            replica_id: self.replica_id.clone(),
+            model: self.model.clone(),
+            source: self.source.clone(),
+            served_names: std::iter::once(self.model.clone())
+                .chain(self.aliases.iter().cloned())
+                .collect(),
+            engine: self.engine.as_str().to_string(),
+            profile: self.profile.clone(),
+            nodes: self.nodes,
+            rank: self.rank,
+            gpus: self.gpus.clone(),
+            port: u32::from(self.port),
+            tensor_parallel: self.tensor_parallel,
+            pipeline_parallel: self.pipeline_parallel,
+            master_addr: self.master_addr.clone(),
+            master_port: u32::from(self.master_port),
+            fabric: self.fabric.clone().unwrap_or_default(),
+            engine_args: self.engine_args.clone(),
+            env: self.env.clone().into_iter().collect(),
+            gpus_per_node: self.gpus_per_node,
+            launch_mode: self
+                .launch_mode
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default(),
+            min_gpu_memory_gb: self.min_gpu_memory_gb,
+            gpu_models: self.gpu_models.clone(),
+        }
+    }
+
+    pub fn profile(&self) -> Profile {
+        Profile {
+            name: self.profile.clone(),
+            engine: self.engine,
+            nodes: self.nodes,
+            gpus_per_node: self.gpus_per_node,
+            tensor_parallel: self.tensor_parallel,
+            pipeline_parallel: self.pipeline_parallel,
+            min_gpu_memory_gb: self.min_gpu_memory_gb,
+            gpu_models: self.gpu_models.clone(),
+            launch_mode: self.launch_mode,
+            engine_args: self.engine_args.clone(),
+            env: self.env.clone(),
+        }
+    }
+
+    /// What the engine adapters take, with this node's HCAs on the fabric.
+    pub fn assignment(&self, fabric: Option<FabricAssignment>) -> ShardAssignment {
+        ShardAssignment {
+            shard_id: self.shard_id.clone(),
+            replica_id: self.replica_id.clone(),
+            model: self.model.clone(),
+            aliases: self.aliases.clone(),
+            source: self.source.clone(),
+            profile: self.profile(),
+            rank: self.rank,
+            gpus: self.gpus.clone(),
+            port: self.port,
+            head_addr: self.master_addr.clone(),
+            rendezvous_port: self.master_port,
+            fabric,
+        }
+    }
+
+    /// A stable digest of everything that decides how the shard runs: two
+    /// commands with the same hash start the same processes.
+    pub fn hash(&self) -> String {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        // FNV-1a: stable across builds and platforms, unlike std's hasher.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire() -> ShardSpec {
+        ShardSpec {
+            shard_id: "r1-s0".into(),
+            replica_id: "r1".into(),
+            model: "qwen".into(),
+            source: "Qwen/Qwen2.5-0.5B-Instruct".into(),
+            served_names: vec!["qwen".into(), "q".into()],
+            engine: "vllm".into(),
+            profile: "tp1".into(),
+            nodes: 1,
+            gpus: vec![0],
+            port: 8000,
+            tensor_parallel: 1,
+            pipeline_parallel: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn wire_spec_round_trips_and_derives_gpus_per_node() {
+        let spec = LaunchSpec::from_proto(&wire()).unwrap();
+        assert_eq!(spec.gpus_per_node, 1);
+        assert_eq!(spec.aliases, vec!["q".to_string()]);
+        let again = LaunchSpec::from_proto(&spec.to_proto()).unwrap();
+        assert_eq!(again, spec);
+        assert_eq!(again.hash(), spec.hash());
+    }
+
+    #[test]
+    fn hash_changes_with_anything_that_changes_the_launch() {
+        let a = LaunchSpec::from_proto(&wire()).unwrap();
+        let mut b = a.clone();
+        b.engine_args.push("--enforce-eager".into());
+        assert_ne!(a.hash(), b.hash());
+    }
+
+    #[test]
+    fn master_addr_may_carry_the_port() {
+        let mut w = wire();
+        w.master_addr = "10.0.0.1:29501".into();
+        let spec = LaunchSpec::from_proto(&w).unwrap();
+        assert_eq!(
+            (spec.master_addr.as_str(), spec.master_port),
+            ("10.0.0.1", 29501)
+        );
+    }
+
+    #[test]
+    fn unusable_specs_are_refused_with_the_field() {
+        let mut w = wire();
+        w.shard_id = "../etc".into();
+        assert!(matches!(
+            LaunchSpec::from_proto(&w),
+            Err(SpecError::BadShardId(_))
+        ));
+        let mut w = wire();
+        w.engine = "trt".into();
+        let err = LaunchSpec::from_proto(&w).unwrap_err().to_string();
+        assert!(err.contains("unknown engine \"trt\""), "{err}");
+        let mut w = wire();
+        w.port = 70000;
+        let err = LaunchSpec::from_proto(&w).unwrap_err().to_string();
+        assert!(err.contains("port 70000 is not a TCP port"), "{err}");
+    }
+}

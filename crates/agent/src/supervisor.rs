@@ -1,0 +1,469 @@
+//! The supervisor: which shards run on this node, and the start, stop and
+//! drain commands on them. Commands are idempotent: starting a shard that
+//! already runs with the same spec, or stopping one that is not running,
+//! succeeds and repeats the current status.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use llmgw_config::SupervisorConfig;
+use llmgw_proto::agent::{RunningShard, ShardState, ShardStatus};
+use tokio::sync::mpsc;
+
+use crate::process::{self, ExitNotice};
+use crate::procfs;
+use crate::report::{Reporter, is_terminal, unix_ms};
+use crate::shard::{self, Control, Deferred, Launch, ShardTask};
+use crate::spec::LaunchSpec;
+use crate::statefile::{self, ReadyRule, ShardRecord};
+use crate::validate::{self, Held, NodeFacts};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("cannot create work_dir {path}: {source}")]
+    WorkDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The answer to a command, sent up as a `CommandAck`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub accepted: bool,
+    pub message: String,
+}
+
+impl Outcome {
+    fn accepted(message: impl Into<String>) -> Self {
+        Outcome {
+            accepted: true,
+            message: message.into(),
+        }
+    }
+
+    fn refused(message: impl Into<String>) -> Self {
+        Outcome {
+            accepted: false,
+            message: message.into(),
+        }
+    }
+}
+
+/// What happened to each state file found at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adoption {
+    Adopted { shard_id: String, pids: Vec<i32> },
+    Stale { file: String, why: String },
+}
+
+struct Entry {
+    spec: LaunchSpec,
+    spec_hash: String,
+    ports: Vec<u16>,
+    pids: Arc<Mutex<Vec<i32>>>,
+    reporter: Reporter,
+    control: mpsc::UnboundedSender<Control>,
+}
+
+impl Entry {
+    fn live(&self) -> bool {
+        !is_terminal(self.reporter.state()) && !self.control.is_closed()
+    }
+}
+
+struct Inner {
+    settings: Arc<SupervisorConfig>,
+    node: NodeFacts,
+    events: mpsc::UnboundedSender<ShardStatus>,
+    shards: Mutex<BTreeMap<String, Entry>>,
+}
+
+/// Cheap to clone; every clone drives the same shards.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+impl Supervisor {
+    /// Creates the supervisor and adopts the engines an earlier agent left
+    /// running (state files whose processes are alive with the recorded
+    /// start time); stale state files are removed. Must run inside a tokio
+    /// runtime.
+    pub fn new(
+        settings: SupervisorConfig,
+        node: NodeFacts,
+        events: mpsc::UnboundedSender<ShardStatus>,
+    ) -> Result<(Self, Vec<Adoption>), SupervisorError> {
+        for dir in [
+            settings.work_dir.clone(),
+            statefile::shards_dir(&settings.work_dir),
+            logs_dir(&settings.work_dir),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|source| SupervisorError::WorkDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let supervisor = Supervisor {
+            inner: Arc::new(Inner {
+                settings: Arc::new(settings),
+                node,
+                events,
+                shards: Mutex::new(BTreeMap::new()),
+            }),
+        };
+        let adoptions = supervisor.adopt_all();
+        Ok((supervisor, adoptions))
+    }
+
+    pub fn node(&self) -> &NodeFacts {
+        &self.inner.node
+    }
+
+    fn shards(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.inner.shards.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Validates and launches a shard. A refusal starts nothing and is also
+    /// reported as a `Failed` status carrying the reason.
+    pub fn start(&self, spec: LaunchSpec, term: u64) -> Outcome {
+        let hash = spec.hash();
+        let mut shards = self.shards();
+        if let Some(entry) = shards.get(&spec.shard_id).filter(|e| e.live()) {
+            if entry.spec_hash == hash {
+                entry.reporter.resend();
+                return Outcome::accepted(format!(
+                    "shard {} already runs with this spec ({})",
+                    spec.shard_id,
+                    entry.reporter.state().as_str_name()
+                ));
+            }
+            return Outcome::refused(format!(
+                "shard {} already runs with a different spec (hash {} here, {hash} asked); stop it first",
+                spec.shard_id, entry.spec_hash
+            ));
+        }
+        let held: Vec<Held> = shards
+            .values()
+            .filter(|e| e.live() && e.spec.shard_id != spec.shard_id)
+            .map(|e| Held {
+                shard_id: e.spec.shard_id.clone(),
+                gpus: e.spec.gpus.clone(),
+                ports: e.ports.clone(),
+            })
+            .collect();
+        let reporter = Reporter::new(
+            &spec.shard_id,
+            &spec.replica_id,
+            u32::from(spec.port),
+            self.inner.events.clone(),
+        );
+        let plan = match validate::validate(&spec, &self.inner.node, &held) {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                let msg = format!("refused before launch: {refusal}");
+                reporter.send(ShardState::Failed, msg.clone());
+                return Outcome::refused(msg);
+            }
+        };
+        let ports = validate::ports_of(&spec, &plan);
+        let (exit_tx, exit_rx) = mpsc::unbounded_channel::<ExitNotice>();
+        let logs = logs_dir(&self.inner.settings.work_dir);
+        let launches: Vec<Launch> = plan
+            .processes
+            .iter()
+            .map(|process| Launch {
+                log: logs.join(format!(
+                    "{}.{}.log",
+                    spec.shard_id,
+                    process::role_name(process.role)
+                )),
+                spec: process.clone(),
+            })
+            .collect();
+        // Processes after a Ray head start once the head listens (a vLLM
+        // that finds no cluster starts a local one of its own), and a Ray
+        // worker once the head it joins listens (it gives up at once).
+        let (split, gate) = match plan.processes.iter().map(|p| p.role).collect::<Vec<_>>()[..] {
+            [llmgw_engines::ProcessRole::RayWorker, ..] => {
+                (0, format!("{}:{}", spec.master_addr, spec.master_port))
+            }
+            _ => match plan
+                .processes
+                .iter()
+                .position(|p| p.role == llmgw_engines::ProcessRole::RayHead)
+            {
+                Some(i) => (
+                    i + 1,
+                    format!("{}:{}", self.inner.node.context.mgmt_addr, spec.master_port),
+                ),
+                None => (launches.len(), String::new()),
+            },
+        };
+        let (now, deferred) = launches.split_at(split);
+        let mut records = Vec::new();
+        for (index, launch) in now.iter().enumerate() {
+            match process::spawn(&launch.spec, &launch.log, index, exit_tx.clone()) {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    for r in &records {
+                        procfs::signal_group(r.pgid, libc::SIGKILL);
+                    }
+                    let msg = format!("could not start {}: {e}", launch.spec.program.display());
+                    reporter.send(ShardState::Failed, msg.clone());
+                    return Outcome::refused(msg);
+                }
+            }
+        }
+        let gate = (!deferred.is_empty()).then_some(gate);
+        let readiness = ReadyRule::from(&plan.readiness);
+        let record = ShardRecord {
+            format: statefile::FORMAT_VERSION,
+            shard_id: spec.shard_id.clone(),
+            spec_hash: hash.clone(),
+            port: plan.port,
+            term,
+            started_unix_ms: unix_ms(),
+            processes: records.clone(),
+            readiness,
+            spec: spec.clone(),
+        };
+        if let Err(e) = statefile::write(&self.inner.settings.work_dir, &record) {
+            // Without the file a restarted agent would not find this engine;
+            // it still runs, and the operator is told.
+            tracing::error!(shard = %spec.shard_id, "could not write the state file: {e}");
+        }
+        reporter.set_pid(records.last().map_or(0, |r| r.pid as u32));
+        let pids = Arc::new(Mutex::new(records.iter().map(|r| r.pid).collect()));
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        tokio::spawn(shard::run(ShardTask {
+            settings: self.inner.settings.clone(),
+            record,
+            deferred: gate.map(|gate| Deferred {
+                gate,
+                launches: deferred.to_vec(),
+                exits: exit_tx,
+            }),
+            pids: pids.clone(),
+            exits: exit_rx,
+            control: control_rx,
+            reporter: reporter.clone(),
+            adopted: false,
+        }));
+        let shard_id = spec.shard_id.clone();
+        shards.insert(
+            shard_id.clone(),
+            Entry {
+                spec,
+                spec_hash: hash,
+                ports,
+                pids,
+                reporter,
+                control: control_tx,
+            },
+        );
+        Outcome::accepted(format!("shard {shard_id} launched"))
+    }
+
+    /// SIGTERM, then SIGKILL after `stop_timeout`; `Stopped` follows.
+    pub fn stop(&self, shard_id: &str, reason: &str) -> Outcome {
+        self.command(
+            shard_id,
+            Control::Stop {
+                reason: if reason.is_empty() {
+                    "asked by the control plane".into()
+                } else {
+                    reason.into()
+                },
+            },
+        )
+    }
+
+    /// `Draining`, then stop once nothing is in flight or at the deadline.
+    pub fn drain(&self, shard_id: &str, deadline: Duration, reason: &str) -> Outcome {
+        self.command(
+            shard_id,
+            Control::Drain {
+                deadline,
+                reason: if reason.is_empty() {
+                    "asked by the control plane".into()
+                } else {
+                    reason.into()
+                },
+            },
+        )
+    }
+
+    fn command(&self, shard_id: &str, control: Control) -> Outcome {
+        let shards = self.shards();
+        match shards.get(shard_id) {
+            Some(entry) if entry.live() => {
+                let what = match &control {
+                    Control::Stop { .. } => "stopping",
+                    Control::Drain { .. } => "draining",
+                };
+                if entry.control.send(control).is_ok() {
+                    return Outcome::accepted(format!("shard {shard_id} {what}"));
+                }
+                entry.reporter.resend();
+                Outcome::accepted(format!("shard {shard_id} is not running"))
+            }
+            Some(entry) => {
+                entry.reporter.resend();
+                Outcome::accepted(format!(
+                    "shard {shard_id} is not running ({})",
+                    entry.reporter.state().as_str_name()
+                ))
+            }
+            None => {
+                // Unknown here: tell the leader it is stopped, so that its
+                // view converges whatever it believed.
+                let _ = self.inner.events.send(ShardStatus {
+                    shard_id: shard_id.to_string(),
+                    state: ShardState::Stopped as i32,
+                    message: "not running on this node".into(),
+                    at_unix_ms: unix_ms(),
+                    ..Default::default()
+                });
+                Outcome::accepted(format!("shard {shard_id} is not running on this node"))
+            }
+        }
+    }
+
+    /// The latest status of every shard the supervisor knows.
+    pub fn statuses(&self) -> Vec<ShardStatus> {
+        self.shards().values().map(|e| e.reporter.last()).collect()
+    }
+
+    pub fn status(&self, shard_id: &str) -> Option<ShardStatus> {
+        self.shards().get(shard_id).map(|e| e.reporter.last())
+    }
+
+    /// Shards whose processes run now, for `Register.running`.
+    pub fn running(&self) -> Vec<RunningShard> {
+        self.shards()
+            .values()
+            .filter(|e| e.live())
+            .map(|e| {
+                let last = e.reporter.last();
+                RunningShard {
+                    shard_id: e.spec.shard_id.clone(),
+                    replica_id: e.spec.replica_id.clone(),
+                    pid: last.pid,
+                    port: u32::from(e.spec.port),
+                    spec_hash: e.spec_hash.clone(),
+                    state: last.state,
+                }
+            })
+            .collect()
+    }
+
+    /// Every pid of every live shard (tests and diagnostics).
+    pub fn pids(&self, shard_id: &str) -> Vec<i32> {
+        self.shards()
+            .get(shard_id)
+            .map(|e| e.pids.lock().unwrap_or_else(|e| e.into_inner()).clone())
+            .unwrap_or_default()
+    }
+
+    fn adopt_all(&self) -> Vec<Adoption> {
+        let work_dir = self.inner.settings.work_dir.clone();
+        let mut out = Vec::new();
+        for (path, read) in statefile::read_all(&work_dir) {
+            let file = path.display().to_string();
+            let record = match read {
+                Ok(r) => r,
+                Err(why) => {
+                    tracing::warn!(%file, "removing unreadable state file: {why}");
+                    let _ = std::fs::remove_file(&path);
+                    out.push(Adoption::Stale { file, why });
+                    continue;
+                }
+            };
+            let alive = record
+                .processes
+                .iter()
+                .any(|p| procfs::is_same_process(p.pid, p.start_time));
+            if !alive {
+                let why = "no process of the shard is alive".to_string();
+                tracing::info!(%file, shard = %record.shard_id, "removing stale state file: {why}");
+                let _ = std::fs::remove_file(&path);
+                out.push(Adoption::Stale { file, why });
+                continue;
+            }
+            let pids: Vec<i32> = record.processes.iter().map(|p| p.pid).collect();
+            self.adopt(record);
+            tracing::info!(%file, ?pids, "adopted running shard");
+            out.push(Adoption::Adopted {
+                shard_id: path
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                pids,
+            });
+        }
+        out
+    }
+
+    fn adopt(&self, record: ShardRecord) {
+        let (exit_tx, exit_rx) = mpsc::unbounded_channel();
+        for (index, process) in record.processes.iter().enumerate() {
+            process::watch_adopted(process, index, exit_tx.clone());
+        }
+        let reporter = Reporter::new(
+            &record.shard_id,
+            &record.spec.replica_id,
+            u32::from(record.spec.port),
+            self.inner.events.clone(),
+        );
+        let engine_pid = record
+            .processes
+            .iter()
+            .rev()
+            .find(|p| p.role == "engine")
+            .or(record.processes.last())
+            .map_or(0, |p| p.pid as u32);
+        reporter.set_pid(engine_pid);
+        // Until the first check says otherwise.
+        reporter.send(
+            ShardState::Loading,
+            "adopted from an earlier agent; checking health",
+        );
+        let ports = record
+            .port
+            .into_iter()
+            .chain(
+                (record.spec.nodes > 1 && record.spec.rank == 0).then_some(record.spec.master_port),
+            )
+            .collect();
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let pids = Arc::new(Mutex::new(record.processes.iter().map(|p| p.pid).collect()));
+        tokio::spawn(shard::run(ShardTask {
+            settings: self.inner.settings.clone(),
+            record: record.clone(),
+            deferred: None,
+            pids: pids.clone(),
+            exits: exit_rx,
+            control: control_rx,
+            reporter: reporter.clone(),
+            adopted: true,
+        }));
+        self.shards().insert(
+            record.shard_id.clone(),
+            Entry {
+                spec: record.spec,
+                spec_hash: record.spec_hash,
+                ports,
+                pids,
+                reporter,
+                control: control_tx,
+            },
+        );
+    }
+}
+
+pub fn logs_dir(work_dir: &std::path::Path) -> std::path::PathBuf {
+    work_dir.join("logs")
+}

@@ -1,0 +1,380 @@
+//! The agent against fake control-plane peers (real tonic servers): the
+//! redirect to the leader, registration with the whole inventory,
+//! heartbeats, commands with acks, and fencing by leader term. Then the real
+//! `llmgw agent` binary killed with SIGKILL under load, restarted, and
+//! adopting its engines.
+
+mod support;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use llmgw_agent::{LaunchSpec, StreamClient, Supervisor, TermStore, group_members};
+use llmgw_catalog::Engine;
+use llmgw_proto::agent::agent_message::Body as Up;
+use llmgw_proto::agent::control_message::Body as Down;
+use llmgw_proto::agent::{Registered, ShardState, StartShard, StopShard};
+use support::control_plane::FakePeer;
+use support::*;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn start_cmd(spec: &LaunchSpec) -> Down {
+    Down::Start(StartShard {
+        spec: Some(spec.to_proto()),
+    })
+}
+
+fn stop_cmd(shard: &str) -> Down {
+    Down::Stop(StopShard {
+        shard_id: shard.into(),
+        reason: "test".into(),
+    })
+}
+
+async fn wait_status(
+    peer: &FakePeer,
+    conn: usize,
+    shard: &str,
+    state: ShardState,
+) -> llmgw_proto::agent::ShardStatus {
+    peer.wait_for(
+        &format!("{shard} {}", state.as_str_name()),
+        LONG,
+        |c, body| match body {
+            Up::ShardStatus(s) if c >= conn && s.shard_id == shard && s.state == state as i32 => {
+                Some(s.clone())
+            }
+            _ => None,
+        },
+    )
+    .await
+}
+
+async fn wait_ack(peer: &FakePeer, id: u64) -> llmgw_proto::agent::CommandAck {
+    peer.wait_for(
+        &format!("ack of command {id}"),
+        LONG,
+        |_, body| match body {
+            Up::Ack(a) if a.command_id == id => Some(a.clone()),
+            _ => None,
+        },
+    )
+    .await
+}
+
+fn agent_config(work_dir: &Path, servers: &[String]) -> llmgw_config::AgentConfig {
+    let yaml = agent_yaml(work_dir, servers);
+    llmgw_config::AgentConfig::parse("agent.yaml", &yaml).expect("test agent.yaml is valid")
+}
+
+fn agent_yaml(work_dir: &Path, servers: &[String]) -> String {
+    let sim = sim_bin();
+    let fixture = repo_root().join("deploy/fixtures/nodes/h100-sxm-8x-ib-a.yaml");
+    let servers: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        r#"node_id: gpu-test-01
+servers: [{servers}]
+mgmt_addr: 127.0.0.1
+labels:
+  rack: r12
+heartbeat_interval: 200ms
+reconnect_base: 100ms
+reconnect_max: 1s
+insecure: true
+fabrics:
+  - name: ib-a
+    hcas: [mlx5_0, mlx5_1]
+discovery:
+  fixture: {fixture}
+  prefer_nvml: false
+engines:
+  vllm:
+    bin: {sim}
+    version: "0.11.1"
+    launch_mode: mp
+    env:
+      LLMGW_SIM_PERSONA: vllm=0.11.1
+      LLMGW_SIM_LOAD_TIME: 400ms
+      LLMGW_SIM_TTFT: 5ms
+      LLMGW_SIM_ITL: 2ms
+  sglang:
+    python: {sim}
+supervisor:
+  work_dir: {work}
+  log_lines: 40
+  stop_timeout: 3s
+  health_interval: 100ms
+  startup_timeout: 30s
+"#,
+        servers = servers.join(", "),
+        fixture = fixture.display(),
+        sim = sim.display(),
+        work = work_dir.display(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
+    let leader = FakePeer::leader().await;
+    let follower = FakePeer::follower(&leader.addr.to_string(), 3).await;
+    let dir = tempfile::tempdir().unwrap();
+    // A dead peer first, then the follower: the leader is reachable only
+    // through the follower's redirect.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let config = agent_config(dir.path(), &[dead, follower.addr.to_string()]);
+    let inventory = llmgw_discovery::discover(&config.discovery, &config.fabrics);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let node = node_facts(dir.path(), &NodeSetup::default());
+    let (supervisor, _) = Supervisor::new(config.supervisor.clone(), node, tx).unwrap();
+    let terms = TermStore::open(dir.path()).unwrap();
+    let client = StreamClient::new(config, inventory, supervisor.clone(), terms, rx);
+    let task = tokio::spawn(client.run());
+    let guard = GroupGuard::default();
+
+    let register = leader
+        .wait_for("Register", LONG, |_, body| match body {
+            Up::Register(r) => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(follower.connections() >= 1);
+    assert!(matches!(
+        follower.received()[0].1.body,
+        Some(Up::Register(_))
+    ));
+    assert_eq!(register.node_id, "gpu-test-01");
+    assert_eq!(register.mgmt_addr, "127.0.0.1");
+    let inv = register.inventory.as_ref().unwrap();
+    assert_eq!(inv.gpu_source, "fixture");
+    assert_eq!(inv.gpus.len(), 8);
+    assert!(inv.gpus[0].name.contains("H100"));
+    assert_eq!(inv.links.len(), 28, "one link per GPU pair");
+    assert_eq!(register.fabrics.len(), 1);
+    assert_eq!(register.fabrics[0].name, "ib-a");
+    assert_eq!(register.fabrics[0].active_hcas, vec!["mlx5_0", "mlx5_1"]);
+    assert_eq!(register.labels.get("rack").map(String::as_str), Some("r12"));
+    let engines: Vec<&str> = register.engines.iter().map(|e| e.engine.as_str()).collect();
+    assert_eq!(engines, ["vllm", "sglang"]);
+    assert!(register.running.is_empty());
+
+    let port = free_port();
+    let spec = support::spec("st-0", Engine::Vllm, &[0], port);
+    leader.send(5, 1, start_cmd(&spec)).await;
+    let ack = wait_ack(&leader, 1).await;
+    assert!(ack.accepted, "{ack:?}");
+    let ready = wait_status(&leader, 1, "st-0", ShardState::Ready).await;
+    guard.add(ready.pid as i32);
+    assert_eq!(ready.port, u32::from(port));
+
+    // A deposed leader (term 4 < 5) cannot stop it.
+    leader.send(4, 2, stop_cmd("st-0")).await;
+    let ack = wait_ack(&leader, 2).await;
+    assert!(!ack.accepted);
+    assert!(
+        ack.message.contains("term 4") && ack.message.contains("term 5"),
+        "{}",
+        ack.message
+    );
+    assert_eq!(
+        supervisor.status("st-0").unwrap().state,
+        ShardState::Ready as i32
+    );
+    let persisted = std::fs::read_to_string(dir.path().join(TermStore::FILE)).unwrap();
+    assert_eq!(persisted.trim(), "5");
+
+    // Heartbeats keep coming.
+    leader
+        .wait_for("3 heartbeats", LONG, |_, body| match body {
+            Up::Heartbeat(h) if h.seq >= 3 => Some(()),
+            _ => None,
+        })
+        .await;
+
+    // The current leader can; a repeated stop is still acknowledged.
+    leader.send(5, 3, stop_cmd("st-0")).await;
+    assert!(wait_ack(&leader, 3).await.accepted);
+    wait_status(&leader, 1, "st-0", ShardState::Stopped).await;
+    leader.send(6, 4, stop_cmd("st-0")).await;
+    assert!(wait_ack(&leader, 4).await.accepted);
+    assert!(group_members(ready.pid as i32).is_empty());
+
+    // `Registered` is the whole set: what is listed starts, the rest stops.
+    let listed = support::spec("st-1", Engine::Vllm, &[1], free_port());
+    let registered = |shards| {
+        Down::Registered(Registered {
+            shards,
+            heartbeat_interval_ms: 0,
+        })
+    };
+    leader.send(6, 0, registered(vec![listed.to_proto()])).await;
+    let ready = wait_status(&leader, 1, "st-1", ShardState::Ready).await;
+    guard.add(ready.pid as i32);
+    leader.send(6, 0, registered(vec![])).await;
+    let stopped = wait_status(&leader, 1, "st-1", ShardState::Stopped).await;
+    assert!(
+        stopped.message.contains("not assigned to this node"),
+        "{}",
+        stopped.message
+    );
+    task.abort();
+}
+
+/// The `llmgw` binary, next to the simulator.
+fn llmgw_bin() -> PathBuf {
+    let bin = std::env::var_os("LLMGW_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| sim_bin().with_file_name("llmgw"));
+    assert!(
+        bin.is_file(),
+        "no llmgw binary at {}: run `cargo build -p llmgw-cli` first (scripts/test does), or set LLMGW_BIN",
+        bin.display()
+    );
+    bin
+}
+
+fn spawn_agent(config: &Path, log: &Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    std::process::Command::new(llmgw_bin())
+        .args(["agent", "--config"])
+        .arg(config)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("start llmgw agent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_survive_a_killed_agent_and_are_adopted_by_the_next() {
+    let leader = FakePeer::leader().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.yaml");
+    std::fs::File::create(&config)
+        .unwrap()
+        .write_all(agent_yaml(&dir.path().join("work"), &[leader.addr.to_string()]).as_bytes())
+        .unwrap();
+    let agent_log = dir.path().join("agent.log");
+    let guard = GroupGuard::default();
+    let mut first = spawn_agent(&config, &agent_log);
+    guard.add(first.id() as i32);
+
+    leader
+        .wait_for("first Register", LONG, |c, body| {
+            matches!(body, Up::Register(_)).then_some(c)
+        })
+        .await;
+    let ports = [free_port(), free_port()];
+    for (i, port) in ports.iter().enumerate() {
+        let spec = support::spec(&format!("kill-{i}"), Engine::Vllm, &[i as u32], *port);
+        leader.send(1, i as u64 + 1, start_cmd(&spec)).await;
+        assert!(wait_ack(&leader, i as u64 + 1).await.accepted);
+    }
+    let mut pids = Vec::new();
+    for i in 0..2 {
+        let ready = wait_status(&leader, 1, &format!("kill-{i}"), ShardState::Ready).await;
+        guard.add(ready.pid as i32);
+        pids.push(ready.pid);
+    }
+
+    // A bounded load loop on both engines for the whole kill and restart.
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let loaders: Vec<_> = ports
+        .iter()
+        .map(|port| {
+            let (port, stop, ok, failed) = (*port, stop.clone(), ok.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let until = Instant::now() + Duration::from_secs(120);
+                while !stop.load(Ordering::SeqCst) && Instant::now() < until {
+                    match completion(port, 4) {
+                        Ok((200, _)) => {
+                            ok.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Ok((status, body)) => failed
+                            .lock()
+                            .unwrap()
+                            .push(format!("{port}: {status} {body}")),
+                        Err(e) => failed.lock().unwrap().push(format!("{port}: {e}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    eventually("load flowing", LONG, || ok.load(Ordering::SeqCst) >= 10).await;
+
+    kill_pid(first.id() as i32, libc::SIGKILL);
+    let _ = first.wait();
+    let at_kill = ok.load(Ordering::SeqCst);
+    eventually("requests served with no agent", LONG, || {
+        ok.load(Ordering::SeqCst) >= at_kill + 100
+    })
+    .await;
+    for pid in &pids {
+        assert!(
+            llmgw_agent::proc_stat(*pid as i32).is_some(),
+            "engine {pid} died with its agent"
+        );
+    }
+
+    let mut second = spawn_agent(&config, &agent_log);
+    guard.add(second.id() as i32);
+    let register = leader
+        .wait_for("second Register", LONG, |c, body| match body {
+            Up::Register(r) if c >= 2 => Some(r.clone()),
+            _ => None,
+        })
+        .await;
+    let mut running: Vec<(String, u32)> = register
+        .running
+        .iter()
+        .map(|r| (r.shard_id.clone(), r.pid))
+        .collect();
+    running.sort();
+    assert_eq!(
+        running,
+        vec![
+            ("kill-0".to_string(), pids[0]),
+            ("kill-1".to_string(), pids[1])
+        ]
+    );
+    for (i, pid) in pids.iter().enumerate() {
+        let ready = wait_status(&leader, 2, &format!("kill-{i}"), ShardState::Ready).await;
+        assert_eq!(ready.pid, *pid);
+        assert!(ready.message.contains("adopted"), "{}", ready.message);
+    }
+    let at_adopt = ok.load(Ordering::SeqCst);
+    eventually("requests after adoption", LONG, || {
+        ok.load(Ordering::SeqCst) >= at_adopt + 10
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for l in loaders {
+        l.join().unwrap();
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(failed.is_empty(), "failed requests: {failed:#?}");
+    eprintln!("served {} requests, none failed", ok.load(Ordering::SeqCst));
+
+    // The adopted engines are still under control: stop them.
+    for i in 0..2u64 {
+        leader.send(1, 10 + i, stop_cmd(&format!("kill-{i}"))).await;
+        assert!(wait_ack(&leader, 10 + i).await.accepted);
+        wait_status(&leader, 2, &format!("kill-{i}"), ShardState::Stopped).await;
+    }
+    for pid in &pids {
+        assert!(group_members(*pid as i32).is_empty());
+    }
+    kill_pid(second.id() as i32, libc::SIGKILL);
+    let _ = second.wait();
+}

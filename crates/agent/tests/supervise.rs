@@ -1,0 +1,470 @@
+//! The supervisor against real `llmgw-engine-sim` processes: launch through
+//! the adapters' real command lines, readiness, crash and hang while
+//! loading, out of memory while serving, stop with SIGKILL escalation,
+//! drain, and refusals before launch.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use llmgw_agent::group_members;
+use llmgw_catalog::Engine;
+use llmgw_proto::agent::ShardState;
+use support::*;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn all_gone(pids: &[i32]) -> bool {
+    pids.iter().all(|p| group_members(*p).is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_and_sglang_shards_become_ready_and_serve() {
+    // Long enough a load that the first health check always sees it.
+    let mut h = Harness::new(&NodeSetup {
+        load_time: "1s",
+        ..NodeSetup::default()
+    });
+    let (pv, ps) = (free_port(), free_port());
+    assert!(h.start(spec("v0", Engine::Vllm, &[0], pv)).accepted);
+    assert!(h.start(spec("s0", Engine::Sglang, &[1, 2], ps)).accepted);
+    let ready = h.wait_for("v0", ShardState::Ready, LONG).await;
+    assert_eq!(ready.port, u32::from(pv));
+    assert!(ready.pid > 0);
+    h.wait_for("s0", ShardState::Ready, LONG).await;
+    assert_eq!(
+        h.states("v0")[..3],
+        [ShardState::Starting, ShardState::Loading, ShardState::Ready]
+    );
+    assert!(h.states("s0").contains(&ShardState::Loading));
+    let (status, body) = completion(pv, 4).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = completion(ps, 4).unwrap();
+    assert_eq!(status, 200);
+
+    // Registration lists both with their spec hashes.
+    let running = h.supervisor.running();
+    assert_eq!(running.len(), 2);
+    assert!(running.iter().all(|r| r.spec_hash.len() == 16));
+
+    // Starting the same spec again is acknowledged and changes nothing.
+    let pid = h.supervisor.pids("v0");
+    let again = h.start(spec("v0", Engine::Vllm, &[0], pv));
+    assert!(again.accepted, "{again:?}");
+    assert!(again.message.contains("already runs"), "{}", again.message);
+    assert_eq!(h.supervisor.pids("v0"), pid);
+    // A different spec under the same id is refused.
+    let other = h.start(spec("v0", Engine::Vllm, &[3], pv));
+    assert!(!other.accepted);
+    assert!(
+        other.message.contains("different spec"),
+        "{}",
+        other.message
+    );
+
+    let pids: Vec<i32> = ["v0", "s0"]
+        .iter()
+        .flat_map(|s| h.supervisor.pids(s))
+        .collect();
+    assert!(h.supervisor.stop("v0", "test").accepted);
+    assert!(h.supervisor.stop("s0", "test").accepted);
+    let stopped = h.wait_for("v0", ShardState::Stopped, LONG).await;
+    assert_eq!(stopped.exit_code, Some(0), "{stopped:?}");
+    h.wait_for("s0", ShardState::Stopped, LONG).await;
+    assert!(all_gone(&pids));
+    // Stopping again is idempotent.
+    let again = h.supervisor.stop("v0", "test");
+    assert!(
+        again.accepted && again.message.contains("not running"),
+        "{again:?}"
+    );
+    assert!(h.supervisor.running().is_empty());
+    assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_while_loading_is_failed_with_the_engines_error_tail() {
+    let mut h = Harness::new(&NodeSetup::default());
+    let mut s = spec("crash", Engine::Vllm, &[0], free_port());
+    s.env
+        .insert("LLMGW_SIM_FAULT".into(), "crash_on_load:kv_cache".into());
+    assert!(h.start(s).accepted);
+    let failed = h.wait_for("crash", ShardState::Failed, LONG).await;
+    assert_eq!(failed.exit_code, Some(1), "{failed:?}");
+    assert!(
+        failed.message.contains("exited with code 1 while loading"),
+        "{}",
+        failed.message
+    );
+    let golden = std::fs::read_to_string(
+        repo_root().join("crates/engine-sim/tests/golden/vllm-0.11.1-kv-cache.txt"),
+    )
+    .or_else(|_| {
+        std::fs::read_to_string(
+            repo_root().join("crates/engine-sim/tests/golden/vllm-0.11.0-kv-cache.txt"),
+        )
+    })
+    .unwrap();
+    let want: Vec<&str> = golden
+        .lines()
+        .rev()
+        .take(5)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let got: Vec<String> = failed.output_tail[failed.output_tail.len() - 5..]
+        .iter()
+        .map(|l| normalize_pids(l))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(
+        failed.output_tail.last().unwrap(),
+        &format!(
+            "(APIServer pid={}) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore_DP0': 1}}",
+            failed.pid
+        )
+    );
+    assert!(
+        failed
+            .output_tail
+            .iter()
+            .any(|l| l.contains("ValueError: No available memory for the cache blocks"))
+    );
+    assert!(all_gone(&[failed.pid as i32]));
+    assert!(h.supervisor.running().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hang_while_loading_fails_after_the_startup_timeout_and_leaves_nothing() {
+    let setup = NodeSetup {
+        startup_timeout: Duration::from_secs(3),
+        ..NodeSetup::default()
+    };
+    let mut h = Harness::new(&setup);
+    let mut s = spec("hang", Engine::Vllm, &[0, 1], free_port());
+    s.env
+        .insert("LLMGW_SIM_FAULT".into(), "hang_on_load:weights".into());
+    let started = Instant::now();
+    assert!(h.start(s).accepted);
+    let pids = h.supervisor.pids("hang");
+    // The engine and its two workers, one process group.
+    eventually("engine workers", LONG, || group_members(pids[0]).len() >= 3).await;
+    let failed = h.wait_for("hang", ShardState::Failed, LONG).await;
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert!(
+        failed
+            .message
+            .contains("not ready within startup_timeout 3s"),
+        "{}",
+        failed.message
+    );
+    assert!(!failed.output_tail.is_empty());
+    assert!(group_members(pids[0]).is_empty(), "group left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_while_serving_is_reported_with_the_tail() {
+    let mut h = Harness::new(&NodeSetup::default());
+    let port = free_port();
+    let mut s = spec("oom", Engine::Vllm, &[0], port);
+    s.env
+        .insert("LLMGW_SIM_FAULT".into(), "oom_after_tokens:40".into());
+    assert!(h.start(s).accepted);
+    h.wait_for("oom", ShardState::Ready, LONG).await;
+    // Bounded: the engine dies after 40 tokens.
+    for _ in 0..20 {
+        if completion(port, 16).is_err() {
+            break;
+        }
+    }
+    let failed = h.wait_for("oom", ShardState::Failed, LONG).await;
+    assert!(
+        failed.message.contains("while serving"),
+        "{}",
+        failed.message
+    );
+    assert_eq!(failed.exit_code, Some(1));
+    assert!(
+        failed
+            .output_tail
+            .iter()
+            .any(|l| l.contains("torch.OutOfMemoryError: CUDA out of memory")),
+        "{:#?}",
+        failed.output_tail
+    );
+    assert!(
+        failed
+            .output_tail
+            .iter()
+            .any(|l| l.contains("EngineCore encountered a fatal error."))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_ignoring_sigterm_is_killed_after_stop_timeout() {
+    let setup = NodeSetup {
+        stop_timeout: Duration::from_secs(2),
+        ..NodeSetup::default()
+    };
+    let mut h = Harness::new(&setup);
+    let mut s = spec("stubborn", Engine::Vllm, &[0, 1], free_port());
+    s.env
+        .insert("LLMGW_SIM_FAULT".into(), "ignore_sigterm".into());
+    assert!(h.start(s).accepted);
+    h.wait_for("stubborn", ShardState::Ready, LONG).await;
+    let pgid = h.supervisor.pids("stubborn")[0];
+    assert!(group_members(pgid).len() >= 3);
+    let asked = Instant::now();
+    assert!(h.supervisor.stop("stubborn", "test").accepted);
+    let stopped = h.wait_for("stubborn", ShardState::Stopped, LONG).await;
+    assert!(asked.elapsed() >= Duration::from_secs(2));
+    assert!(
+        stopped.message.contains("killed with SIGKILL"),
+        "{}",
+        stopped.message
+    );
+    assert_eq!(stopped.signal, Some(libc::SIGKILL), "{stopped:?}");
+    assert!(group_members(pgid).is_empty(), "group left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_waits_for_requests_in_flight_then_stops() {
+    let mut h = Harness::new(&NodeSetup::default());
+    let port = free_port();
+    let mut s = spec("drain", Engine::Vllm, &[0], port);
+    // Slow enough that a 60-token request is still running when the drain begins.
+    s.env.insert("LLMGW_SIM_ITL".into(), "30ms".into());
+    assert!(h.start(s).accepted);
+    h.wait_for("drain", ShardState::Ready, LONG).await;
+    let request = std::thread::spawn(move || {
+        http(
+            port,
+            "POST",
+            "/v1/completions",
+            r#"{"model":"qwen-small","prompt":"hi","max_tokens":60,"ignore_eos":true}"#,
+        )
+    });
+    let metrics_busy = || {
+        http(port, "GET", "/metrics", "")
+            .ok()
+            .and_then(|(_, b)| llmgw_agent::requests_in_flight(&b))
+            .is_some_and(|n| n >= 1.0)
+    };
+    eventually("a request in flight", LONG, metrics_busy).await;
+    let asked = Instant::now();
+    assert!(
+        h.supervisor
+            .drain("drain", Duration::from_secs(30), "test")
+            .accepted
+    );
+    h.wait_for("drain", ShardState::Draining, LONG).await;
+    let stopped = h.wait_for("drain", ShardState::Stopped, LONG).await;
+    assert!(
+        stopped.message.contains("no requests in flight"),
+        "{}",
+        stopped.message
+    );
+    let (status, body) = request.join().unwrap().expect("request finished");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"finish_reason\":\"length\""), "{body}");
+    assert!(asked.elapsed() < Duration::from_secs(30));
+    // Draining something already stopped is acknowledged.
+    assert!(
+        h.supervisor
+            .drain("drain", Duration::from_secs(1), "again")
+            .accepted
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profiles_that_cannot_work_are_refused_before_anything_starts() {
+    let mut h = Harness::new(&NodeSetup::default());
+    let busy_port = free_port();
+    let mut cases: Vec<(llmgw_agent::LaunchSpec, &str)> = Vec::new();
+
+    let mut wrong_count = spec("r-count", Engine::Vllm, &[0], free_port());
+    wrong_count.gpus_per_node = 2;
+    wrong_count.tensor_parallel = 2;
+    cases.push((
+        wrong_count,
+        "profile `tp1` needs 2 GPU(s) on this node, but the shard was assigned 1",
+    ));
+
+    let mut managed = spec("r-flag", Engine::Vllm, &[0], free_port());
+    managed.engine_args = vec!["--port".into(), "9999".into()];
+    cases.push((
+        managed,
+        "engine argument \"--port\" sets --port, which llmgw manages",
+    ));
+
+    let mut managed_tp = spec("r-tp", Engine::Sglang, &[0], free_port());
+    managed_tp.engine_args = vec!["--tp=2".into()];
+    cases.push((managed_tp, "sets --tp-size, which llmgw manages"));
+
+    cases.push((
+        spec("r-gpu", Engine::Vllm, &[9], free_port()),
+        "GPU 9 is not on this node (it has GPUs 0, 1, 2, 3, 4, 5, 6, 7)",
+    ));
+
+    let mut memory = spec("r-mem", Engine::Vllm, &[0], free_port());
+    memory.min_gpu_memory_gb = 141;
+    cases.push((memory, "has 85 GB, profile `tp1` needs 141 GB"));
+
+    let mut model = spec("r-model", Engine::Vllm, &[0], free_port());
+    model.gpu_models = vec!["A100".into()];
+    cases.push((
+        model,
+        "is a NVIDIA H100 80GB HBM3, profile `tp1` accepts only [\"A100\"]",
+    ));
+
+    let mut multi = spec("r-fabric", Engine::Vllm, &[0, 1], free_port());
+    multi.nodes = 2;
+    multi.gpus_per_node = 2;
+    multi.tensor_parallel = 4;
+    multi.master_port = free_port();
+    cases.push((multi.clone(), "a multi-node shard needs a fabric"));
+    multi.shard_id = "r-fabric2".into();
+    multi.fabric = Some("ib-z".into());
+    cases.push((multi, "fabric `ib-z` is not configured on this node"));
+
+    let _holder = std::net::TcpListener::bind(("127.0.0.1", busy_port)).unwrap();
+    cases.push((
+        spec("r-port", Engine::Vllm, &[0], busy_port),
+        format!("port {busy_port} on 127.0.0.1 is taken by another process").leak(),
+    ));
+
+    for (spec, want) in cases {
+        let id = spec.shard_id.clone();
+        let outcome = h.start(spec);
+        assert!(!outcome.accepted, "{id}: {outcome:?}");
+        assert!(
+            outcome.message.contains(want),
+            "{id}: {:?} lacks {want:?}",
+            outcome.message
+        );
+        let failed = h.wait_for(&id, ShardState::Failed, LONG).await;
+        assert!(failed.message.contains(want), "{id}: {}", failed.message);
+        assert_eq!(failed.pid, 0, "{id}: something was started");
+    }
+
+    // A missing binary: a node whose vLLM points nowhere.
+    let mut facts = node_facts(h.dir.path(), &NodeSetup::default());
+    facts.context.engines.vllm.as_mut().unwrap().bin = "/opt/nowhere/bin/vllm".into();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let other = tempfile::tempdir().unwrap();
+    let (sup, _) = llmgw_agent::Supervisor::new(
+        supervisor_config(other.path(), &NodeSetup::default()),
+        facts,
+        tx,
+    )
+    .unwrap();
+    let outcome = sup.start(spec("r-bin", Engine::Vllm, &[0], free_port()), 1);
+    assert!(!outcome.accepted);
+    assert!(
+        outcome
+            .message
+            .contains("engine program /opt/nowhere/bin/vllm does not exist"),
+        "{}",
+        outcome.message
+    );
+    let status = rx.recv().await.unwrap();
+    assert_eq!(status.state, ShardState::Failed as i32);
+
+    // Nothing ran: no engine log was ever opened.
+    assert!(h.logs().is_empty(), "{:?}", h.logs());
+    assert!(h.supervisor.running().is_empty());
+
+    // A GPU held by a running shard is refused for the next one.
+    assert!(
+        h.start(spec("holder", Engine::Vllm, &[4], free_port()))
+            .accepted
+    );
+    let busy = h.start(spec("r-busy", Engine::Vllm, &[4], free_port()));
+    assert!(!busy.accepted);
+    assert!(
+        busy.message.contains("GPU 4 is in use by shard holder"),
+        "{}",
+        busy.message
+    );
+    assert!(h.supervisor.stop("holder", "test").accepted);
+    h.wait_for("holder", ShardState::Stopped, LONG).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_supervisor_adopts_live_engines_and_removes_stale_files() {
+    let setup = NodeSetup::default();
+    let mut h = Harness::new(&setup);
+    let port = free_port();
+    assert!(h.start(spec("keep", Engine::Vllm, &[0], port)).accepted);
+    let ready = h.wait_for("keep", ShardState::Ready, LONG).await;
+    let pids = h.supervisor.pids("keep");
+
+    // A state file whose process is another one than recorded (same pid,
+    // other start time), and one that is not JSON at all.
+    let shards = llmgw_agent::shards_dir(h.dir.path());
+    let mut record = llmgw_agent::read_state_files(h.dir.path())[0]
+        .1
+        .clone()
+        .unwrap();
+    record.shard_id = "gone".into();
+    record.processes[0].start_time += 1;
+    std::fs::write(
+        shards.join("gone.json"),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(shards.join("junk.json"), "{").unwrap();
+
+    let mut adoptions = h.restart(&setup);
+    adoptions.sort_by_key(|a| format!("{a:?}"));
+    assert_eq!(adoptions.len(), 3, "{adoptions:?}");
+    assert!(adoptions.contains(&llmgw_agent::Adoption::Adopted {
+        shard_id: "keep".into(),
+        pids: pids.clone()
+    }));
+    let stale: Vec<_> = adoptions
+        .iter()
+        .filter(|a| matches!(a, llmgw_agent::Adoption::Stale { .. }))
+        .collect();
+    assert_eq!(stale.len(), 2, "{adoptions:?}");
+    let left: Vec<String> = llmgw_agent::read_state_files(h.dir.path())
+        .into_iter()
+        .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["keep.json"]);
+
+    // Same engine, still serving, reported ready as adopted.
+    assert_eq!(completion(port, 4).unwrap().0, 200);
+    let adopted = h.wait_for("keep", ShardState::Ready, LONG).await;
+    assert_eq!(adopted.pid, ready.pid);
+    assert!(
+        adopted.message.starts_with("adopted"),
+        "{}",
+        adopted.message
+    );
+    let running = h.supervisor.running();
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].pid, ready.pid);
+    // A start with the same spec is just acknowledged.
+    let again = h.start(spec("keep", Engine::Vllm, &[0], port));
+    assert!(
+        again.accepted && again.message.contains("already runs"),
+        "{again:?}"
+    );
+
+    // Not a child any more: its death is noticed through /proc.
+    kill_group(pids[0], libc::SIGKILL);
+    let failed = h.wait_for("keep", ShardState::Failed, LONG).await;
+    assert!(
+        failed.message.contains("while serving"),
+        "{}",
+        failed.message
+    );
+    assert!(
+        failed.message.contains("exit status is unknown"),
+        "{}",
+        failed.message
+    );
+    assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
+}
