@@ -6,11 +6,10 @@
 //! start the real binary.
 
 mod api;
-mod args;
-mod catalog_check;
+
 mod model_spec;
 mod serve;
 
 pub use api::{ApiState, router};
-pub use args::{ServerArgs, run_server};
+
 pub use serve::{ServerError, ServerOptions, serve, shutdown_signal};

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::StatusCode;
 use bytes::Bytes;
 use llmgw_raft::now_ms;
 use llmgw_state::Command;
@@ -36,14 +36,10 @@ pub async fn get_one(
 pub async fn put(
     State(state): State<ApiState>,
     Path(name): Path<String>,
-    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let parsed = model_spec::parse(&name, content_type, &body)?;
+    let (model, parsed) = model_spec::parse(&name, &body)?;
+    state.control.read(|fleet| model_spec::check_names(fleet, &model))?;
     state
         .control
         .write(Command::PutModel {

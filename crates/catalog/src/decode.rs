@@ -1,0 +1,386 @@
+//! Reading models.yaml (or one model as JSON or YAML) and every rule a model
+//! must pass. This is the only place catalog rules live.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use llmgw_yaml::{Cx, Decode, Fields, Node, Path, Problems, Value};
+
+use crate::managed_flags::{MANAGED_ENV, managed_flag};
+use crate::model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};
+
+/// Upper bounds that catch typos (`replicas: 200` for 20) before they cost a
+/// fleet's worth of GPUs. Raise them here if a real fleet needs more.
+pub const MAX_REPLICAS: u32 = 1000;
+pub const MAX_NODES_PER_REPLICA: u32 = 64;
+pub const MAX_GPUS_PER_NODE: u32 = 16;
+
+/// Parses a whole `models.yaml`.
+pub fn parse_catalog(file: &str, src: &str) -> Result<Catalog, Problems> {
+    llmgw_yaml::load(file, src, decode_catalog)
+}
+
+/// Parses a single model entry, as sent to `PUT /api/v1/models/{name}` (JSON
+/// or YAML). `source` names the request in problems.
+pub fn parse_model(source: &str, src: &str) -> Result<Model, Problems> {
+    llmgw_yaml::load(source, src, |node, cx| Model::decode(node, &Path::root(), cx))
+}
+
+/// Decodes a catalog from a node: also used by config files that embed one.
+pub fn decode_catalog(node: &Node, cx: &mut Cx) -> Option<Catalog> {
+    let fields = cx.map(node, &Path::root(), &["models"])?;
+    let models: Vec<Model> = fields.or(cx, "models", Vec::new());
+    check_unique_names(&fields, &models, cx);
+    (!cx.has_problems()).then_some(Catalog { models })
+}
+
+/// Names and aliases are one namespace: a client's `model` must resolve to one
+/// model only.
+fn check_unique_names(fields: &Fields<'_>, models: &[Model], cx: &mut Cx) {
+    let Some(Value::Seq(nodes)) = fields.node("models").map(|n| &n.value) else {
+        return;
+    };
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for (i, model) in models.iter().enumerate() {
+        for name in model.names() {
+            if let Some(first) = owner.insert(name, &model.name) {
+                let path = Path::root().field("models").index(i).field("name");
+                let pos = nodes.get(i).map_or(fields.pos(), |n| n.pos);
+                cx.report(
+                    pos,
+                    &path,
+                    format!("the name `{name}` of model `{}` is already used by model `{first}`", model.name),
+                );
+            }
+        }
+    }
+}
+
+impl Catalog {
+    /// Whether `model` can be put into this catalog (replacing any model of
+    /// the same name) without a name or alias clash.
+    pub fn check_put(&self, model: &Model) -> Result<(), String> {
+        for other in self.models.iter().filter(|m| m.name != model.name) {
+            if let Some(clash) = model.names().find(|n| other.names().any(|o| o == *n)) {
+                return Err(format!("the name `{clash}` is already used by model `{}`", other.name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts `model` in place of the model with its name, or appends it.
+    pub fn put(&mut self, model: Model) {
+        match self.models.iter_mut().find(|m| m.name == model.name) {
+            Some(slot) => *slot = model,
+            None => self.models.push(model),
+        }
+    }
+}
+
+fn valid_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".to_string());
+    }
+    if name.len() > 128 {
+        return Err(format!("is {} characters long; at most 128", name.len()));
+    }
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-/:".contains(*c))) {
+        return Err(format!(
+            "{name:?} contains {bad:?}; use letters, digits and . _ - / : only"
+        ));
+    }
+    Ok(())
+}
+
+impl Decode for Model {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &["name", "aliases", "source", "replicas", "profiles", "endpoints"],
+        )?;
+        let name: Option<String> = f.required(cx, "name");
+        if let Some(why) = name.as_deref().and_then(|n| valid_name(n).err()) {
+            f.report(cx, "name", format!("invalid model name: {why}"));
+        }
+        let aliases: Vec<String> = f.or(cx, "aliases", Vec::new());
+        for (i, alias) in aliases.iter().enumerate() {
+            if let Err(why) = valid_name(alias) {
+                let at = f.node("aliases").map_or(f.pos(), |n| n.pos);
+                cx.report(at, &f.path().field("aliases").index(i), format!("invalid alias: {why}"));
+            }
+            if Some(alias) == name.as_ref() {
+                f.report(cx, "aliases", format!("alias `{alias}` repeats the model's own name"));
+            }
+        }
+        let serving = match (f.has("endpoints"), f.has("profiles")) {
+            (true, true) => {
+                f.report(
+                    cx,
+                    "endpoints",
+                    "a model has either `endpoints` (served elsewhere, routed only) or `profiles` (run by llmgw), not both",
+                );
+                None
+            }
+            (true, false) => decode_endpoints(&f, cx),
+            (false, true) => decode_managed(&f, cx),
+            (false, false) => {
+                cx.report(
+                    f.pos(),
+                    path,
+                    "a model needs `profiles` (llmgw runs it) or `endpoints` (llmgw routes to it)",
+                );
+                None
+            }
+        };
+        Some(Model {
+            name: name?,
+            aliases,
+            serving: serving?,
+        })
+    }
+}
+
+fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
+    for key in ["source", "replicas"] {
+        if f.has(key) {
+            f.report(cx, key, format!("`{key}` applies to models llmgw runs; this one has static `endpoints`"));
+        }
+    }
+    let endpoints: Vec<String> = f.required(cx, "endpoints")?;
+    if endpoints.is_empty() {
+        f.report(cx, "endpoints", "list at least one endpoint URL");
+    }
+    let mut ok = true;
+    for (i, url) in endpoints.iter().enumerate() {
+        if let Err(why) = check_endpoint_url(url) {
+            let at = f.node("endpoints").map_or(f.pos(), |n| n.pos);
+            cx.report(at, &f.path().field("endpoints").index(i), why);
+            ok = false;
+        }
+    }
+    ok.then_some(Serving::Endpoints { endpoints })
+}
+
+/// An endpoint is a base URL such as `http://10.1.2.3:8000` (the router adds
+/// `/v1/...`).
+pub fn check_endpoint_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} is not an http:// or https:// URL"))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    if rest.trim_end_matches('/').ends_with("/v1") {
+        return Err(format!("{url:?}: give the base URL without `/v1`; the router adds the OpenAI path"));
+    }
+    Ok(())
+}
+
+fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
+    let source: Option<String> = f.required(cx, "source");
+    if source.as_deref() == Some("") {
+        f.report(cx, "source", "must name what the engine loads, e.g. a Hugging Face repository");
+    }
+    let replicas: u32 = f.or(cx, "replicas", 1);
+    if replicas > MAX_REPLICAS {
+        f.report(cx, "replicas", format!("{replicas} replicas is above the limit of {MAX_REPLICAS}"));
+    }
+    let profiles: Vec<Profile> = f.required(cx, "profiles")?;
+    if profiles.is_empty() {
+        f.report(cx, "profiles", "list at least one profile");
+    }
+    let mut seen = BTreeSet::new();
+    for (i, p) in profiles.iter().enumerate() {
+        if !seen.insert(p.name.as_str()) {
+            let at = f.node("profiles").map_or(f.pos(), |n| n.pos);
+            cx.report(
+                at,
+                &f.path().field("profiles").index(i).field("name"),
+                format!("profile name `{}` appears twice in this model", p.name),
+            );
+        }
+    }
+    Some(Serving::Managed(Managed {
+        source: source?,
+        replicas,
+        profiles,
+    }))
+}
+
+impl Decode for Engine {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        match text.as_str() {
+            "vllm" => Some(Engine::Vllm),
+            "sglang" => Some(Engine::Sglang),
+            _ => {
+                cx.report(node.pos, path, format!("unknown engine {text:?}; expected `vllm` or `sglang`"));
+                None
+            }
+        }
+    }
+}
+
+impl Decode for LaunchMode {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        match text.as_str() {
+            "mp" => Some(LaunchMode::Mp),
+            "ray" => Some(LaunchMode::Ray),
+            _ => {
+                cx.report(node.pos, path, format!("unknown launch mode {text:?}; expected `mp` or `ray`"));
+                None
+            }
+        }
+    }
+}
+
+impl Decode for Profile {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "name",
+                "engine",
+                "nodes",
+                "gpus_per_node",
+                "tensor_parallel",
+                "pipeline_parallel",
+                "min_gpu_memory_gb",
+                "gpu_models",
+                "launch_mode",
+                "engine_args",
+                "env",
+            ],
+        )?;
+        let before = cx.problem_count();
+        let name: Option<String> = f.required(cx, "name");
+        if let Some(why) = name.as_deref().and_then(|n| valid_name(n).err()) {
+            f.report(cx, "name", format!("invalid profile name: {why}"));
+        }
+        let engine: Option<Engine> = f.required(cx, "engine");
+        let nodes: u32 = f.or(cx, "nodes", 1);
+        let gpus_per_node: u32 = f.or(cx, "gpus_per_node", 1);
+        let pipeline_parallel: u32 = f.or(cx, "pipeline_parallel", 1);
+        let tensor_parallel: u32 = f.or(cx, "tensor_parallel", (nodes * gpus_per_node) / pipeline_parallel.max(1));
+        let min_gpu_memory_gb: u32 = f.or(cx, "min_gpu_memory_gb", 0);
+        let gpu_models: Vec<String> = f.or(cx, "gpu_models", Vec::new());
+        let launch_mode: Option<LaunchMode> = f.optional(cx, "launch_mode");
+        let engine_args: Vec<String> = f.or(cx, "engine_args", Vec::new());
+        let env: BTreeMap<String, String> = f.or(cx, "env", BTreeMap::new());
+
+        for (key, value, max) in [
+            ("nodes", nodes, MAX_NODES_PER_REPLICA),
+            ("gpus_per_node", gpus_per_node, MAX_GPUS_PER_NODE),
+            ("tensor_parallel", tensor_parallel, MAX_NODES_PER_REPLICA * MAX_GPUS_PER_NODE),
+            ("pipeline_parallel", pipeline_parallel, MAX_NODES_PER_REPLICA),
+        ] {
+            if value == 0 {
+                f.report(cx, key, "must be at least 1");
+            } else if value > max {
+                f.report(cx, key, format!("{value} is above the limit of {max}"));
+            }
+        }
+        let world = u64::from(tensor_parallel) * u64::from(pipeline_parallel);
+        let gpus = u64::from(nodes) * u64::from(gpus_per_node);
+        if world != gpus && world > 0 && gpus > 0 {
+            f.report(
+                cx,
+                "tensor_parallel",
+                format!(
+                    "tensor_parallel x pipeline_parallel = {tensor_parallel} x {pipeline_parallel} = {world}, \
+                     but nodes x gpus_per_node = {nodes} x {gpus_per_node} = {gpus}; the engine needs one GPU per rank"
+                ),
+            );
+        }
+        if gpu_models.iter().any(|m| m.trim().is_empty()) {
+            f.report(cx, "gpu_models", "GPU model names must not be empty");
+        }
+        if let Some(engine) = engine {
+            check_multi_node(&f, cx, engine, nodes, launch_mode);
+            check_engine_args(&f, cx, engine, &engine_args);
+        }
+        check_env(&f, cx, &env);
+
+        if cx.problem_count() > before {
+            return None;
+        }
+        Some(Profile {
+            name: name?,
+            engine: engine?,
+            nodes,
+            gpus_per_node,
+            tensor_parallel,
+            pipeline_parallel,
+            min_gpu_memory_gb,
+            gpu_models,
+            launch_mode,
+            engine_args,
+            env,
+        })
+    }
+}
+
+fn check_multi_node(f: &Fields<'_>, cx: &mut Cx, engine: Engine, nodes: u32, launch_mode: Option<LaunchMode>) {
+    match (engine, launch_mode) {
+        (Engine::Sglang, Some(mode)) => f.report(
+            cx,
+            "launch_mode",
+            format!(
+                "launch_mode `{}` applies to vLLM; SGLang's nodes always rendezvous with --dist-init-addr",
+                mode.as_str()
+            ),
+        ),
+        (Engine::Vllm, Some(_)) if nodes == 1 => f.report(
+            cx,
+            "launch_mode",
+            "launch_mode only matters for multi-node replicas (nodes > 1)",
+        ),
+        _ => {}
+    }
+}
+
+fn check_engine_args(f: &Fields<'_>, cx: &mut Cx, engine: Engine, args: &[String]) {
+    let at = f.node("engine_args").map_or(f.pos(), |n| n.pos);
+    for (i, arg) in args.iter().enumerate() {
+        let path = f.path().field("engine_args").index(i);
+        if let Some(flag) = managed_flag(engine, arg) {
+            let shown = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
+            let hint = if shown == flag {
+                String::new()
+            } else {
+                format!(" (`{shown}` is {engine}'s spelling of `{flag}`)")
+            };
+            cx.report(
+                at,
+                &path,
+                format!("{shown} is set by llmgw from the placement{hint}; remove it from engine_args"),
+            );
+        }
+        if arg.contains(char::is_whitespace) && arg.starts_with("--") && !arg.contains('=') {
+            cx.report(
+                at,
+                &path,
+                format!("{arg:?} holds a space: give the flag and its value as two list items"),
+            );
+        }
+    }
+}
+
+fn check_env(f: &Fields<'_>, cx: &mut Cx, env: &BTreeMap<String, String>) {
+    let at = f.node("env").map_or(f.pos(), |n| n.pos);
+    for key in env.keys() {
+        let path = f.path().field("env").field(key);
+        if MANAGED_ENV.contains(&key.as_str()) {
+            cx.report(at, &path, format!("{key} is set by llmgw from the placement and the node; remove it"));
+        } else if key.is_empty()
+            || key.starts_with(|c: char| c.is_ascii_digit())
+            || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            cx.report(at, &path, format!("{key:?} is not a valid environment variable name"));
+        }
+    }
+}

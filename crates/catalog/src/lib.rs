@@ -1,0 +1,19 @@
+//! The model catalog: what `models.yaml` says, and every rule it must pass.
+//!
+//! A [`Model`] is either run by llmgw ([`Serving::Managed`]: a source, a
+//! desired replica count and [`Profile`]s tried in order) or only routed to
+//! ([`Serving::Endpoints`]). Validation happens while decoding, in one place
+//! (`decode.rs`), so the server, the router and `llmgw config check` agree on
+//! what a valid catalog is. Values serialize with serde in the same shape as
+//! the YAML file (JSON on the wire and in the Raft log).
+
+mod decode;
+mod managed_flags;
+mod model;
+
+pub use decode::{
+    MAX_GPUS_PER_NODE, MAX_NODES_PER_REPLICA, MAX_REPLICAS, check_endpoint_url, decode_catalog, parse_catalog,
+    parse_model,
+};
+pub use managed_flags::{MANAGED_ENV, managed_flag};
+pub use model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};

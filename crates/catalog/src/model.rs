@@ -1,0 +1,160 @@
+//! The catalog's data types. They are plain values: decoding and validation
+//! live in `decode.rs`, so a `Model` that exists has passed every rule.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Catalog {
+    pub models: Vec<Model>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aliases: Vec<String>,
+    #[serde(flatten)]
+    pub serving: Serving,
+}
+
+/// How a model is served: by engines llmgw runs, or by endpoints it only
+/// routes to. A model is exactly one of the two.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Serving {
+    Managed(Managed),
+    Endpoints { endpoints: Vec<String> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Managed {
+    /// What the engine loads, e.g. a Hugging Face repository.
+    pub source: String,
+    pub replicas: u32,
+    /// Tried in order; the first that fits the fleet is used.
+    pub profiles: Vec<Profile>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    Vllm,
+    Sglang,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 2] = [Engine::Vllm, Engine::Sglang];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the shards of a multi-node vLLM replica find each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LaunchMode {
+    /// One `vllm serve` per node with `--nnodes/--node-rank` (vLLM >= 0.11.1).
+    Mp,
+    /// `ray start` on every node, `vllm serve` on the head only.
+    Ray,
+}
+
+impl LaunchMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaunchMode::Mp => "mp",
+            LaunchMode::Ray => "ray",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Profile {
+    pub name: String,
+    pub engine: Engine,
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub tensor_parallel: u32,
+    pub pipeline_parallel: u32,
+    /// Memory each GPU must have, in GB; 0 means any.
+    pub min_gpu_memory_gb: u32,
+    /// GPU model names that qualify (matched as substrings of the device
+    /// name, so `H100` matches `NVIDIA H100 80GB HBM3`); empty means any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<String>,
+    /// Overrides the agent's vLLM launch mode for multi-node replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_mode: Option<LaunchMode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_args: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+impl Profile {
+    pub fn total_gpus(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+
+    pub fn is_multi_node(&self) -> bool {
+        self.nodes > 1
+    }
+
+    /// Whether a GPU with this device name qualifies.
+    pub fn accepts_gpu_model(&self, device_name: &str) -> bool {
+        self.gpu_models.is_empty()
+            || self
+                .gpu_models
+                .iter()
+                .any(|m| device_name.to_ascii_lowercase().contains(&m.to_ascii_lowercase()))
+    }
+}
+
+impl Model {
+    pub fn managed(&self) -> Option<&Managed> {
+        match &self.serving {
+            Serving::Managed(m) => Some(m),
+            Serving::Endpoints { .. } => None,
+        }
+    }
+
+    pub fn static_endpoints(&self) -> &[String] {
+        match &self.serving {
+            Serving::Endpoints { endpoints } => endpoints,
+            Serving::Managed(_) => &[],
+        }
+    }
+
+    /// The model's name followed by its aliases: every name a client may use.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.name.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
+
+    pub fn desired_replicas(&self) -> u32 {
+        self.managed().map_or(0, |m| m.replicas)
+    }
+}
+
+impl Catalog {
+    /// The model a client's `model` field names, by name or alias.
+    pub fn resolve(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.names().any(|n| n == name))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}

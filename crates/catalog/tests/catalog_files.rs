@@ -1,0 +1,284 @@
+//! models.yaml files as operators write them, good and broken. Every broken
+//! file must be refused with the line, column and field path of the mistake.
+
+use llmgw_catalog::{Engine, parse_catalog, parse_model};
+
+const GOOD: &str = r#"
+models:
+  - name: llama-3.1-8b
+    aliases: [llama3-8b]
+    source: meta-llama/Llama-3.1-8B-Instruct
+    replicas: 2
+    profiles:
+      - name: tp1
+        engine: vllm
+        gpus_per_node: 1
+        min_gpu_memory_gb: 24
+        gpu_models: [H100, A100]
+        engine_args: ["--max-model-len", "8192"]
+  - name: llama-3.1-70b
+    source: meta-llama/Llama-3.1-70B-Instruct
+    profiles:
+      - name: tp8x2
+        engine: sglang
+        nodes: 2
+        gpus_per_node: 8
+        tensor_parallel: 16
+  - name: partner-model
+    endpoints: ["http://10.1.2.3:8000"]
+"#;
+
+#[test]
+fn a_good_catalog_loads_with_defaults() {
+    let catalog = parse_catalog("models.yaml", GOOD).unwrap();
+    assert_eq!(catalog.models.len(), 3);
+    let small = catalog.resolve("llama3-8b").unwrap();
+    assert_eq!(small.name, "llama-3.1-8b");
+    let profile = &small.managed().unwrap().profiles[0];
+    assert_eq!((profile.nodes, profile.tensor_parallel, profile.pipeline_parallel), (1, 1, 1));
+    let big = catalog.get("llama-3.1-70b").unwrap();
+    assert_eq!(big.desired_replicas(), 1);
+    assert_eq!(big.managed().unwrap().profiles[0].engine, Engine::Sglang);
+    assert_eq!(catalog.get("partner-model").unwrap().static_endpoints(), ["http://10.1.2.3:8000"]);
+}
+
+#[test]
+fn catalog_round_trips_through_json() {
+    let catalog = parse_catalog("models.yaml", GOOD).unwrap();
+    let json = serde_json::to_string(&catalog).unwrap();
+    let back: llmgw_catalog::Catalog = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, catalog);
+    // The JSON form is itself a valid catalog file.
+    assert_eq!(parse_catalog("models.json", &json).unwrap(), catalog);
+}
+
+/// (what is wrong, file, expected `line:col: path: message` fragment)
+const BROKEN: &[(&str, &str, &str)] = &[
+    (
+        "unknown top-level key",
+        "modles: []\n",
+        "1:1: modles: unknown key `modles` (did you mean `models`?)",
+    ),
+    (
+        "unknown model key",
+        "models:\n  - name: a\n    sorce: x\n    profiles: [{name: p, engine: vllm}]\n",
+        "3:5: models[0].sorce: unknown key `sorce` (did you mean `source`?)",
+    ),
+    (
+        "missing name",
+        "models:\n  - source: x\n    profiles: [{name: p, engine: vllm}]\n",
+        "2:5: models[0].name: required field is missing",
+    ),
+    (
+        "neither profiles nor endpoints",
+        "models:\n  - name: a\n",
+        "2:5: models[0]: a model needs `profiles`",
+    ),
+    (
+        "both profiles and endpoints",
+        "models:\n  - name: a\n    source: x\n    endpoints: [\"http://h:1\"]\n    profiles: [{name: p, engine: vllm}]\n",
+        "4:16: models[0].endpoints: a model has either",
+    ),
+    (
+        "managed model without source",
+        "models:\n  - name: a\n    profiles: [{name: p, engine: vllm}]\n",
+        "2:5: models[0].source: required field is missing",
+    ),
+    (
+        "replicas not a number",
+        "models:\n  - name: a\n    source: x\n    replicas: two\n    profiles: [{name: p, engine: vllm}]\n",
+        "4:15: models[0].replicas: expected a number, found \"two\"",
+    ),
+    (
+        "negative replicas",
+        "models:\n  - name: a\n    source: x\n    replicas: -1\n    profiles: [{name: p, engine: vllm}]\n",
+        "4:15: models[0].replicas: expected a number",
+    ),
+    (
+        "replicas over the limit",
+        "models:\n  - name: a\n    source: x\n    replicas: 5000\n    profiles: [{name: p, engine: vllm}]\n",
+        "4:15: models[0].replicas: 5000 replicas is above the limit of 1000",
+    ),
+    (
+        "unknown engine",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: tgi\n",
+        "6:17: models[0].profiles[0].engine: unknown engine \"tgi\"",
+    ),
+    (
+        "missing engine",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n",
+        "5:9: models[0].profiles[0].engine: required field is missing",
+    ),
+    (
+        "tp x pp does not match the GPUs",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        gpus_per_node: 4\n        tensor_parallel: 2\n",
+        "8:26: models[0].profiles[0].tensor_parallel: tensor_parallel x pipeline_parallel = 2 x 1 = 2, but nodes x gpus_per_node = 1 x 4 = 4",
+    ),
+    (
+        "zero gpus",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        gpus_per_node: 0\n",
+        "7:24: models[0].profiles[0].gpus_per_node: must be at least 1",
+    ),
+    (
+        "too many gpus per node",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        gpus_per_node: 32\n",
+        "7:24: models[0].profiles[0].gpus_per_node: 32 is above the limit of 16",
+    ),
+    (
+        "managed port flag",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_args: [\"--port\", \"9000\"]\n",
+        "7:22: models[0].profiles[0].engine_args[0]: --port is set by llmgw",
+    ),
+    (
+        "managed tp alias for vllm",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_args: [\"-tp\", \"2\"]\n",
+        "models[0].profiles[0].engine_args[0]: -tp is set by llmgw from the placement (`-tp` is vllm's spelling of `--tensor-parallel-size`)",
+    ),
+    (
+        "managed sglang abbreviation",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        engine_args: [\"--tp\", \"2\"]\n",
+        "models[0].profiles[0].engine_args[0]: --tp is set by llmgw from the placement (`--tp` is sglang's spelling of `--tp-size`)",
+    ),
+    (
+        "managed flag with =value and underscores",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_args: [\"--served_model_name=foo\"]\n",
+        "engine_args[0]: --served_model_name is set by llmgw",
+    ),
+    (
+        "flag and value in one item",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_args: [\"--max-model-len 8192\"]\n",
+        "engine_args[0]: \"--max-model-len 8192\" holds a space",
+    ),
+    (
+        "managed env",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        env: {CUDA_VISIBLE_DEVICES: \"0\"}\n",
+        "7:15: models[0].profiles[0].env.CUDA_VISIBLE_DEVICES: CUDA_VISIBLE_DEVICES is set by llmgw",
+    ),
+    (
+        "invalid env name",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        env: {\"1BAD-NAME\": x}\n",
+        "env.1BAD-NAME: \"1BAD-NAME\" is not a valid environment variable name",
+    ),
+    (
+        "launch mode on sglang",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        nodes: 2\n        gpus_per_node: 8\n        launch_mode: ray\n",
+        "9:22: models[0].profiles[0].launch_mode: launch_mode `ray` applies to vLLM",
+    ),
+    (
+        "unknown launch mode",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        nodes: 2\n        gpus_per_node: 8\n        launch_mode: slurm\n",
+        "9:22: models[0].profiles[0].launch_mode: unknown launch mode \"slurm\"",
+    ),
+    (
+        "duplicate profile names",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - {name: p, engine: vllm}\n      - {name: p, engine: sglang}\n",
+        "models[0].profiles[1].name: profile name `p` appears twice",
+    ),
+    (
+        "duplicate model names",
+        "models:\n  - name: a\n    endpoints: [\"http://h:1\"]\n  - name: a\n    endpoints: [\"http://h:2\"]\n",
+        "4:5: models[1].name: the name `a` of model `a` is already used by model `a`",
+    ),
+    (
+        "alias clashes with another model",
+        "models:\n  - name: a\n    endpoints: [\"http://h:1\"]\n  - name: b\n    aliases: [a]\n    endpoints: [\"http://h:2\"]\n",
+        "4:5: models[1].name: the name `a` of model `b` is already used by model `a`",
+    ),
+    (
+        "endpoint without scheme",
+        "models:\n  - name: a\n    endpoints: [\"10.1.2.3:8000\"]\n",
+        "3:16: models[0].endpoints[0]: \"10.1.2.3:8000\" is not an http:// or https:// URL",
+    ),
+    (
+        "endpoint with /v1",
+        "models:\n  - name: a\n    endpoints: [\"http://h:8000/v1\"]\n",
+        "models[0].endpoints[0]: \"http://h:8000/v1\": give the base URL without `/v1`",
+    ),
+    (
+        "replicas on an endpoints model",
+        "models:\n  - name: a\n    replicas: 2\n    endpoints: [\"http://h:1\"]\n",
+        "3:15: models[0].replicas: `replicas` applies to models llmgw runs",
+    ),
+    (
+        "bad model name",
+        "models:\n  - name: \"llama 3\"\n    endpoints: [\"http://h:1\"]\n",
+        "2:11: models[0].name: invalid model name: \"llama 3\" contains ' '",
+    ),
+    (
+        "profiles not a list",
+        "models:\n  - name: a\n    source: x\n    profiles: tp1\n",
+        "4:15: models[0].profiles: expected a list, found \"tp1\"",
+    ),
+    (
+        "models not a list",
+        "models: {a: 1}\n",
+        "1:10: models: expected a list, found a mapping",
+    ),
+    (
+        "not yaml",
+        "models: [\n",
+        "models.yaml:2:1: not valid YAML",
+    ),
+    (
+        "yaml alias",
+        "models:\n  - &m {name: a, endpoints: [\"http://h:1\"]}\n  - *m\n",
+        "3:5: not valid YAML: YAML aliases",
+    ),
+];
+
+#[test]
+fn every_broken_catalog_names_line_and_field() {
+    let mut failures = Vec::new();
+    for (what, src, expected) in BROKEN {
+        match parse_catalog("models.yaml", src) {
+            Ok(_) => failures.push(format!("{what}: accepted, expected `{expected}`")),
+            Err(problems) => {
+                let shown = problems.to_string();
+                if !shown.contains(expected) {
+                    failures.push(format!("{what}:\n  expected: {expected}\n  got:      {shown}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), BROKEN.len(), failures.join("\n"));
+}
+
+#[test]
+fn three_independent_mistakes_are_reported_together() {
+    let src = "models:\n  - name: a\n    source: x\n    replicas: lots\n    profiles:\n      - name: p\n        engine: tgi\n  - name: b\n    endpoints: [\"ftp://h\"]\n";
+    let problems = parse_catalog("models.yaml", src).unwrap_err();
+    let lines: Vec<String> = problems.to_string().lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert!(lines[0].starts_with("models.yaml:4:15: models[0].replicas:"));
+    assert!(lines[1].starts_with("models.yaml:7:17: models[0].profiles[0].engine:"));
+    assert!(lines[2].starts_with("models.yaml:9:16: models[1].endpoints[0]:"));
+}
+
+#[test]
+fn a_single_model_parses_from_json() {
+    let model = parse_model(
+        "PUT /api/v1/models/m",
+        r#"{"name": "m", "source": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": 3,
+            "profiles": [{"name": "tp1", "engine": "vllm"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(model.desired_replicas(), 3);
+    let err = parse_model("PUT /api/v1/models/m", r#"{"name": "m", "source": "s", "profiles": [{"name": "p", "engine": "vllm", "nodes": "2"}]}"#)
+        .unwrap_err();
+    assert!(err.to_string().contains("profiles[0].nodes: expected a number, found \"2\""), "{err}");
+}
+
+#[test]
+fn put_refuses_name_clashes() {
+    let mut catalog = parse_catalog("models.yaml", GOOD).unwrap();
+    let clash = parse_model("req", "{name: other, aliases: [llama3-8b], endpoints: [\"http://h:1\"]}").unwrap();
+    assert_eq!(
+        catalog.check_put(&clash).unwrap_err(),
+        "the name `llama3-8b` is already used by model `llama-3.1-8b`"
+    );
+    let replacement = parse_model("req", "{name: partner-model, endpoints: [\"http://h:9\"]}").unwrap();
+    catalog.check_put(&replacement).unwrap();
+    catalog.put(replacement);
+    assert_eq!(catalog.models.len(), 3);
+    assert_eq!(catalog.get("partner-model").unwrap().static_endpoints(), ["http://h:9"]);
+}

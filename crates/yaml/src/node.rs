@@ -1,0 +1,243 @@
+//! A YAML document as a tree whose every node remembers where it came from.
+
+use std::fmt;
+
+use yaml_rust2::parser::{Event, MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+
+/// A 1-based line and column in the source text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Pos {
+    pub line: u32,
+    pub col: u32,
+}
+
+impl Pos {
+    fn from_marker(mark: Marker) -> Self {
+        Pos {
+            line: u32::try_from(mark.line()).unwrap_or(u32::MAX),
+            col: u32::try_from(mark.col() + 1).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl fmt::Display for Pos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.col)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub pos: Pos,
+    pub value: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// An empty value, `~` or `null`.
+    Null,
+    /// Any scalar. `quoted` distinguishes `"5"` (a string) from `5`.
+    Scalar { text: String, quoted: bool },
+    Seq(Vec<Node>),
+    Map(Vec<Entry>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub key: String,
+    pub key_pos: Pos,
+    pub value: Node,
+}
+
+impl Node {
+    /// How a value is described in "expected X, found Y" messages.
+    pub fn describe(&self) -> String {
+        match &self.value {
+            Value::Null => "nothing".to_string(),
+            Value::Scalar { text, .. } => format!("{text:?}"),
+            Value::Seq(_) => "a list".to_string(),
+            Value::Map(_) => "a mapping".to_string(),
+        }
+    }
+
+    pub fn is_null(&self) -> bool {
+        matches!(self.value, Value::Null)
+    }
+}
+
+/// A syntax error, before any field could be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{pos}: {message}")]
+pub struct SyntaxError {
+    pub pos: Pos,
+    pub message: String,
+}
+
+/// Parses the first document of `src`. An empty file is an empty mapping's
+/// worth of nothing: `Value::Null` at 1:1.
+pub fn parse(src: &str) -> Result<Node, SyntaxError> {
+    let mut builder = TreeBuilder::default();
+    let mut parser = Parser::new_from_str(src);
+    parser.load(&mut builder, false).map_err(|err| SyntaxError {
+        pos: Pos::from_marker(*err.marker()),
+        message: err.info().to_string(),
+    })?;
+    if let Some(message) = builder.unsupported {
+        return Err(message);
+    }
+    Ok(builder.root.unwrap_or(Node {
+        pos: Pos { line: 1, col: 1 },
+        value: Value::Null,
+    }))
+}
+
+/// Containers being built, innermost last. A mapping alternates between
+/// expecting a key and expecting that key's value.
+enum Open {
+    Seq(Node),
+    Map {
+        node: Node,
+        pending_key: Option<(String, Pos)>,
+    },
+}
+
+#[derive(Default)]
+struct TreeBuilder {
+    stack: Vec<Open>,
+    root: Option<Node>,
+    unsupported: Option<SyntaxError>,
+}
+
+impl TreeBuilder {
+    fn push_finished(&mut self, node: Node) {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(node);
+                }
+            }
+            Some(Open::Seq(seq)) => {
+                if let Value::Seq(items) = &mut seq.value {
+                    items.push(node);
+                }
+            }
+            Some(Open::Map { node: map, pending_key }) => match pending_key.take() {
+                None => {
+                    let key = match &node.value {
+                        Value::Scalar { text, .. } => text.clone(),
+                        Value::Null => String::new(),
+                        _ => {
+                            self.unsupported.get_or_insert(SyntaxError {
+                                pos: node.pos,
+                                message: "mapping keys must be plain strings".to_string(),
+                            });
+                            String::new()
+                        }
+                    };
+                    *pending_key = Some((key, node.pos));
+                }
+                Some((key, key_pos)) => {
+                    if let Value::Map(entries) = &mut map.value {
+                        entries.push(Entry {
+                            key,
+                            key_pos,
+                            value: node,
+                        });
+                    }
+                }
+            },
+        }
+    }
+}
+
+impl MarkedEventReceiver for TreeBuilder {
+    fn on_event(&mut self, event: Event, mark: Marker) {
+        let pos = Pos::from_marker(mark);
+        match event {
+            Event::Scalar(text, style, _, _) => {
+                let quoted = !matches!(style, TScalarStyle::Plain);
+                let value = if !quoted && matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") {
+                    Value::Null
+                } else {
+                    Value::Scalar { text, quoted }
+                };
+                self.push_finished(Node { pos, value });
+            }
+            Event::SequenceStart(..) => self.stack.push(Open::Seq(Node {
+                pos,
+                value: Value::Seq(Vec::new()),
+            })),
+            Event::MappingStart(..) => self.stack.push(Open::Map {
+                node: Node {
+                    pos,
+                    value: Value::Map(Vec::new()),
+                },
+                pending_key: None,
+            }),
+            Event::SequenceEnd | Event::MappingEnd => {
+                if let Some(Open::Seq(mut node) | Open::Map { mut node, .. }) = self.stack.pop() {
+                    // The parser marks a block mapping where its first value
+                    // starts; its first key is where a reader looks.
+                    if let Value::Map(entries) = &node.value {
+                        if let Some(first) = entries.first() {
+                            node.pos = first.key_pos;
+                        }
+                    }
+                    self.push_finished(node);
+                }
+            }
+            Event::Alias(_) => {
+                self.unsupported.get_or_insert(SyntaxError {
+                    pos,
+                    message: "YAML aliases (*name) are not supported in llmgw files; write the value out".to_string(),
+                });
+            }
+            Event::Nothing
+            | Event::StreamStart
+            | Event::StreamEnd
+            | Event::DocumentStart
+            | Event::DocumentEnd => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_are_one_based_and_point_at_values() {
+        let doc = parse("a: 1\nb:\n  - x\n  - \"y\"\n").unwrap();
+        let Value::Map(entries) = doc.value else { panic!("not a map") };
+        assert_eq!(entries[0].key, "a");
+        assert_eq!(entries[0].value.pos, Pos { line: 1, col: 4 });
+        let Value::Seq(items) = &entries[1].value.value else { panic!("not a seq") };
+        assert_eq!(items[1].pos, Pos { line: 4, col: 5 });
+        assert_eq!(
+            items[1].value,
+            Value::Scalar {
+                text: "y".into(),
+                quoted: true
+            }
+        );
+    }
+
+    #[test]
+    fn json_is_yaml() {
+        let doc = parse(r#"{"name": "m", "replicas": 2}"#).unwrap();
+        assert!(matches!(doc.value, Value::Map(ref e) if e.len() == 2));
+    }
+
+    #[test]
+    fn syntax_errors_carry_a_position() {
+        let err = parse("a: [1, 2\nb: 3\n").unwrap_err();
+        assert!(err.pos.line >= 1, "{err}");
+    }
+
+    #[test]
+    fn aliases_are_refused() {
+        let err = parse("a: &x 1\nb: *x\n").unwrap_err();
+        assert!(err.message.contains("aliases"), "{err}");
+    }
+}
