@@ -22,7 +22,9 @@ pub fn parse_catalog(file: &str, src: &str) -> Result<Catalog, Problems> {
 /// Parses a single model entry, as sent to `PUT /api/v1/models/{name}` (JSON
 /// or YAML). `source` names the request in problems.
 pub fn parse_model(source: &str, src: &str) -> Result<Model, Problems> {
-    llmgw_yaml::load(source, src, |node, cx| Model::decode(node, &Path::root(), cx))
+    llmgw_yaml::load(source, src, |node, cx| {
+        Model::decode(node, &Path::root(), cx)
+    })
 }
 
 /// Decodes a catalog from a node: also used by config files that embed one.
@@ -48,7 +50,10 @@ fn check_unique_names(fields: &Fields<'_>, models: &[Model], cx: &mut Cx) {
                 cx.report(
                     pos,
                     &path,
-                    format!("the name `{name}` of model `{}` is already used by model `{first}`", model.name),
+                    format!(
+                        "the name `{name}` of model `{}` is already used by model `{first}`",
+                        model.name
+                    ),
                 );
             }
         }
@@ -61,7 +66,10 @@ impl Catalog {
     pub fn check_put(&self, model: &Model) -> Result<(), String> {
         for other in self.models.iter().filter(|m| m.name != model.name) {
             if let Some(clash) = model.names().find(|n| other.names().any(|o| o == *n)) {
-                return Err(format!("the name `{clash}` is already used by model `{}`", other.name));
+                return Err(format!(
+                    "the name `{clash}` is already used by model `{}`",
+                    other.name
+                ));
             }
         }
         Ok(())
@@ -83,7 +91,10 @@ fn valid_name(name: &str) -> Result<(), String> {
     if name.len() > 128 {
         return Err(format!("is {} characters long; at most 128", name.len()));
     }
-    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-/:".contains(*c))) {
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._-/:".contains(*c)))
+    {
         return Err(format!(
             "{name:?} contains {bad:?}; use letters, digits and . _ - / : only"
         ));
@@ -96,7 +107,14 @@ impl Decode for Model {
         let f = cx.map(
             node,
             path,
-            &["name", "aliases", "source", "replicas", "profiles", "endpoints"],
+            &[
+                "name",
+                "aliases",
+                "source",
+                "replicas",
+                "profiles",
+                "endpoints",
+            ],
         )?;
         let name: Option<String> = f.required(cx, "name");
         if let Some(why) = name.as_deref().and_then(|n| valid_name(n).err()) {
@@ -105,11 +123,18 @@ impl Decode for Model {
         let aliases: Vec<String> = f.or(cx, "aliases", Vec::new());
         for (i, alias) in aliases.iter().enumerate() {
             if let Err(why) = valid_name(alias) {
-                let at = f.node("aliases").map_or(f.pos(), |n| n.pos);
-                cx.report(at, &f.path().field("aliases").index(i), format!("invalid alias: {why}"));
+                cx.report(
+                    f.item_pos("aliases", i),
+                    &f.path().field("aliases").index(i),
+                    format!("invalid alias: {why}"),
+                );
             }
             if Some(alias) == name.as_ref() {
-                f.report(cx, "aliases", format!("alias `{alias}` repeats the model's own name"));
+                f.report(
+                    cx,
+                    "aliases",
+                    format!("alias `{alias}` repeats the model's own name"),
+                );
             }
         }
         let serving = match (f.has("endpoints"), f.has("profiles")) {
@@ -143,7 +168,11 @@ impl Decode for Model {
 fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
     for key in ["source", "replicas"] {
         if f.has(key) {
-            f.report(cx, key, format!("`{key}` applies to models llmgw runs; this one has static `endpoints`"));
+            f.report(
+                cx,
+                key,
+                format!("`{key}` applies to models llmgw runs; this one has static `endpoints`"),
+            );
         }
     }
     let endpoints: Vec<String> = f.required(cx, "endpoints")?;
@@ -153,8 +182,11 @@ fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
     let mut ok = true;
     for (i, url) in endpoints.iter().enumerate() {
         if let Err(why) = check_endpoint_url(url) {
-            let at = f.node("endpoints").map_or(f.pos(), |n| n.pos);
-            cx.report(at, &f.path().field("endpoints").index(i), why);
+            cx.report(
+                f.item_pos("endpoints", i),
+                &f.path().field("endpoints").index(i),
+                why,
+            );
             ok = false;
         }
     }
@@ -173,7 +205,9 @@ pub fn check_endpoint_url(url: &str) -> Result<(), String> {
         return Err(format!("{url:?} has no host"));
     }
     if rest.trim_end_matches('/').ends_with("/v1") {
-        return Err(format!("{url:?}: give the base URL without `/v1`; the router adds the OpenAI path"));
+        return Err(format!(
+            "{url:?}: give the base URL without `/v1`; the router adds the OpenAI path"
+        ));
     }
     Ok(())
 }
@@ -181,11 +215,19 @@ pub fn check_endpoint_url(url: &str) -> Result<(), String> {
 fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
     let source: Option<String> = f.required(cx, "source");
     if source.as_deref() == Some("") {
-        f.report(cx, "source", "must name what the engine loads, e.g. a Hugging Face repository");
+        f.report(
+            cx,
+            "source",
+            "must name what the engine loads, e.g. a Hugging Face repository",
+        );
     }
     let replicas: u32 = f.or(cx, "replicas", 1);
     if replicas > MAX_REPLICAS {
-        f.report(cx, "replicas", format!("{replicas} replicas is above the limit of {MAX_REPLICAS}"));
+        f.report(
+            cx,
+            "replicas",
+            format!("{replicas} replicas is above the limit of {MAX_REPLICAS}"),
+        );
     }
     let profiles: Vec<Profile> = f.required(cx, "profiles")?;
     if profiles.is_empty() {
@@ -194,9 +236,8 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
     let mut seen = BTreeSet::new();
     for (i, p) in profiles.iter().enumerate() {
         if !seen.insert(p.name.as_str()) {
-            let at = f.node("profiles").map_or(f.pos(), |n| n.pos);
             cx.report(
-                at,
+                f.item_pos("profiles", i),
                 &f.path().field("profiles").index(i).field("name"),
                 format!("profile name `{}` appears twice in this model", p.name),
             );
@@ -216,7 +257,11 @@ impl Decode for Engine {
             "vllm" => Some(Engine::Vllm),
             "sglang" => Some(Engine::Sglang),
             _ => {
-                cx.report(node.pos, path, format!("unknown engine {text:?}; expected `vllm` or `sglang`"));
+                cx.report(
+                    node.pos,
+                    path,
+                    format!("unknown engine {text:?}; expected `vllm` or `sglang`"),
+                );
                 None
             }
         }
@@ -230,7 +275,11 @@ impl Decode for LaunchMode {
             "mp" => Some(LaunchMode::Mp),
             "ray" => Some(LaunchMode::Ray),
             _ => {
-                cx.report(node.pos, path, format!("unknown launch mode {text:?}; expected `mp` or `ray`"));
+                cx.report(
+                    node.pos,
+                    path,
+                    format!("unknown launch mode {text:?}; expected `mp` or `ray`"),
+                );
                 None
             }
         }
@@ -265,7 +314,11 @@ impl Decode for Profile {
         let nodes: u32 = f.or(cx, "nodes", 1);
         let gpus_per_node: u32 = f.or(cx, "gpus_per_node", 1);
         let pipeline_parallel: u32 = f.or(cx, "pipeline_parallel", 1);
-        let tensor_parallel: u32 = f.or(cx, "tensor_parallel", (nodes * gpus_per_node) / pipeline_parallel.max(1));
+        let tensor_parallel: u32 = f.or(
+            cx,
+            "tensor_parallel",
+            (nodes * gpus_per_node) / pipeline_parallel.max(1),
+        );
         let min_gpu_memory_gb: u32 = f.or(cx, "min_gpu_memory_gb", 0);
         let gpu_models: Vec<String> = f.or(cx, "gpu_models", Vec::new());
         let launch_mode: Option<LaunchMode> = f.optional(cx, "launch_mode");
@@ -275,8 +328,16 @@ impl Decode for Profile {
         for (key, value, max) in [
             ("nodes", nodes, MAX_NODES_PER_REPLICA),
             ("gpus_per_node", gpus_per_node, MAX_GPUS_PER_NODE),
-            ("tensor_parallel", tensor_parallel, MAX_NODES_PER_REPLICA * MAX_GPUS_PER_NODE),
-            ("pipeline_parallel", pipeline_parallel, MAX_NODES_PER_REPLICA),
+            (
+                "tensor_parallel",
+                tensor_parallel,
+                MAX_NODES_PER_REPLICA * MAX_GPUS_PER_NODE,
+            ),
+            (
+                "pipeline_parallel",
+                pipeline_parallel,
+                MAX_NODES_PER_REPLICA,
+            ),
         ] {
             if value == 0 {
                 f.report(cx, key, "must be at least 1");
@@ -324,7 +385,13 @@ impl Decode for Profile {
     }
 }
 
-fn check_multi_node(f: &Fields<'_>, cx: &mut Cx, engine: Engine, nodes: u32, launch_mode: Option<LaunchMode>) {
+fn check_multi_node(
+    f: &Fields<'_>,
+    cx: &mut Cx,
+    engine: Engine,
+    nodes: u32,
+    launch_mode: Option<LaunchMode>,
+) {
     match (engine, launch_mode) {
         (Engine::Sglang, Some(mode)) => f.report(
             cx,
@@ -344,8 +411,8 @@ fn check_multi_node(f: &Fields<'_>, cx: &mut Cx, engine: Engine, nodes: u32, lau
 }
 
 fn check_engine_args(f: &Fields<'_>, cx: &mut Cx, engine: Engine, args: &[String]) {
-    let at = f.node("engine_args").map_or(f.pos(), |n| n.pos);
     for (i, arg) in args.iter().enumerate() {
+        let at = f.item_pos("engine_args", i);
         let path = f.path().field("engine_args").index(i);
         if let Some(flag) = managed_flag(engine, arg) {
             let shown = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
@@ -357,7 +424,9 @@ fn check_engine_args(f: &Fields<'_>, cx: &mut Cx, engine: Engine, args: &[String
             cx.report(
                 at,
                 &path,
-                format!("{shown} is set by llmgw from the placement{hint}; remove it from engine_args"),
+                format!(
+                    "{shown} is set by llmgw from the placement{hint}; remove it from engine_args"
+                ),
             );
         }
         if arg.contains(char::is_whitespace) && arg.starts_with("--") && !arg.contains('=') {
@@ -375,12 +444,20 @@ fn check_env(f: &Fields<'_>, cx: &mut Cx, env: &BTreeMap<String, String>) {
     for key in env.keys() {
         let path = f.path().field("env").field(key);
         if MANAGED_ENV.contains(&key.as_str()) {
-            cx.report(at, &path, format!("{key} is set by llmgw from the placement and the node; remove it"));
+            cx.report(
+                at,
+                &path,
+                format!("{key} is set by llmgw from the placement and the node; remove it"),
+            );
         } else if key.is_empty()
             || key.starts_with(|c: char| c.is_ascii_digit())
             || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         {
-            cx.report(at, &path, format!("{key:?} is not a valid environment variable name"));
+            cx.report(
+                at,
+                &path,
+                format!("{key:?} is not a valid environment variable name"),
+            );
         }
     }
 }

@@ -12,8 +12,8 @@ mod managed_flags;
 mod model;
 
 pub use decode::{
-    MAX_GPUS_PER_NODE, MAX_NODES_PER_REPLICA, MAX_REPLICAS, check_endpoint_url, decode_catalog, parse_catalog,
-    parse_model,
+    MAX_GPUS_PER_NODE, MAX_NODES_PER_REPLICA, MAX_REPLICAS, check_endpoint_url, decode_catalog,
+    parse_catalog, parse_model,
 };
 pub use managed_flags::{MANAGED_ENV, managed_flag};
 pub use model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};

@@ -70,7 +70,10 @@ pub fn managed_flag(engine: Engine, arg: &str) -> Option<&'static str> {
     };
     if !name.starts_with("--") {
         if engine == Engine::Vllm {
-            return VLLM_SHORT_FLAGS.iter().find(|(s, _)| *s == name).map(|(_, l)| *l);
+            return VLLM_SHORT_FLAGS
+                .iter()
+                .find(|(s, _)| *s == name)
+                .map(|(_, l)| *l);
         }
         return None;
     }
@@ -97,11 +100,20 @@ mod tests {
     fn recognises_every_spelling() {
         assert_eq!(managed_flag(Engine::Vllm, "--port"), Some("--port"));
         assert_eq!(managed_flag(Engine::Vllm, "--port=9000"), Some("--port"));
-        assert_eq!(managed_flag(Engine::Vllm, "--tensor_parallel_size"), Some("--tensor-parallel-size"));
-        assert_eq!(managed_flag(Engine::Vllm, "-tp"), Some("--tensor-parallel-size"));
+        assert_eq!(
+            managed_flag(Engine::Vllm, "--tensor_parallel_size"),
+            Some("--tensor-parallel-size")
+        );
+        assert_eq!(
+            managed_flag(Engine::Vllm, "-tp"),
+            Some("--tensor-parallel-size")
+        );
         assert_eq!(managed_flag(Engine::Sglang, "--tp"), Some("--tp-size"));
         assert_eq!(managed_flag(Engine::Sglang, "--tp-s"), Some("--tp-size"));
-        assert_eq!(managed_flag(Engine::Sglang, "--dist-init"), Some("--dist-init-addr"));
+        assert_eq!(
+            managed_flag(Engine::Sglang, "--dist-init"),
+            Some("--dist-init-addr")
+        );
         assert_eq!(managed_flag(Engine::Vllm, "--max-model-len"), None);
         assert_eq!(managed_flag(Engine::Vllm, "8192"), None);
     }

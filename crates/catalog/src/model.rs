@@ -116,10 +116,11 @@ impl Profile {
     /// Whether a GPU with this device name qualifies.
     pub fn accepts_gpu_model(&self, device_name: &str) -> bool {
         self.gpu_models.is_empty()
-            || self
-                .gpu_models
-                .iter()
-                .any(|m| device_name.to_ascii_lowercase().contains(&m.to_ascii_lowercase()))
+            || self.gpu_models.iter().any(|m| {
+                device_name
+                    .to_ascii_lowercase()
+                    .contains(&m.to_ascii_lowercase())
+            })
     }
 }
 

@@ -35,11 +35,21 @@ fn a_good_catalog_loads_with_defaults() {
     let small = catalog.resolve("llama3-8b").unwrap();
     assert_eq!(small.name, "llama-3.1-8b");
     let profile = &small.managed().unwrap().profiles[0];
-    assert_eq!((profile.nodes, profile.tensor_parallel, profile.pipeline_parallel), (1, 1, 1));
+    assert_eq!(
+        (
+            profile.nodes,
+            profile.tensor_parallel,
+            profile.pipeline_parallel
+        ),
+        (1, 1, 1)
+    );
     let big = catalog.get("llama-3.1-70b").unwrap();
     assert_eq!(big.desired_replicas(), 1);
     assert_eq!(big.managed().unwrap().profiles[0].engine, Engine::Sglang);
-    assert_eq!(catalog.get("partner-model").unwrap().static_endpoints(), ["http://10.1.2.3:8000"]);
+    assert_eq!(
+        catalog.get("partner-model").unwrap().static_endpoints(),
+        ["http://10.1.2.3:8000"]
+    );
 }
 
 #[test]
@@ -127,7 +137,7 @@ const BROKEN: &[(&str, &str, &str)] = &[
     (
         "managed port flag",
         "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_args: [\"--port\", \"9000\"]\n",
-        "7:22: models[0].profiles[0].engine_args[0]: --port is set by llmgw",
+        "7:23: models[0].profiles[0].engine_args[0]: --port is set by llmgw",
     ),
     (
         "managed tp alias for vllm",
@@ -187,7 +197,7 @@ const BROKEN: &[(&str, &str, &str)] = &[
     (
         "endpoint without scheme",
         "models:\n  - name: a\n    endpoints: [\"10.1.2.3:8000\"]\n",
-        "3:16: models[0].endpoints[0]: \"10.1.2.3:8000\" is not an http:// or https:// URL",
+        "3:17: models[0].endpoints[0]: \"10.1.2.3:8000\" is not an http:// or https:// URL",
     ),
     (
         "endpoint with /v1",
@@ -214,11 +224,7 @@ const BROKEN: &[(&str, &str, &str)] = &[
         "models: {a: 1}\n",
         "1:10: models: expected a list, found a mapping",
     ),
-    (
-        "not yaml",
-        "models: [\n",
-        "models.yaml:2:1: not valid YAML",
-    ),
+    ("not yaml", "models: [\n", "models.yaml:2:1: not valid YAML"),
     (
         "yaml alias",
         "models:\n  - &m {name: a, endpoints: [\"http://h:1\"]}\n  - *m\n",
@@ -235,12 +241,20 @@ fn every_broken_catalog_names_line_and_field() {
             Err(problems) => {
                 let shown = problems.to_string();
                 if !shown.contains(expected) {
-                    failures.push(format!("{what}:\n  expected: {expected}\n  got:      {shown}"));
+                    failures.push(format!(
+                        "{what}:\n  expected: {expected}\n  got:      {shown}"
+                    ));
                 }
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), BROKEN.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        BROKEN.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -251,7 +265,7 @@ fn three_independent_mistakes_are_reported_together() {
     assert_eq!(lines.len(), 3, "{lines:#?}");
     assert!(lines[0].starts_with("models.yaml:4:15: models[0].replicas:"));
     assert!(lines[1].starts_with("models.yaml:7:17: models[0].profiles[0].engine:"));
-    assert!(lines[2].starts_with("models.yaml:9:16: models[1].endpoints[0]:"));
+    assert!(lines[2].starts_with("models.yaml:9:17: models[1].endpoints[0]:"));
 }
 
 #[test]
@@ -265,20 +279,32 @@ fn a_single_model_parses_from_json() {
     assert_eq!(model.desired_replicas(), 3);
     let err = parse_model("PUT /api/v1/models/m", r#"{"name": "m", "source": "s", "profiles": [{"name": "p", "engine": "vllm", "nodes": "2"}]}"#)
         .unwrap_err();
-    assert!(err.to_string().contains("profiles[0].nodes: expected a number, found \"2\""), "{err}");
+    assert!(
+        err.to_string()
+            .contains("profiles[0].nodes: expected a number, found \"2\""),
+        "{err}"
+    );
 }
 
 #[test]
 fn put_refuses_name_clashes() {
     let mut catalog = parse_catalog("models.yaml", GOOD).unwrap();
-    let clash = parse_model("req", "{name: other, aliases: [llama3-8b], endpoints: [\"http://h:1\"]}").unwrap();
+    let clash = parse_model(
+        "req",
+        "{name: other, aliases: [llama3-8b], endpoints: [\"http://h:1\"]}",
+    )
+    .unwrap();
     assert_eq!(
         catalog.check_put(&clash).unwrap_err(),
         "the name `llama3-8b` is already used by model `llama-3.1-8b`"
     );
-    let replacement = parse_model("req", "{name: partner-model, endpoints: [\"http://h:9\"]}").unwrap();
+    let replacement =
+        parse_model("req", "{name: partner-model, endpoints: [\"http://h:9\"]}").unwrap();
     catalog.check_put(&replacement).unwrap();
     catalog.put(replacement);
     assert_eq!(catalog.models.len(), 3);
-    assert_eq!(catalog.get("partner-model").unwrap().static_endpoints(), ["http://h:9"]);
+    assert_eq!(
+        catalog.get("partner-model").unwrap().static_endpoints(),
+        ["http://h:9"]
+    );
 }

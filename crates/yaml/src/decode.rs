@@ -148,7 +148,11 @@ impl Cx {
                 let hint = closest(&entry.key, known)
                     .map(|k| format!(" (did you mean `{k}`?)"))
                     .unwrap_or_default();
-                self.report(entry.key_pos, &key_path, format!("unknown key `{}`{hint}", entry.key));
+                self.report(
+                    entry.key_pos,
+                    &key_path,
+                    format!("unknown key `{}`{hint}", entry.key),
+                );
                 continue;
             }
             if fields.insert(entry.key.as_str(), &entry.value).is_some() {
@@ -179,6 +183,12 @@ impl<'n> Fields<'n> {
         &self.path
     }
 
+    /// Whether the key is written at all, even as `null`.
+    pub fn has_key(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    /// Whether the key is written with a value other than `null`.
     pub fn has(&self, key: &str) -> bool {
         self.entries.get(key).is_some_and(|n| !n.is_null())
     }
@@ -186,6 +196,19 @@ impl<'n> Fields<'n> {
     /// The raw node of a field, for decoders that need its position.
     pub fn node(&self, key: &str) -> Option<&'n Node> {
         self.entries.get(key).copied().filter(|n| !n.is_null())
+    }
+
+    /// Where the `i`th item of a list field is (the field itself, or the
+    /// mapping, when that item cannot be found).
+    pub fn item_pos(&self, key: &str, i: usize) -> Pos {
+        match self.node(key) {
+            Some(Node {
+                value: Value::Seq(items),
+                pos,
+            }) => items.get(i).map_or(*pos, |n| n.pos),
+            Some(node) => node.pos,
+            None => self.node.pos,
+        }
     }
 
     /// A field that may be absent (absent and `null` are the same).
@@ -204,7 +227,11 @@ impl<'n> Fields<'n> {
         match self.node(key) {
             Some(node) => T::decode(node, &self.path.field(key), cx),
             None => {
-                cx.report(self.node.pos, &self.path.field(key), "required field is missing");
+                cx.report(
+                    self.node.pos,
+                    &self.path.field(key),
+                    "required field is missing",
+                );
                 None
             }
         }
@@ -287,6 +314,36 @@ impl Decode for Duration {
     }
 }
 
+impl Decode for std::path::PathBuf {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        if text.is_empty() {
+            cx.report(node.pos, path, "expected a path, found an empty string");
+            return None;
+        }
+        Some(text.into())
+    }
+}
+
+impl Decode for std::net::SocketAddr {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        match text.parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                cx.report(
+                    node.pos,
+                    path,
+                    format!(
+                        "expected an IP address and port such as `0.0.0.0:7443`, found {text:?}"
+                    ),
+                );
+                None
+            }
+        }
+    }
+}
+
 impl<T: Decode> Decode for Vec<T> {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         match &node.value {
@@ -355,7 +412,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("{:?} is not a number", &rest[..number_len]))?;
         rest = &rest[number_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let seconds_per_unit = match &rest[..unit_len] {
             "ms" => 0.001,
             "s" => 1.0,
@@ -415,8 +474,16 @@ mod tests {
         let mut cx = Cx::new();
         let top = cx.map(&doc, &Path::root(), &["fabrics"]).unwrap();
         let fabrics = top.node("fabrics").unwrap();
-        let Value::Seq(items) = &fabrics.value else { panic!() };
-        let f = cx.map(&items[0], &Path::root().field("fabrics").index(0), &["name", "rate_gbps"]).unwrap();
+        let Value::Seq(items) = &fabrics.value else {
+            panic!()
+        };
+        let f = cx
+            .map(
+                &items[0],
+                &Path::root().field("fabrics").index(0),
+                &["name", "rate_gbps"],
+            )
+            .unwrap();
         let rate: Option<u32> = f.optional(&mut cx, "rate_gbps");
         assert!(rate.is_none());
         let err = cx.finish::<()>("agent.yaml", None).unwrap_err();

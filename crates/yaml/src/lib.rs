@@ -15,7 +15,11 @@ pub use node::{Entry, Node, Pos, SyntaxError, Value, parse};
 pub use suggest::closest;
 
 /// Parses `src` and decodes it with `decode`, naming `file` in every problem.
-pub fn load<T>(file: &str, src: &str, decode: impl FnOnce(&Node, &mut Cx) -> Option<T>) -> Result<T, Problems> {
+pub fn load<T>(
+    file: &str,
+    src: &str,
+    decode: impl FnOnce(&Node, &mut Cx) -> Option<T>,
+) -> Result<T, Problems> {
     let root = parse(src).map_err(|err| Problems {
         file: file.to_string(),
         items: vec![Problem {

@@ -38,7 +38,10 @@ pub enum Value {
     /// An empty value, `~` or `null`.
     Null,
     /// Any scalar. `quoted` distinguishes `"5"` (a string) from `5`.
-    Scalar { text: String, quoted: bool },
+    Scalar {
+        text: String,
+        quoted: bool,
+    },
     Seq(Vec<Node>),
     Map(Vec<Entry>),
 }
@@ -79,10 +82,12 @@ pub struct SyntaxError {
 pub fn parse(src: &str) -> Result<Node, SyntaxError> {
     let mut builder = TreeBuilder::default();
     let mut parser = Parser::new_from_str(src);
-    parser.load(&mut builder, false).map_err(|err| SyntaxError {
-        pos: Pos::from_marker(*err.marker()),
-        message: err.info().to_string(),
-    })?;
+    parser
+        .load(&mut builder, false)
+        .map_err(|err| SyntaxError {
+            pos: Pos::from_marker(*err.marker()),
+            message: err.info().to_string(),
+        })?;
     if let Some(message) = builder.unsupported {
         return Err(message);
     }
@@ -122,7 +127,10 @@ impl TreeBuilder {
                     items.push(node);
                 }
             }
-            Some(Open::Map { node: map, pending_key }) => match pending_key.take() {
+            Some(Open::Map {
+                node: map,
+                pending_key,
+            }) => match pending_key.take() {
                 None => {
                     let key = match &node.value {
                         Value::Scalar { text, .. } => text.clone(),
@@ -157,11 +165,12 @@ impl MarkedEventReceiver for TreeBuilder {
         match event {
             Event::Scalar(text, style, _, _) => {
                 let quoted = !matches!(style, TScalarStyle::Plain);
-                let value = if !quoted && matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") {
-                    Value::Null
-                } else {
-                    Value::Scalar { text, quoted }
-                };
+                let value =
+                    if !quoted && matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") {
+                        Value::Null
+                    } else {
+                        Value::Scalar { text, quoted }
+                    };
                 self.push_finished(Node { pos, value });
             }
             Event::SequenceStart(..) => self.stack.push(Open::Seq(Node {
@@ -190,7 +199,9 @@ impl MarkedEventReceiver for TreeBuilder {
             Event::Alias(_) => {
                 self.unsupported.get_or_insert(SyntaxError {
                     pos,
-                    message: "YAML aliases (*name) are not supported in llmgw files; write the value out".to_string(),
+                    message:
+                        "YAML aliases (*name) are not supported in llmgw files; write the value out"
+                            .to_string(),
                 });
             }
             Event::Nothing
@@ -209,10 +220,14 @@ mod tests {
     #[test]
     fn positions_are_one_based_and_point_at_values() {
         let doc = parse("a: 1\nb:\n  - x\n  - \"y\"\n").unwrap();
-        let Value::Map(entries) = doc.value else { panic!("not a map") };
+        let Value::Map(entries) = doc.value else {
+            panic!("not a map")
+        };
         assert_eq!(entries[0].key, "a");
         assert_eq!(entries[0].value.pos, Pos { line: 1, col: 4 });
-        let Value::Seq(items) = &entries[1].value.value else { panic!("not a seq") };
+        let Value::Seq(items) = &entries[1].value.value else {
+            panic!("not a seq")
+        };
         assert_eq!(items[1].pos, Pos { line: 4, col: 5 });
         assert_eq!(
             items[1].value,

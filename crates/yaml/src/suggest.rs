@@ -32,7 +32,10 @@ mod tests {
 
     #[test]
     fn suggests_close_words_only() {
-        assert_eq!(closest("rate_gpbs", &["rate_gbps", "name", "hcas"]), Some("rate_gbps"));
+        assert_eq!(
+            closest("rate_gpbs", &["rate_gbps", "name", "hcas"]),
+            Some("rate_gbps")
+        );
         assert_eq!(closest("colour", &["rate_gbps", "name"]), None);
         assert_eq!(closest("nme", &["name"]), Some("name"));
     }

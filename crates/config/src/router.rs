@@ -1,0 +1,295 @@
+//! `router.yaml`: a standalone OpenAI router (`llmgw router`).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path as FsPath, PathBuf};
+use std::time::Duration;
+
+use llmgw_catalog::Catalog;
+use llmgw_yaml::{Cx, Decode, Node, Path};
+use serde::Serialize;
+
+use crate::common::{ConfigError, read_file, relative_to};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RouterConfig {
+    pub listen: SocketAddr,
+    /// Admin API URLs of control-plane peers to watch for endpoints. The
+    /// router keeps its last known endpoints while none answers.
+    pub control_plane: Vec<String>,
+    /// Static catalog file (models with `endpoints`).
+    pub catalog: Option<PathBuf>,
+    /// Static models written inline, as in models.yaml.
+    pub models: Catalog,
+    pub balancing: Balancing,
+    pub timeouts: RouterTimeouts,
+    pub max_retries: u32,
+    pub ejection: Ejection,
+    pub max_body_bytes: usize,
+    pub api_keys: Vec<ApiKey>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BalancePolicy {
+    /// Power of two choices on outstanding requests.
+    LeastOutstanding,
+    /// Bounded-load consistent hashing on the prompt prefix.
+    PrefixAffinity,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Balancing {
+    pub policy: BalancePolicy,
+    /// Bytes of the prompt that pick the endpoint under prefix affinity.
+    pub prefix_bytes: usize,
+    /// An endpoint takes at most this factor over the mean load before the
+    /// prefix's next endpoint is tried.
+    pub load_factor: f64,
+    /// How often engines' `/metrics` are read for load; 0s turns it off.
+    pub metrics_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouterTimeouts {
+    pub connect: Duration,
+    /// Whole-request deadline.
+    pub request: Duration,
+    /// Longest gap between two chunks of a stream.
+    pub stall: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ejection {
+    pub consecutive_failures: u32,
+    pub probe_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiKey {
+    pub name: String,
+    /// File holding the key, so the key itself never sits in config.
+    pub key_file: PathBuf,
+    /// Models the key may use; empty means all.
+    pub models: Vec<String>,
+}
+
+impl RouterConfig {
+    pub fn load(path: &FsPath) -> Result<Self, ConfigError> {
+        let (name, text) = read_file(path)?;
+        let mut config = Self::parse(&name, &text)?;
+        config.catalog = config.catalog.map(|c| relative_to(path, c));
+        for key in &mut config.api_keys {
+            key.key_file = relative_to(path, std::mem::take(&mut key.key_file));
+        }
+        Ok(config)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        Ok(llmgw_yaml::load(file, text, |node, cx| {
+            Self::decode(node, &Path::root(), cx)
+        })?)
+    }
+}
+
+const ROUTER_KEYS: &[&str] = &[
+    "listen",
+    "control_plane",
+    "catalog",
+    "models",
+    "balancing",
+    "timeouts",
+    "max_retries",
+    "ejection",
+    "max_body_bytes",
+    "api_keys",
+];
+
+impl Decode for RouterConfig {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, ROUTER_KEYS)?;
+        let control_plane: Vec<String> = f.or(cx, "control_plane", Vec::new());
+        for (i, url) in control_plane.iter().enumerate() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                cx.report(
+                    f.item_pos("control_plane", i),
+                    &f.path().field("control_plane").index(i),
+                    format!("{url:?} is not an admin API URL; write e.g. http://10.0.0.1:7480"),
+                );
+            }
+        }
+        let models = match f.node("models") {
+            Some(models_node) => {
+                // Inline models read exactly like models.yaml's list.
+                let wrapper = Node {
+                    pos: f.pos(),
+                    value: llmgw_yaml::Value::Map(vec![llmgw_yaml::Entry {
+                        key: "models".to_string(),
+                        key_pos: models_node.pos,
+                        value: models_node.clone(),
+                    }]),
+                };
+                llmgw_catalog::decode_catalog(&wrapper, cx).unwrap_or_default()
+            }
+            None => Catalog::default(),
+        };
+        let catalog: Option<PathBuf> = f.optional(cx, "catalog");
+        if control_plane.is_empty() && catalog.is_none() && !f.has("models") {
+            cx.report(
+                f.pos(),
+                path,
+                "the router has nothing to route: give `control_plane` (peers to watch), `catalog` or `models`",
+            );
+        }
+        let max_retries: u32 = f.or(cx, "max_retries", 2);
+        if max_retries > 10 {
+            f.report(
+                cx,
+                "max_retries",
+                "at most 10; each retry is another replica's time",
+            );
+        }
+        let max_body_bytes: usize = f.or(cx, "max_body_bytes", 16 * 1024 * 1024);
+        if max_body_bytes < 1024 {
+            f.report(cx, "max_body_bytes", "must be at least 1024");
+        }
+        let api_keys: Vec<ApiKey> = f.or(cx, "api_keys", Vec::new());
+        let mut names = BTreeSet::new();
+        for (i, key) in api_keys.iter().enumerate() {
+            if !names.insert(key.name.as_str()) {
+                cx.report(
+                    f.item_pos("api_keys", i),
+                    &f.path().field("api_keys").index(i).field("name"),
+                    "key name is listed twice",
+                );
+            }
+        }
+        Some(RouterConfig {
+            listen: f.or(cx, "listen", SocketAddr::from(([0, 0, 0, 0], 8080))),
+            control_plane,
+            catalog,
+            models,
+            balancing: f
+                .optional(cx, "balancing")
+                .unwrap_or_else(Balancing::defaults),
+            timeouts: f
+                .optional(cx, "timeouts")
+                .unwrap_or_else(RouterTimeouts::defaults),
+            max_retries,
+            ejection: f
+                .optional(cx, "ejection")
+                .unwrap_or_else(Ejection::defaults),
+            max_body_bytes,
+            api_keys,
+        })
+    }
+}
+
+impl Balancing {
+    pub fn defaults() -> Self {
+        Balancing {
+            policy: BalancePolicy::LeastOutstanding,
+            prefix_bytes: 256,
+            load_factor: 1.25,
+            metrics_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Decode for Balancing {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &["policy", "prefix_bytes", "load_factor", "metrics_interval"],
+        )?;
+        let d = Balancing::defaults();
+        let policy = match f.optional::<String>(cx, "policy").as_deref() {
+            None | Some("least_outstanding") => BalancePolicy::LeastOutstanding,
+            Some("prefix_affinity") => BalancePolicy::PrefixAffinity,
+            Some(other) => {
+                f.report(
+                    cx,
+                    "policy",
+                    format!("unknown policy {other:?}; expected `least_outstanding` or `prefix_affinity`"),
+                );
+                d.policy
+            }
+        };
+        let load_factor: f64 = f.or(cx, "load_factor", d.load_factor);
+        if load_factor < 1.0 {
+            f.report(
+                cx,
+                "load_factor",
+                "must be at least 1.0 (1.0 means perfectly even load)",
+            );
+        }
+        Some(Balancing {
+            policy,
+            prefix_bytes: f.or(cx, "prefix_bytes", d.prefix_bytes),
+            load_factor,
+            metrics_interval: f.or(cx, "metrics_interval", d.metrics_interval),
+        })
+    }
+}
+
+impl RouterTimeouts {
+    pub fn defaults() -> Self {
+        RouterTimeouts {
+            connect: Duration::from_secs(2),
+            request: Duration::from_secs(600),
+            stall: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Decode for RouterTimeouts {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["connect", "request", "stall"])?;
+        let d = RouterTimeouts::defaults();
+        let t = RouterTimeouts {
+            connect: f.or(cx, "connect", d.connect),
+            request: f.or(cx, "request", d.request),
+            stall: f.or(cx, "stall", d.stall),
+        };
+        if t.stall > t.request {
+            f.report(cx, "stall", "must not exceed the request deadline");
+        }
+        Some(t)
+    }
+}
+
+impl Ejection {
+    pub fn defaults() -> Self {
+        Ejection {
+            consecutive_failures: 3,
+            probe_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Decode for Ejection {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["consecutive_failures", "probe_interval"])?;
+        let d = Ejection::defaults();
+        let e = Ejection {
+            consecutive_failures: f.or(cx, "consecutive_failures", d.consecutive_failures),
+            probe_interval: f.or(cx, "probe_interval", d.probe_interval),
+        };
+        if e.consecutive_failures == 0 {
+            f.report(cx, "consecutive_failures", "must be at least 1");
+        }
+        Some(e)
+    }
+}
+
+impl Decode for ApiKey {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["name", "key_file", "models"])?;
+        Some(ApiKey {
+            name: f.required(cx, "name")?,
+            key_file: f.required(cx, "key_file")?,
+            models: f.or(cx, "models", Vec::new()),
+        })
+    }
+}

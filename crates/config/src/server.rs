@@ -1,0 +1,353 @@
+//! `server.yaml`: one control-plane peer.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::{Path as FsPath, PathBuf};
+use std::time::Duration;
+
+use llmgw_yaml::{Cx, Decode, Node, Path};
+use serde::Serialize;
+
+use crate::common::{
+    ConfigError, TlsConfig, check_host_port, decode_transport, read_file, relative_to,
+};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServerConfig {
+    /// This peer's Raft id: stable for the peer's lifetime, never reused.
+    pub id: u64,
+    pub data_dir: PathBuf,
+    /// Agent stream and peer transport.
+    pub grpc_listen: SocketAddr,
+    /// The gRPC address other peers and agents dial (`host:port`).
+    pub grpc_advertise: String,
+    pub admin_listen: SocketAddr,
+    /// The OpenAI router inside the server; `None` turns it off.
+    pub router_listen: Option<SocketAddr>,
+    /// Every voter of the initial cluster, this peer included.
+    pub peers: Vec<PeerConfig>,
+    /// A catalog to seed the cluster with when it is first formed.
+    pub catalog: Option<PathBuf>,
+    pub raft: RaftTiming,
+    pub liveness: LivenessConfig,
+    pub tls: Option<TlsConfig>,
+    pub insecure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeerConfig {
+    pub id: u64,
+    /// `host:port` of the peer's gRPC listener.
+    pub grpc: String,
+    /// Base URL of the peer's admin API, e.g. `http://10.0.0.1:7480`.
+    pub admin: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RaftTiming {
+    pub heartbeat_interval: Duration,
+    pub election_timeout_min: Duration,
+    pub election_timeout_max: Duration,
+    /// Build a snapshot after this many applied entries.
+    pub snapshot_after_logs: u64,
+    /// Entries kept behind a snapshot for followers that lag a little.
+    pub keep_logs_after_snapshot: u64,
+    pub install_snapshot_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LivenessConfig {
+    /// No heartbeat for this long: the node is `unreachable`.
+    pub node_ttl: Duration,
+    /// Unreachable for this long: the node is `lost` and its replicas move.
+    pub lost_after: Duration,
+    /// After a leader change, every node gets this long to reconnect before
+    /// it can be marked unreachable.
+    pub leader_grace: Duration,
+}
+
+impl RaftTiming {
+    pub fn defaults() -> Self {
+        RaftTiming {
+            heartbeat_interval: Duration::from_millis(150),
+            election_timeout_min: Duration::from_millis(800),
+            election_timeout_max: Duration::from_millis(1600),
+            snapshot_after_logs: 10_000,
+            keep_logs_after_snapshot: 1_000,
+            install_snapshot_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl LivenessConfig {
+    pub fn defaults() -> Self {
+        LivenessConfig {
+            node_ttl: Duration::from_secs(15),
+            lost_after: Duration::from_secs(180),
+            leader_grace: Duration::from_secs(15),
+        }
+    }
+}
+
+impl ServerConfig {
+    pub fn load(path: &FsPath) -> Result<Self, ConfigError> {
+        let (name, text) = read_file(path)?;
+        let mut config = Self::parse(&name, &text)?;
+        config.data_dir = relative_to(path, config.data_dir);
+        config.catalog = config.catalog.map(|c| relative_to(path, c));
+        config.tls = config.tls.map(|t| t.resolve(path));
+        Ok(config)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        Ok(llmgw_yaml::load(file, text, |node, cx| {
+            Self::decode(node, &Path::root(), cx)
+        })?)
+    }
+
+    pub fn peer(&self, id: u64) -> Option<&PeerConfig> {
+        self.peers.iter().find(|p| p.id == id)
+    }
+
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.tls.is_none() && !self.insecure {
+            out.push(
+                "no `tls` section: peer and agent links would be plaintext; add `tls` or set `insecure: true`"
+                    .to_string(),
+            );
+        }
+        if self.insecure {
+            out.push(
+                "insecure: true — gRPC links are plaintext; use only on a trusted network"
+                    .to_string(),
+            );
+        }
+        if self.peers.len() % 2 == 0 {
+            out.push(format!(
+                "{} voters tolerate no more failures than {}; use an odd number of peers",
+                self.peers.len(),
+                self.peers.len() - 1
+            ));
+        }
+        out
+    }
+}
+
+const SERVER_KEYS: &[&str] = &[
+    "id",
+    "data_dir",
+    "grpc_listen",
+    "grpc_advertise",
+    "admin_listen",
+    "router_listen",
+    "peers",
+    "catalog",
+    "raft",
+    "liveness",
+    "tls",
+    "insecure",
+];
+
+impl Decode for ServerConfig {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, SERVER_KEYS)?;
+        let id: Option<u64> = f.required(cx, "id");
+        if id == Some(0) {
+            f.report(cx, "id", "peer ids start at 1");
+        }
+        let grpc_listen: SocketAddr =
+            f.or(cx, "grpc_listen", SocketAddr::from(([0, 0, 0, 0], 7443)));
+        let grpc_advertise: Option<String> = f.optional(cx, "grpc_advertise");
+        if let Some(Err(why)) = grpc_advertise.as_deref().map(check_host_port) {
+            f.report(cx, "grpc_advertise", why);
+        }
+        let admin_listen: SocketAddr =
+            f.or(cx, "admin_listen", SocketAddr::from(([0, 0, 0, 0], 7480)));
+        // Absent keeps the default; `router_listen: null` turns the router off.
+        let router_listen: Option<SocketAddr> = if f.has_key("router_listen") {
+            f.optional(cx, "router_listen")
+        } else {
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080)))
+        };
+        let peers: Option<Vec<PeerConfig>> = f.required(cx, "peers");
+        if let Some(peers) = &peers {
+            check_peers(&f, cx, id, peers);
+        }
+        let peers = peers?;
+        let raft: RaftTiming = f.optional(cx, "raft").unwrap_or_else(RaftTiming::defaults);
+        let liveness: LivenessConfig = f
+            .optional(cx, "liveness")
+            .unwrap_or_else(LivenessConfig::defaults);
+        let (tls, insecure) = decode_transport(&f, cx);
+
+        let id = id?;
+        // A peer advertises what the others know it by.
+        let grpc_advertise = grpc_advertise
+            .or_else(|| peers.iter().find(|p| p.id == id).map(|p| p.grpc.clone()))
+            .unwrap_or_else(|| grpc_listen.to_string());
+        Some(ServerConfig {
+            id,
+            data_dir: f.or(cx, "data_dir", PathBuf::from("/var/lib/llmgw-server")),
+            grpc_listen,
+            grpc_advertise,
+            admin_listen,
+            router_listen,
+            peers,
+            catalog: f.optional(cx, "catalog"),
+            raft,
+            liveness,
+            tls,
+            insecure,
+        })
+    }
+}
+
+fn check_peers(f: &llmgw_yaml::Fields<'_>, cx: &mut Cx, id: Option<u64>, peers: &[PeerConfig]) {
+    if peers.is_empty() {
+        if f.has("peers") {
+            f.report(
+                cx,
+                "peers",
+                "list every voter of the cluster, this peer included",
+            );
+        }
+        return;
+    }
+    let mut ids = BTreeSet::new();
+    let mut addrs = BTreeSet::new();
+    for (i, peer) in peers.iter().enumerate() {
+        let at = f.item_pos("peers", i);
+        let path = f.path().field("peers").index(i);
+        if !ids.insert(peer.id) {
+            cx.report(
+                at,
+                &path.field("id"),
+                format!("peer id {} is listed twice", peer.id),
+            );
+        }
+        if !addrs.insert(peer.grpc.as_str()) {
+            cx.report(
+                at,
+                &path.field("grpc"),
+                format!("address {} is listed for two peers", peer.grpc),
+            );
+        }
+    }
+    if let Some(id) = id {
+        if id != 0 && !ids.contains(&id) {
+            f.report(
+                cx,
+                "id",
+                format!("this peer's id {id} is not among `peers` ({ids:?})"),
+            );
+        }
+    }
+}
+
+impl Decode for PeerConfig {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["id", "grpc", "admin"])?;
+        let id: Option<u64> = f.required(cx, "id");
+        if id == Some(0) {
+            f.report(cx, "id", "peer ids start at 1");
+        }
+        let grpc: Option<String> = f.required(cx, "grpc");
+        if let Some(Err(why)) = grpc.as_deref().map(check_host_port) {
+            f.report(cx, "grpc", why);
+        }
+        let admin: Option<String> = f.required(cx, "admin");
+        if let Some(url) = admin.as_deref() {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                f.report(
+                    cx,
+                    "admin",
+                    format!("{url:?} is not a URL; write e.g. http://10.0.0.1:7480"),
+                );
+            }
+        }
+        Some(PeerConfig {
+            id: id?,
+            grpc: grpc?,
+            admin: admin?.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+impl Decode for RaftTiming {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "heartbeat_interval",
+                "election_timeout_min",
+                "election_timeout_max",
+                "snapshot_after_logs",
+                "keep_logs_after_snapshot",
+                "install_snapshot_timeout",
+            ],
+        )?;
+        let d = RaftTiming::defaults();
+        let t = RaftTiming {
+            heartbeat_interval: f.or(cx, "heartbeat_interval", d.heartbeat_interval),
+            election_timeout_min: f.or(cx, "election_timeout_min", d.election_timeout_min),
+            election_timeout_max: f.or(cx, "election_timeout_max", d.election_timeout_max),
+            snapshot_after_logs: f.or(cx, "snapshot_after_logs", d.snapshot_after_logs),
+            keep_logs_after_snapshot: f.or(
+                cx,
+                "keep_logs_after_snapshot",
+                d.keep_logs_after_snapshot,
+            ),
+            install_snapshot_timeout: f.or(
+                cx,
+                "install_snapshot_timeout",
+                d.install_snapshot_timeout,
+            ),
+        };
+        if t.heartbeat_interval.is_zero() {
+            f.report(cx, "heartbeat_interval", "must be more than 0s");
+        }
+        if t.election_timeout_min < t.heartbeat_interval * 3 {
+            f.report(
+                cx,
+                "election_timeout_min",
+                "must be at least 3 x heartbeat_interval, or followers start elections between heartbeats",
+            );
+        }
+        if t.election_timeout_max <= t.election_timeout_min {
+            f.report(
+                cx,
+                "election_timeout_max",
+                "must be above election_timeout_min; the gap spreads candidates apart",
+            );
+        }
+        if t.snapshot_after_logs == 0 {
+            f.report(cx, "snapshot_after_logs", "must be at least 1");
+        }
+        Some(t)
+    }
+}
+
+impl Decode for LivenessConfig {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["node_ttl", "lost_after", "leader_grace"])?;
+        let d = LivenessConfig::defaults();
+        let l = LivenessConfig {
+            node_ttl: f.or(cx, "node_ttl", d.node_ttl),
+            lost_after: f.or(cx, "lost_after", d.lost_after),
+            leader_grace: f.or(cx, "leader_grace", d.leader_grace),
+        };
+        if l.node_ttl.is_zero() {
+            f.report(cx, "node_ttl", "must be more than 0s");
+        }
+        if l.lost_after <= l.node_ttl {
+            f.report(
+                cx,
+                "lost_after",
+                "must be longer than node_ttl: a node is unreachable before it is lost",
+            );
+        }
+        Some(l)
+    }
+}

@@ -1,0 +1,356 @@
+//! Config files as operators write them. The original agent example and every
+//! file in deploy/examples must load; every broken file must be refused with
+//! the line, column and field path of each mistake.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use llmgw_config::{AgentConfig, FileKind, RouterConfig, ServerConfig, check_file};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn the_original_agent_example_loads_unchanged() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/original-agent.yaml");
+    let config = AgentConfig::load(&path).unwrap();
+    assert_eq!(config.node_id, "gpu-a-01");
+    assert_eq!(config.servers, ["llmgw-server.internal:7443"]);
+    assert_eq!(config.mgmt_addr, "10.0.0.11");
+    assert_eq!(config.heartbeat_interval, Duration::from_secs(5));
+    assert_eq!(config.fabrics[0].hcas.len(), 4);
+    assert_eq!(config.fabrics[0].rate_gbps, Some(200));
+    assert_eq!(
+        config.discovery.nvidia_smi, None,
+        "an empty nvidia_smi means: search PATH"
+    );
+    assert_eq!(config.supervisor.stop_timeout, Duration::from_secs(60));
+    assert_eq!(
+        config.engines.vllm.unwrap().launch_mode,
+        llmgw_catalog::LaunchMode::Ray
+    );
+}
+
+#[test]
+fn every_deploy_example_validates() {
+    let dir = repo_root().join("deploy/examples");
+    let mut kinds = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let report =
+                check_file(&path, None).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            kinds.push(report.kind);
+        }
+    }
+    for kind in FileKind::ALL {
+        assert!(kinds.contains(&kind), "deploy/examples has no {kind} file");
+    }
+}
+
+#[test]
+fn server_defaults_are_filled_in() {
+    let config = ServerConfig::parse(
+        "server.yaml",
+        "id: 2\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n  - {id: 2, grpc: \"b:7443\", admin: \"http://b:7480/\"}\n  - {id: 3, grpc: \"c:7443\", admin: \"http://c:7480\"}\ninsecure: true\n",
+    )
+    .unwrap();
+    assert_eq!(config.grpc_advertise, "b:7443");
+    assert_eq!(config.peers[1].admin, "http://b:7480");
+    assert_eq!(config.router_listen.unwrap().port(), 8080);
+    assert_eq!(config.raft.heartbeat_interval, Duration::from_millis(150));
+    let off = ServerConfig::parse(
+        "server.yaml",
+        "id: 1\nrouter_listen: null\npeers: [{id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}]\n",
+    )
+    .unwrap();
+    assert_eq!(off.router_listen, None);
+}
+
+#[test]
+fn router_reads_inline_models_like_the_catalog() {
+    let config = RouterConfig::parse(
+        "router.yaml",
+        "models:\n  - name: m\n    endpoints: [\"http://127.0.0.1:9000\"]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.models.resolve("m").unwrap().static_endpoints(),
+        ["http://127.0.0.1:9000"]
+    );
+}
+
+const AGENT_BASE: &str = "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\n";
+const SERVER_BASE: &str =
+    "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n";
+
+/// (what is wrong, kind, file, expected `line:col: path: message` fragment)
+const BROKEN: &[(&str, FileKind, &str, &str)] = &[
+    (
+        "rate is not a number",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nfabrics:\n  - name: ib-a\n    hcas: [mlx5_0]\n    rate_gbps: fast\n",
+        "agent.yaml:7:16: fabrics[0].rate_gbps: expected a number, found \"fast\"",
+    ),
+    (
+        "misspelt agent key",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nheartbeat_intervall: 5s\n",
+        "agent.yaml:4:1: heartbeat_intervall: unknown key `heartbeat_intervall` (did you mean `heartbeat_interval`?)",
+    ),
+    (
+        "duration without unit",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nheartbeat_interval: 5\n",
+        "agent.yaml:4:21: heartbeat_interval: invalid duration \"5\": add a unit",
+    ),
+    (
+        "server and servers both",
+        FileKind::Agent,
+        "server: \"a:7443\"\nservers: [\"b:7443\"]\nmgmt_addr: 10.0.0.1\n",
+        "agent.yaml:1:9: server: give either `server` (one peer) or `servers`",
+    ),
+    (
+        "no peers",
+        FileKind::Agent,
+        "node_id: n1\nmgmt_addr: 10.0.0.1\n",
+        "agent.yaml:1:1: servers: required field is missing",
+    ),
+    (
+        "peer without port",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a\", \"b:7443\"]\nmgmt_addr: 10.0.0.1\n",
+        "agent.yaml:2:11: servers[0]: \"a\" has no port",
+    ),
+    (
+        "missing mgmt_addr",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\n",
+        "agent.yaml:1:1: mgmt_addr: required field is missing",
+    ),
+    (
+        "reconnect_max below base",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nreconnect_base: 10s\nreconnect_max: 1s\n",
+        "agent.yaml:5:16: reconnect_max: must be at least reconnect_base",
+    ),
+    (
+        "duplicate fabric",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nfabrics:\n  - {name: ib-a, hcas: [mlx5_0]}\n  - {name: ib-a, hcas: [mlx5_1]}\n",
+        "fabrics[1].name: fabric `ib-a` is listed twice",
+    ),
+    (
+        "HCA on two fabrics",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nfabrics:\n  - {name: ib-a, hcas: [mlx5_0]}\n  - {name: ib-b, hcas: [mlx5_0]}\n",
+        "fabrics[1].hcas: HCA `mlx5_0` is already in fabric `ib-a`",
+    ),
+    (
+        "fabric without HCAs",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nfabrics:\n  - {name: ib-a, hcas: []}\n",
+        "fabrics[0].hcas: list the HCAs",
+    ),
+    (
+        "ray without ray_bin",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nengines:\n  vllm:\n    bin: /opt/vllm\n    launch_mode: ray\n",
+        "agent.yaml:6:5: engines.vllm.ray_bin: launch_mode `ray` needs `ray_bin`",
+    ),
+    (
+        "mp on an old vLLM",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nengines:\n  vllm:\n    bin: /opt/vllm\n    launch_mode: mp\n    version: 0.11.0\n",
+        "agent.yaml:7:18: engines.vllm.launch_mode: launch_mode `mp` needs vLLM 0.11.1 or newer",
+    ),
+    (
+        "bad engine version",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nengines:\n  sglang:\n    python: /opt/py\n    version: latest\n",
+        "agent.yaml:7:14: engines.sglang.version: invalid version \"latest\"",
+    ),
+    (
+        "unknown engine section",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nengines:\n  vlm:\n    bin: /opt/vllm\n",
+        "agent.yaml:5:3: engines.vlm: unknown key `vlm` (did you mean `vllm`?)",
+    ),
+    (
+        "log_lines zero",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nsupervisor:\n  log_lines: 0\n",
+        "agent.yaml:5:14: supervisor.log_lines: must be between 1 and 100000",
+    ),
+    (
+        "skip_gpus not a bool",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\ndiscovery:\n  skip_gpus: maybe\n",
+        "agent.yaml:5:14: discovery.skip_gpus: expected true or false, found \"maybe\"",
+    ),
+    (
+        "tls and insecure both",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\ninsecure: true\ntls: {ca: a, cert: b, key: c}\n",
+        "agent.yaml:4:11: insecure: `insecure: true` turns TLS off",
+    ),
+    (
+        "tls without key",
+        FileKind::Agent,
+        "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\ntls:\n  ca: a\n  cert: b\n",
+        "agent.yaml:5:3: tls.key: required field is missing",
+    ),
+    (
+        "server id missing from peers",
+        FileKind::Server,
+        "id: 4\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n",
+        "server.yaml:1:5: id: this peer's id 4 is not among `peers`",
+    ),
+    (
+        "server id zero",
+        FileKind::Server,
+        "id: 0\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n",
+        "server.yaml:1:5: id: peer ids start at 1",
+    ),
+    (
+        "duplicate peer id",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n  - {id: 1, grpc: \"b:7443\", admin: \"http://b:7480\"}\n",
+        "peers[1].id: peer id 1 is listed twice",
+    ),
+    (
+        "peer admin not a URL",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"a:7480\"}\n",
+        "server.yaml:3:36: peers[0].admin: \"a:7480\" is not a URL",
+    ),
+    (
+        "listen address not an address",
+        FileKind::Server,
+        "id: 1\nadmin_listen: localhost\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n",
+        "server.yaml:2:15: admin_listen: expected an IP address and port such as `0.0.0.0:7443`, found \"localhost\"",
+    ),
+    (
+        "election timeout too short",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\nraft:\n  heartbeat_interval: 500ms\n  election_timeout_min: 1s\n",
+        "server.yaml:6:25: raft.election_timeout_min: must be at least 3 x heartbeat_interval",
+    ),
+    (
+        "lost before unreachable",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\nliveness:\n  node_ttl: 1m\n  lost_after: 30s\n",
+        "server.yaml:6:15: liveness.lost_after: must be longer than node_ttl",
+    ),
+    (
+        "router with nothing to route",
+        FileKind::Router,
+        "listen: 0.0.0.0:8080\n",
+        "router.yaml:1:1: the router has nothing to route",
+    ),
+    (
+        "unknown balancing policy",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\nbalancing:\n  policy: random\n",
+        "router.yaml:3:11: balancing.policy: unknown policy \"random\"",
+    ),
+    (
+        "router inline model broken",
+        FileKind::Router,
+        "models:\n  - name: m\n    endpoints: [\"m:9000\"]\n",
+        "router.yaml:3:17: models[0].endpoints[0]: \"m:9000\" is not an http:// or https:// URL",
+    ),
+    (
+        "stall beyond the request deadline",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\ntimeouts:\n  request: 10s\n  stall: 1m\n",
+        "router.yaml:4:10: timeouts.stall: must not exceed the request deadline",
+    ),
+];
+
+fn parse_as(kind: FileKind, src: &str) -> Result<(), String> {
+    let file = format!("{kind}.yaml");
+    let result = match kind {
+        FileKind::Agent => AgentConfig::parse(&file, src).map(drop),
+        FileKind::Server => ServerConfig::parse(&file, src).map(drop),
+        FileKind::Router => RouterConfig::parse(&file, src).map(drop),
+        FileKind::Models => unreachable!("catalog cases live in llmgw-catalog"),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_broken_config_names_line_and_field() {
+    assert!(parse_as(FileKind::Agent, AGENT_BASE).is_ok());
+    assert!(parse_as(FileKind::Server, SERVER_BASE).is_ok());
+    let mut failures = Vec::new();
+    for (what, kind, src, expected) in BROKEN {
+        match parse_as(*kind, src) {
+            Ok(()) => failures.push(format!("{what}: accepted, expected `{expected}`")),
+            Err(shown) if !shown.contains(expected) => failures.push(format!(
+                "{what}:\n  expected: {expected}\n  got:      {shown}"
+            )),
+            Err(_) => {}
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        BROKEN.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn three_independent_mistakes_in_an_agent_file_are_all_reported() {
+    let src = "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nheartbeat_interval: soon\nfabrics:\n  - name: ib-a\n    hcas: [mlx5_0]\n    rate_gbps: fast\nsupervisor:\n  wrk_dir: /tmp\n";
+    let err = AgentConfig::parse("agent.yaml", src)
+        .unwrap_err()
+        .to_string();
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(
+        lines[0].starts_with("agent.yaml:4:21: heartbeat_interval: invalid duration \"soon\""),
+        "{err}"
+    );
+    assert!(
+        lines[1].starts_with("agent.yaml:8:16: fabrics[0].rate_gbps: expected a number"),
+        "{err}"
+    );
+    assert!(
+        lines[2].starts_with(
+            "agent.yaml:10:3: supervisor.wrk_dir: unknown key `wrk_dir` (did you mean `work_dir`?)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn kind_is_detected_from_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.yaml");
+    std::fs::write(&path, "surprise: 1\n").unwrap();
+    let err = check_file(&path, None).unwrap_err().to_string();
+    assert!(
+        err.contains("cannot tell which llmgw file this is"),
+        "{err}"
+    );
+    std::fs::write(&path, SERVER_BASE).unwrap();
+    assert_eq!(check_file(&path, None).unwrap().kind, FileKind::Server);
+}
+
+#[test]
+fn relative_paths_resolve_against_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("server.yaml");
+    std::fs::write(
+        &path,
+        format!("{SERVER_BASE}data_dir: data\ncatalog: models.yaml\n"),
+    )
+    .unwrap();
+    let config = ServerConfig::load(&path).unwrap();
+    assert_eq!(config.data_dir, dir.path().join("data"));
+    assert_eq!(config.catalog.unwrap(), dir.path().join("models.yaml"));
+}
