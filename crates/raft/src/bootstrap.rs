@@ -15,26 +15,26 @@ impl ControlPlane {
     /// Runs the bootstrap rule; returns once this peer has either
     /// initialised the cluster or knows it must not. Call it after the gRPC
     /// listener is up, because the other peers ask this one the same
-    /// question.
-    pub async fn bootstrap(&self) {
+    /// question. Returns whether this peer formed the cluster.
+    pub async fn bootstrap(&self) -> bool {
         let configured = self.configured_peers().clone();
         let lowest = configured.keys().next().copied();
         if !self.store_was_pristine() {
             tracing::info!("store holds Raft state; rejoining the cluster without bootstrap");
-            return;
+            return false;
         }
         if lowest != Some(self.id()) {
             tracing::info!(
                 initialiser = ?lowest,
                 "empty store; waiting for the lowest-id peer to form the cluster"
             );
-            return;
+            return false;
         }
         let mut waiting_logged = BTreeSet::new();
         loop {
             if self.metrics().current_leader.is_some() {
                 tracing::info!("a leader exists already; not bootstrapping");
-                return;
+                return false;
             }
             let mut missing = Vec::new();
             let mut initialised_elsewhere = None;
@@ -50,15 +50,20 @@ impl ControlPlane {
             }
             if let Some(id) = initialised_elsewhere {
                 tracing::info!(peer = id, "peer reports an existing cluster; not bootstrapping");
-                return;
+                return false;
             }
             if missing.is_empty() {
                 let members = configured.clone();
-                match self.raft().initialize(members).await {
-                    Ok(()) => tracing::info!(peers = ?configured.keys().collect::<Vec<_>>(), "cluster initialised"),
-                    Err(error) => tracing::warn!(%error, "cluster initialisation refused"),
-                }
-                return;
+                return match self.raft().initialize(members).await {
+                    Ok(()) => {
+                        tracing::info!(peers = ?configured.keys().collect::<Vec<_>>(), "cluster initialised");
+                        true
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "cluster initialisation refused");
+                        false
+                    }
+                };
             }
             let key = missing.join(", ");
             if waiting_logged.insert(key.clone()) {

@@ -6,10 +6,12 @@
 //! start the real binary.
 
 mod api;
+mod args;
 
 mod model_spec;
 mod serve;
 
 pub use api::{ApiState, router};
+pub use args::{ServerArgs, options_from, run_server};
 
 pub use serve::{ServerError, ServerOptions, serve, shutdown_signal};

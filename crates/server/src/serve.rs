@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use llmgw_raft::{ControlPlane, PeerSpec, RaftSettings, StartError};
 use tokio::net::TcpListener;
 
+use llmgw_catalog::Catalog;
+use llmgw_state::Command;
+
 use crate::api::{self, ApiState};
 
 /// Everything a peer needs to run, resolved from server.yaml.
@@ -38,7 +41,11 @@ pub enum ServerError {
 }
 
 /// Runs the peer until `shutdown` resolves.
-pub async fn serve(options: ServerOptions, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServerError> {
+pub async fn serve(
+    options: ServerOptions,
+    seed_catalog: Option<Catalog>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let data_dir = options.data_dir.join("raft");
     std::fs::create_dir_all(&data_dir).map_err(|e| {
         ServerError::Config(format!("cannot create data directory {}: {e}", data_dir.display()))
@@ -87,7 +94,13 @@ pub async fn serve(options: ServerOptions, shutdown: impl Future<Output = ()> + 
     let grpc = tokio::spawn(grpc);
 
     let bootstrap_control = control.clone();
-    tokio::spawn(async move { bootstrap_control.bootstrap().await });
+    tokio::spawn(async move {
+        if bootstrap_control.bootstrap().await
+            && let Some(catalog) = seed_catalog
+        {
+            seed(&bootstrap_control, catalog).await;
+        }
+    });
 
     let app = api::router(ApiState {
         control: control.clone(),
@@ -129,4 +142,28 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+}
+
+/// Writes the configured catalog into a cluster this peer just formed.
+async fn seed(control: &ControlPlane, catalog: Catalog) {
+    for model in catalog.models {
+        let name = model.name.clone();
+        let spec = match serde_json::to_value(&model) {
+            Ok(spec) => spec,
+            Err(error) => {
+                tracing::error!(model = %name, %error, "cannot encode a seed model");
+                continue;
+            }
+        };
+        let command = Command::PutModel {
+            name: name.clone(),
+            spec,
+            replicas: model.desired_replicas(),
+            at_ms: llmgw_raft::now_ms(),
+        };
+        match control.write(command).await {
+            Ok(_) => tracing::info!(model = %name, "catalog seeded"),
+            Err(error) => tracing::error!(model = %name, %error, "seeding the catalog failed"),
+        }
+    }
 }

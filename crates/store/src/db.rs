@@ -13,6 +13,7 @@ use crate::types::Entry;
 pub(crate) const CF_META: &str = "meta";
 pub(crate) const CF_LOGS: &str = "logs";
 pub(crate) const CF_SNAPSHOT: &str = "snapshot";
+const KEY_CREATED: &[u8] = b"created";
 
 /// Both halves of a peer's storage, over one database.
 pub struct Store {
@@ -30,6 +31,9 @@ impl Store {
 
 /// Opens (creating if absent) the store in `dir` and verifies it.
 pub fn open(dir: &Path) -> Result<Store, StoreError> {
+    // RocksDB writes CURRENT when it creates a database: if it is there, a
+    // database existed, and it must still hold its creation marker.
+    let existed = dir.join("CURRENT").exists();
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
@@ -38,6 +42,9 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
     // completely means data was lost or damaged after the fact: refuse it
     // rather than silently start from a shorter log.
     options.set_wal_recovery_mode(DBRecoveryMode::AbsoluteConsistency);
+    // A clean shutdown leaves recovery to the WAL, exactly like a crash, so
+    // the path every restart takes is the one that is always exercised.
+    options.set_avoid_flush_during_shutdown(true);
     let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
@@ -59,12 +66,35 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
         path: dir.to_owned(),
         detail,
     };
+    verify_created(&db, existed).map_err(corrupt)?;
     verify(&db).map_err(corrupt)?;
     let log = LogStore::new(db.clone());
     let state_machine = StateMachineStore::load(db).map_err(corrupt)?;
     let store = Store { log, state_machine };
     verify_log_covers_snapshot(&store).map_err(corrupt)?;
     Ok(store)
+}
+
+/// A new database gets a synced creation marker before anything else; an
+/// existing one without it lost writes (for example its WAL files).
+fn verify_created(db: &DB, existed: bool) -> Result<(), String> {
+    let meta = db.cf_handle(CF_META).expect("meta column family exists");
+    let marker = db
+        .get_cf(meta, KEY_CREATED)
+        .map_err(|e| format!("reading the creation marker: {e}"))?;
+    match (marker, existed) {
+        (Some(_), _) => Ok(()),
+        (None, false) => {
+            let mut batch = rocksdb::WriteBatch::default();
+            batch.put_cf(meta, KEY_CREATED, b"llmgw-store-v1");
+            db.write_opt(batch, &log_store::synced())
+                .map_err(|e| format!("writing the creation marker: {e}"))
+        }
+        (None, true) => Err(
+            "the database exists but its creation marker is gone, so writes it had              acknowledged are missing (were WAL or table files deleted?)"
+                .to_owned(),
+        ),
+    }
 }
 
 fn is_damage(error: &rocksdb::Error) -> bool {

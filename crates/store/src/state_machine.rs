@@ -40,6 +40,8 @@ pub struct ApplyStats {
     pub batches: AtomicU64,
     pub nanos_total: AtomicU64,
     pub nanos_max: AtomicU64,
+    /// Snapshots received from a leader and installed.
+    pub snapshots_installed: AtomicU64,
 }
 
 /// The state-machine half of the store; clones share the same state.
@@ -235,6 +237,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.fleet = fleet;
         applied.last_applied = meta.last_log_id.clone();
         applied.membership = meta.last_membership.clone();
+        self.stats.snapshots_installed.fetch_add(1, Ordering::Relaxed);
         tracing::info!(last_log_id = ?meta.last_log_id, "snapshot installed");
         Ok(())
     }

@@ -84,6 +84,12 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "counter",
         apply.entries.load(Ordering::Relaxed) as f64,
     );
+    gauge(
+        "llmgw_raft_snapshots_installed_total",
+        "Snapshots received from a leader and installed.",
+        "counter",
+        apply.snapshots_installed.load(Ordering::Relaxed) as f64,
+    );
     let _ = writeln!(
         out,
         "# HELP llmgw_raft_apply_seconds Time spent applying batches of committed entries."

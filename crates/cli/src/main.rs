@@ -1,0 +1,107 @@
+//! `llmgw`: every llmgw program behind one binary. This file only parses the
+//! command line and calls the crate that owns each job.
+
+mod config_check;
+
+use std::future::Future;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "llmgw", version, about = "LLM serving gateway for a GPU fleet you own")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one control-plane peer (Raft, agent stream, admin API, router).
+    Server(llmgw_server::ServerArgs),
+    /// Run the agent of one GPU node.
+    Agent(NotBuilt),
+    /// Run a standalone OpenAI-compatible router.
+    Router(NotBuilt),
+    /// Operate a cluster through its admin API.
+    Ctl(llmgw_ctl::CtlArgs),
+    /// Start a whole local cluster with simulated GPUs and engines.
+    Dev(llmgw_dev::DevArgs),
+    /// Create a development CA and certificates.
+    Certs(NotBuilt),
+    /// Run the fault-injection suite against a real cluster.
+    Chaos(NotBuilt),
+    /// Work with llmgw's config files.
+    Config(ConfigArgs),
+}
+
+/// Arguments of a subcommand that is not built yet; accepted so the message
+/// below is what the user sees, not a parse error.
+#[derive(Args)]
+struct NotBuilt {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    args: Vec<String>,
+}
+
+#[derive(Args)]
+struct ConfigArgs {
+    #[command(subcommand)]
+    command: ConfigCommand,
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate agent, server, router and models files; print every problem.
+    Check(config_check::CheckArgs),
+}
+
+fn not_built(name: &str) -> ExitCode {
+    eprintln!(
+        "llmgw {name}: not built yet in this version of llmgw; nothing was started. \
+         See README.md for what works today."
+    );
+    ExitCode::from(2)
+}
+
+/// Runs an async subcommand on a fresh runtime; `logs` turns on tracing
+/// output to stderr (`RUST_LOG`, default info).
+fn run_async(logs: bool, job: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+    if logs {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(job) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Config(ConfigArgs {
+            command: ConfigCommand::Check(args),
+        }) => config_check::run(&args),
+        Command::Server(args) => run_async(true, async { Ok(llmgw_server::run_server(args).await?) }),
+        Command::Agent(_) => not_built("agent"),
+        Command::Router(_) => not_built("router"),
+        Command::Ctl(args) => run_async(false, async {
+            print!("{}", llmgw_ctl::run_ctl(args).await?);
+            Ok(())
+        }),
+        Command::Dev(args) => run_async(true, async { Ok(llmgw_dev::run_dev(args).await?) }),
+        Command::Certs(_) => not_built("certs"),
+        Command::Chaos(_) => not_built("chaos"),
+    }
+}
