@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // The generated `connect` constructor would clash with the agent
+        // stream's `Connect` RPC; clients are built from a `Channel` instead.
+        .build_transport(false)
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -26,12 +26,9 @@ pub enum DevError {
     NotReady(Duration),
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DevError + '_ {
-    move |source| DevError::Io {
-        what,
-        path: path.to_owned(),
-        source,
-    }
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DevError + use<> {
+    let path = path.to_owned();
+    move |source| DevError::Io { what, path, source }
 }
 
 struct Running {

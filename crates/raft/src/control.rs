@@ -10,7 +10,7 @@ use llmgw_proto::raft::RaftPayload;
 use llmgw_state::{Command, FleetState, Outcome};
 use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
-use openraft::error::{ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
 
 use crate::error::ControlError;
@@ -147,10 +147,6 @@ impl ControlPlane {
 
     pub(crate) fn configured_peers(&self) -> &BTreeMap<u64, PeerNode> {
         &self.inner.configured
-    }
-
-    pub(crate) fn peers(&self) -> &Peers {
-        &self.inner.peers
     }
 
     /// Reads the applied state (as of this peer; possibly stale on a
@@ -307,12 +303,14 @@ impl ControlPlane {
             },
             ForwardRequest::ReadIndex => match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
                 Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
-                Err(RaftError::APIError(error)) => match error.forward_to_leader() {
-                    Some(forward) => ForwardResponse::NotLeader {
-                        leader: forward.leader_id.zip(forward.leader_node.clone()),
-                    },
-                    None => ForwardResponse::Failed(ForwardFailure::NoLeader(error.to_string())),
-                },
+                Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                    ForwardResponse::NotLeader {
+                        leader: forward.leader_id.zip(forward.leader_node),
+                    }
+                }
+                Err(RaftError::APIError(other)) => {
+                    ForwardResponse::Failed(ForwardFailure::NoLeader(other.to_string()))
+                }
                 Err(RaftError::Fatal(fatal)) => {
                     ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
                 }
@@ -404,7 +402,7 @@ impl ControlPlane {
             leader_id: metrics.current_leader,
             last_log_index: metrics.last_log_index,
             last_applied_index: metrics.last_applied.as_ref().map(|id| id.index),
-            commit_index: metrics.committed.as_ref().map(|id| id.index),
+            commit_index: metrics.local_committed.as_ref().map(|id| id.index),
             state_hash: hash.to_string(),
         }
     }

@@ -45,7 +45,6 @@ impl RaftSettings {
             election_timeout_min: ms(self.election_timeout_min),
             election_timeout_max: ms(self.election_timeout_max),
             install_snapshot_timeout: ms(self.snapshot_timeout),
-            send_snapshot_timeout: ms(self.snapshot_timeout),
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_after_entries),
             max_in_snapshot_log_to_keep: self.keep_entries_after_snapshot,
             purge_batch_size: 1,

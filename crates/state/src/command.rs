@@ -120,6 +120,26 @@ impl Command {
     }
 }
 
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let subject = match self {
+            Command::RegisterNode { id, .. }
+            | Command::SetNodeStatus { id, .. }
+            | Command::Cordon { id, .. }
+            | Command::Uncordon { id, .. }
+            | Command::StartDrain { id, .. }
+            | Command::FinishDrain { id, .. }
+            | Command::PlaceReplica { id, .. }
+            | Command::RemoveReplica { id, .. } => id.clone(),
+            Command::PutModel { name, .. } | Command::DeleteModel { name, .. } => name.clone(),
+            Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
+            Command::RetirePeer { peer, .. } => peer.to_string(),
+            Command::Unknown => return f.write_str("unknown"),
+        };
+        write!(f, "{} {subject}", self.kind())
+    }
+}
+
 /// What applying a command did. A rejection is a normal, replicated outcome
 /// (every peer rejects the same command the same way), not an error of the
 /// log.

@@ -42,9 +42,6 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
     // completely means data was lost or damaged after the fact: refuse it
     // rather than silently start from a shorter log.
     options.set_wal_recovery_mode(DBRecoveryMode::AbsoluteConsistency);
-    // A clean shutdown leaves recovery to the WAL, exactly like a crash, so
-    // the path every restart takes is the one that is always exercised.
-    options.set_avoid_flush_during_shutdown(true);
     let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));

@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use futures::TryStreamExt;
 use llmgw_state::{FleetState, Outcome, StateHash};
-use openraft::entry::RaftEntry;
 use openraft::storage::{EntryResponder, RaftStateMachine, Snapshot};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::{DB, WriteBatch};
@@ -134,7 +133,7 @@ impl StateMachineStore {
         self.db.write_opt(batch, &synced()).map_err(io::Error::other)
     }
 
-    fn stored_snapshot(&self) -> io::Result<Option<Snapshot<_, _, _, SnapshotData>>> {
+    fn stored_snapshot(&self) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>> {
         let Some(meta) = get_json::<SnapshotMeta>(&self.db, CF_SNAPSHOT, KEY_META)? else {
             return Ok(None);
         };
@@ -203,7 +202,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Normal(command) => applied.fleet.apply(command),
                     EntryPayload::Membership(membership) => {
                         applied.membership =
-                            StoredMembership::new(Some(entry.log_id()), membership.clone());
+                            StoredMembership::new(Some(entry.log_id.clone()), membership.clone());
                         Outcome::Applied
                     }
                 }

@@ -3,16 +3,14 @@
 use std::path::Path;
 
 use llmgw_state::Command;
-use llmgw_store::{Entry, LogId, StoreError, TypeConfig, Vote};
+use llmgw_store::{Entry, LogId, StoreError, Vote};
 use openraft::storage::{IOFlushed, RaftLogStorage};
-use openraft::vote::{RaftLeaderId, RaftVote};
 use openraft::{EntryPayload, RaftLogReader};
 
-type LeaderId = <TypeConfig as openraft::RaftTypeConfig>::LeaderId;
 
 fn entry(index: u64) -> Entry {
     Entry {
-        log_id: LogId::new(LeaderId::new_committed(1, 1), index),
+        log_id: LogId::new(openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 1 }, index),
         payload: EntryPayload::Normal(Command::RetirePeer {
             peer: index,
             at_ms: index,
@@ -24,7 +22,7 @@ async fn write_some(dir: &Path) {
     let mut store = llmgw_store::open(dir).expect("open a fresh store");
     store
         .log
-        .save_vote(&Vote::from_term_node_id(1, 1))
+        .save_vote(&Vote::new_committed(1, 1))
         .await
         .expect("save vote");
     store
@@ -49,7 +47,7 @@ async fn vote_and_log_survive_a_reopen() {
     let mut store = llmgw_store::open(dir.path()).expect("reopen");
     assert_eq!(
         store.log.read_vote().await.unwrap(),
-        Some(Vote::from_term_node_id(1, 1))
+        Some(Vote::new_committed(1, 1))
     );
     let entries = store.log.try_get_log_entries(0..50).await.unwrap();
     assert_eq!(entries.len(), 50);

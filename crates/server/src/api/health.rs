@@ -64,7 +64,7 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "llmgw_raft_commit_index",
         "Highest log index known committed.",
         "gauge",
-        index(metrics.committed.as_ref().map(|id| id.index)),
+        index(metrics.local_committed.as_ref().map(|id| id.index)),
     );
     gauge(
         "llmgw_raft_apply_index",
