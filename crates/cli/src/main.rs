@@ -68,8 +68,11 @@ fn not_built(name: &str) -> ExitCode {
 fn run_async(logs: bool, job: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     if logs {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
     }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
