@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "llmgw", version, about = "LLM serving gateway for a GPU fleet you own")]
+#[command(
+    name = "llmgw",
+    version,
+    about = "LLM serving gateway for a GPU fleet you own"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,7 +73,8 @@ fn run_async(logs: bool, job: impl Future<Output = anyhow::Result<()>>) -> ExitC
     if logs {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter)
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();
@@ -96,7 +101,9 @@ fn main() -> ExitCode {
         Command::Config(ConfigArgs {
             command: ConfigCommand::Check(args),
         }) => config_check::run(&args),
-        Command::Server(args) => run_async(true, async { Ok(llmgw_server::run_server(args).await?) }),
+        Command::Server(args) => {
+            run_async(true, async { Ok(llmgw_server::run_server(args).await?) })
+        }
         Command::Agent(_) => not_built("agent"),
         Command::Router(_) => not_built("router"),
         Command::Ctl(args) => run_async(false, async {

@@ -36,7 +36,9 @@ impl AdminClient {
             .filter(|b| !b.is_empty())
             .collect();
         if bases.is_empty() {
-            return Err(CtlError::Usage("no admin API URL given; pass --api URL".to_owned()));
+            return Err(CtlError::Usage(
+                "no admin API URL given; pass --api URL".to_owned(),
+            ));
         }
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))

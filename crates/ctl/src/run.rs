@@ -22,7 +22,9 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
             let body = serde_json::json!({"id": id, "grpc": grpc, "admin": admin});
             let body = ("application/json", body.to_string().into_bytes());
             (
-                client.call(Method::POST, "/api/v1/cluster/peers", Some(body)).await?,
+                client
+                    .call(Method::POST, "/api/v1/cluster/peers", Some(body))
+                    .await?,
                 |_| "peer added\n".to_owned(),
             )
         }
@@ -34,7 +36,10 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
                 .await?,
             |_| "peer removed\n".to_owned(),
         ),
-        CtlCommand::Nodes => (client.call(Method::GET, "/api/v1/nodes", None).await?, render_nodes),
+        CtlCommand::Nodes => (
+            client.call(Method::GET, "/api/v1/nodes", None).await?,
+            render_nodes,
+        ),
         CtlCommand::Replicas => (
             client.call(Method::GET, "/api/v1/replicas", None).await?,
             render_replicas,
@@ -89,7 +94,11 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
         ),
         CtlCommand::Uncordon { node } => (
             client
-                .call(Method::POST, &format!("/api/v1/nodes/{node}/uncordon"), None)
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/nodes/{node}/uncordon"),
+                    None,
+                )
                 .await?,
             |v| render_nodes(&Value::Array(vec![v.clone()])),
         ),
@@ -105,7 +114,10 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
         ),
     };
     if json {
-        Ok(format!("{}\n", serde_json::to_string_pretty(&value).unwrap_or_default()))
+        Ok(format!(
+            "{}\n",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        ))
     } else {
         Ok(render(&value))
     }
@@ -132,7 +144,16 @@ fn text(value: &Value) -> String {
 }
 
 fn render_cluster(value: &Value) -> String {
-    let mut table = Table::new(&["ID", "ADDR", "ROLE", "MEMBER", "TERM", "LAST LOG", "APPLIED", "STATE HASH"]);
+    let mut table = Table::new(&[
+        "ID",
+        "ADDR",
+        "ROLE",
+        "MEMBER",
+        "TERM",
+        "LAST LOG",
+        "APPLIED",
+        "STATE HASH",
+    ]);
     for peer in value["peers"].as_array().into_iter().flatten() {
         table.row(vec![
             text(&peer["id"]),
@@ -164,13 +185,26 @@ fn render_nodes(value: &Value) -> String {
             flags.push("draining");
         }
         let gpus = node["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-        let fabrics: Vec<String> = node["fabrics"].as_array().into_iter().flatten().map(text).collect();
+        let fabrics: Vec<String> = node["fabrics"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect();
         table.row(vec![
             text(&node["id"]),
             text(&node["status"]),
-            if flags.is_empty() { "-".to_owned() } else { flags.join(",") },
+            if flags.is_empty() {
+                "-".to_owned()
+            } else {
+                flags.join(",")
+            },
             gpus.to_string(),
-            if fabrics.is_empty() { "-".to_owned() } else { fabrics.join(",") },
+            if fabrics.is_empty() {
+                "-".to_owned()
+            } else {
+                fabrics.join(",")
+            },
             text(&node["mgmt_addr"]),
         ]);
     }
@@ -185,8 +219,19 @@ fn render_replicas(value: &Value) -> String {
             .into_iter()
             .flatten()
             .map(|s| {
-                let gpus: Vec<String> = s["gpus"].as_array().into_iter().flatten().map(text).collect();
-                format!("{}[{}]:{} {}", text(&s["node"]), gpus.join(","), text(&s["port"]), text(&s["state"]))
+                let gpus: Vec<String> = s["gpus"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(text)
+                    .collect();
+                format!(
+                    "{}[{}]:{} {}",
+                    text(&s["node"]),
+                    gpus.join(","),
+                    text(&s["port"]),
+                    text(&s["state"])
+                )
             })
             .collect();
         table.row(vec![
@@ -223,7 +268,11 @@ fn render_models(value: &Value) -> String {
         table.row(vec![
             text(&model["name"]),
             text(&model["replicas"]),
-            if profiles.is_empty() { "-".to_owned() } else { profiles.join(",") },
+            if profiles.is_empty() {
+                "-".to_owned()
+            } else {
+                profiles.join(",")
+            },
             source,
         ]);
     }
@@ -236,7 +285,10 @@ mod tests {
 
     #[test]
     fn finds_the_model_name_in_yaml_and_json() {
-        assert_eq!(name_in("name: llama\nreplicas: 1\n").as_deref(), Some("llama"));
+        assert_eq!(
+            name_in("name: llama\nreplicas: 1\n").as_deref(),
+            Some("llama")
+        );
         assert_eq!(name_in("{\"name\": \"qwen\"}").as_deref(), Some("qwen"));
         assert_eq!(name_in("replicas: 1\n"), None);
     }
@@ -262,7 +314,10 @@ mod tests {
             .await
             .unwrap_err()
             .to_string();
-        assert!(error.contains("no peer reachable at http://127.0.0.1:9"), "{error}");
+        assert!(
+            error.contains("no peer reachable at http://127.0.0.1:9"),
+            "{error}"
+        );
         assert!(error.contains("is `llmgw server` running?"), "{error}");
     }
 }

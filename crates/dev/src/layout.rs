@@ -108,7 +108,8 @@ mod tests {
         ports.dedup();
         assert_eq!(ports.len(), 6);
         let yaml = server_yaml(&peers[1], &peers, "");
-        let config = llmgw_config::ServerConfig::parse("server-2.yaml", &yaml).expect("valid server.yaml");
+        let config =
+            llmgw_config::ServerConfig::parse("server-2.yaml", &yaml).expect("valid server.yaml");
         assert_eq!(config.id, 2);
         assert_eq!(config.peers.len(), 3);
         assert_eq!(config.grpc_listen, peers[1].grpc);

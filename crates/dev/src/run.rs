@@ -21,7 +21,11 @@ pub enum DevError {
         source: std::io::Error,
     },
     #[error("peer {id} exited during start-up ({status}); see its log {log}")]
-    PeerExited { id: u64, status: String, log: PathBuf },
+    PeerExited {
+        id: u64,
+        status: String,
+        log: PathBuf,
+    },
     #[error("no leader was elected within {0:?}; see the server-*.log files in the work directory")]
     NotReady(Duration),
 }
@@ -55,8 +59,12 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
     let work_dir = work_dir
         .canonicalize()
         .map_err(io("cannot resolve the work directory", work_dir))?;
-    let exe = std::env::current_exe().map_err(io("cannot find the llmgw binary", Path::new("/proc/self/exe")))?;
-    let layouts = plan_peers(&work_dir, args.peers).map_err(io("cannot find free ports on", Path::new("127.0.0.1")))?;
+    let exe = std::env::current_exe().map_err(io(
+        "cannot find the llmgw binary",
+        Path::new("/proc/self/exe"),
+    ))?;
+    let layouts = plan_peers(&work_dir, args.peers)
+        .map_err(io("cannot find free ports on", Path::new("127.0.0.1")))?;
 
     let mut running = Vec::new();
     for layout in &layouts {
@@ -145,7 +153,10 @@ fn dev_file(running: &[Running]) -> DevFile {
 }
 
 fn render(dev: &DevFile, dev_json: &Path) -> String {
-    let mut out = format!("{:<8} {:<4} {:<8} {:<28} {}\n", "ROLE", "ID", "PID", "API", "GRPC");
+    let mut out = format!(
+        "{:<8} {:<4} {:<8} {:<28} {}\n",
+        "ROLE", "ID", "PID", "API", "GRPC"
+    );
     for process in &dev.processes {
         out.push_str(&format!(
             "{:<8} {:<4} {:<8} {:<28} {}\n",
@@ -227,7 +238,10 @@ async fn stop_all(running: &mut [Running]) {
     let grace = Instant::now() + Duration::from_secs(10);
     for peer in running.iter_mut() {
         let remaining = grace.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(remaining, peer.child.wait()).await.is_err() {
+        if tokio::time::timeout(remaining, peer.child.wait())
+            .await
+            .is_err()
+        {
             let _ = peer.child.kill().await;
         }
     }

@@ -49,7 +49,10 @@ impl ControlPlane {
                 }
             }
             if let Some(id) = initialised_elsewhere {
-                tracing::info!(peer = id, "peer reports an existing cluster; not bootstrapping");
+                tracing::info!(
+                    peer = id,
+                    "peer reports an existing cluster; not bootstrapping"
+                );
                 return false;
             }
             if missing.is_empty() {

@@ -13,12 +13,12 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
 
+use crate::LlmgwRaft;
 use crate::error::ControlError;
 use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
 use crate::network::{self, Failure, NetworkFactory, Peers};
 use crate::settings::RaftSettings;
 use crate::status::{PeerStatus, PeerView};
-use crate::LlmgwRaft;
 
 /// A peer as named in server.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +173,10 @@ impl ControlPlane {
     /// Proposes a command through the leader and waits for it to be applied.
     /// Returns the log index it was committed at.
     pub async fn write(&self, command: Command) -> Result<u64, ControlError> {
-        match self.submit(ForwardRequest::Write(command), WRITE_DEADLINE).await? {
+        match self
+            .submit(ForwardRequest::Write(command), WRITE_DEADLINE)
+            .await?
+        {
             ForwardResponse::Written {
                 outcome: Outcome::Applied,
                 log_index,
@@ -190,7 +193,10 @@ impl ControlPlane {
     /// call: the leader confirms its leadership with a quorum (read index)
     /// and this peer waits until it has applied up to that index.
     pub async fn linearizable_barrier(&self) -> Result<(), ControlError> {
-        let index = match self.submit(ForwardRequest::ReadIndex, WRITE_DEADLINE).await? {
+        let index = match self
+            .submit(ForwardRequest::ReadIndex, WRITE_DEADLINE)
+            .await?
+        {
             ForwardResponse::ReadIndex(index) => index,
             other => return Err(unexpected(other)),
         };
@@ -277,9 +283,12 @@ impl ControlPlane {
             data: network::encode(request),
             error: String::new(),
         };
-        let answer = network::with_deadline(deadline, client.forward(network::request(payload, deadline)))
-            .await
-            .and_then(network::decode::<ForwardResponse>);
+        let answer = network::with_deadline(
+            deadline,
+            client.forward(network::request(payload, deadline)),
+        )
+        .await
+        .and_then(network::decode::<ForwardResponse>);
         answer.map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {deadline:?}"),
             Failure::Unreachable(why) | Failure::Network(why) => why,
@@ -301,20 +310,22 @@ impl ControlPlane {
                 },
                 Err(error) => write_error(error),
             },
-            ForwardRequest::ReadIndex => match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-                Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
-                Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
-                    ForwardResponse::NotLeader {
-                        leader: forward.leader_id.zip(forward.leader_node),
+            ForwardRequest::ReadIndex => {
+                match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                    Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
+                    Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                        ForwardResponse::NotLeader {
+                            leader: forward.leader_id.zip(forward.leader_node),
+                        }
+                    }
+                    Err(RaftError::APIError(other)) => {
+                        ForwardResponse::Failed(ForwardFailure::NoLeader(other.to_string()))
+                    }
+                    Err(RaftError::Fatal(fatal)) => {
+                        ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
                     }
                 }
-                Err(RaftError::APIError(other)) => {
-                    ForwardResponse::Failed(ForwardFailure::NoLeader(other.to_string()))
-                }
-                Err(RaftError::Fatal(fatal)) => {
-                    ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
-                }
-            },
+            }
             ForwardRequest::AddPeer { id, node } => self.add_peer_as_leader(id, node).await,
             ForwardRequest::RemovePeer { id } => self.remove_peer_as_leader(id).await,
         }
@@ -362,7 +373,8 @@ impl ControlPlane {
         let is_voter = membership.voter_ids().any(|voter| voter == id);
         let is_learner = membership.learner_ids().any(|learner| learner == id);
         if !is_voter && !is_learner {
-            return ControlError::Invalid(format!("peer {id} is not a member of the cluster")).into();
+            return ControlError::Invalid(format!("peer {id} is not a member of the cluster"))
+                .into();
         }
         if is_voter && membership.voter_ids().count() <= 1 {
             return ControlError::Conflict(format!("peer {id} is the last voter")).into();
@@ -393,7 +405,12 @@ impl ControlPlane {
             (applied.last_applied.clone(), applied.fleet.hash())
         };
         let initialized = metrics.last_log_index.is_some()
-            || metrics.membership_config.membership().voter_ids().next().is_some();
+            || metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .next()
+                .is_some();
         PeerStatus {
             id: self.inner.id,
             initialized: initialized || !self.inner.pristine_at_start,
@@ -497,14 +514,20 @@ fn unexpected(response: ForwardResponse) -> ControlError {
 
 fn write_error(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ForwardResponse {
     match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => ForwardResponse::NotLeader {
-            leader: forward.leader_id.zip(forward.leader_node),
-        },
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+            ForwardResponse::NotLeader {
+                leader: forward.leader_id.zip(forward.leader_node),
+            }
+        }
         RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward)) => {
             ForwardResponse::Failed(ForwardFailure::Ambiguous(forward.to_string()))
         }
-        RaftError::APIError(other) => ForwardResponse::Failed(ForwardFailure::Conflict(other.to_string())),
-        RaftError::Fatal(fatal) => ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string())),
+        RaftError::APIError(other) => {
+            ForwardResponse::Failed(ForwardFailure::Conflict(other.to_string()))
+        }
+        RaftError::Fatal(fatal) => {
+            ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
+        }
     }
 }
 

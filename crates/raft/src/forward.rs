@@ -9,8 +9,13 @@ use crate::error::ControlError;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum ForwardRequest {
     Write(Command),
-    AddPeer { id: u64, node: PeerNode },
-    RemovePeer { id: u64 },
+    AddPeer {
+        id: u64,
+        node: PeerNode,
+    },
+    RemovePeer {
+        id: u64,
+    },
     /// Confirm leadership with a quorum and return the index a linearizable
     /// read must wait for.
     ReadIndex,
@@ -18,11 +23,16 @@ pub(crate) enum ForwardRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum ForwardResponse {
-    Written { outcome: Outcome, log_index: u64 },
+    Written {
+        outcome: Outcome,
+        log_index: u64,
+    },
     PeerChanged,
     ReadIndex(u64),
     /// The receiver is not the leader (any more); try this one.
-    NotLeader { leader: Option<(u64, PeerNode)> },
+    NotLeader {
+        leader: Option<(u64, PeerNode)>,
+    },
     Failed(ForwardFailure),
 }
 

@@ -16,7 +16,7 @@ mod service;
 mod settings;
 mod status;
 
-pub use control::{now_ms, ControlPlane, PeerSpec, RaftCounters, StartError};
+pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
 pub use error::ControlError;
 pub use service::raft_grpc_service;
 pub use settings::RaftSettings;

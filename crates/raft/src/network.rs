@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use llmgw_proto::raft::raft_service_client::RaftServiceClient;
 use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
 use llmgw_store::{PeerNode, SnapshotData, TypeConfig};
-use openraft::error::{NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable};
+use openraft::error::{
+    NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
+};
 use openraft::network::{Backoff, RPCOption, RPCTypes, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
@@ -64,7 +66,8 @@ impl Peers {
 
     fn recently_down(&self, target: u64) -> bool {
         let down = self.down_since.lock().expect("peer health poisoned");
-        down.get(&target).is_some_and(|since| since.elapsed() < DOWN_HOLD)
+        down.get(&target)
+            .is_some_and(|since| since.elapsed() < DOWN_HOLD)
     }
 
     fn mark(&self, target: u64, reachable: bool) {
@@ -90,7 +93,10 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 
 pub(crate) fn decode<T: DeserializeOwned>(payload: RaftPayload) -> Result<T, Failure> {
     if !payload.error.is_empty() {
-        return Err(Failure::Network(format!("peer answered: {}", payload.error)));
+        return Err(Failure::Network(format!(
+            "peer answered: {}",
+            payload.error
+        )));
     }
     serde_json::from_slice(&payload.data)
         .map_err(|e| Failure::Network(format!("peer answer does not decode: {e}")))
@@ -147,7 +153,12 @@ pub(crate) struct PeerClient {
 }
 
 impl PeerClient {
-    fn to_rpc_error(&self, failure: Failure, action: RPCTypes, deadline: Duration) -> RPCError<TypeConfig> {
+    fn to_rpc_error(
+        &self,
+        failure: Failure,
+        action: RPCTypes,
+        deadline: Duration,
+    ) -> RPCError<TypeConfig> {
         match failure {
             Failure::Timeout => RPCError::Timeout(Timeout {
                 action,
@@ -173,7 +184,9 @@ impl PeerClient {
             return Err(Failure::Unreachable("a peer never dials itself".to_owned()));
         }
         if self.peers.recently_down(self.target) {
-            return Err(Failure::Unreachable("refused a connection moments ago".to_owned()));
+            return Err(Failure::Unreachable(
+                "refused a connection moments ago".to_owned(),
+            ));
         }
         self.peers.client(&self.addr).map_err(Failure::Unreachable)
     }
@@ -255,10 +268,13 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             meta,
             data: Vec::new(),
         }];
-        chunks.extend(data.chunks(SNAPSHOT_CHUNK_BYTES).map(|chunk| SnapshotChunk {
-            meta: Vec::new(),
-            data: chunk.to_vec(),
-        }));
+        chunks.extend(
+            data.chunks(SNAPSHOT_CHUNK_BYTES)
+                .map(|chunk| SnapshotChunk {
+                    meta: Vec::new(),
+                    data: chunk.to_vec(),
+                }),
+        );
         let send = async {
             let mut client = self.precheck()?;
             let request = request(tokio_stream::iter(chunks), deadline);
@@ -274,12 +290,16 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 self.peers.mark(self.target, true);
                 Ok(response)
             }
-            Err(failure) => Err(match self.to_rpc_error(failure, RPCTypes::InstallSnapshot, deadline) {
-                RPCError::Timeout(e) => StreamingError::Timeout(e),
-                RPCError::Unreachable(e) => StreamingError::Unreachable(e),
-                RPCError::Network(e) => StreamingError::Network(e),
-                RPCError::RemoteError(e) => StreamingError::Network(NetworkError::from_string(e.to_string())),
-            }),
+            Err(failure) => Err(
+                match self.to_rpc_error(failure, RPCTypes::InstallSnapshot, deadline) {
+                    RPCError::Timeout(e) => StreamingError::Timeout(e),
+                    RPCError::Unreachable(e) => StreamingError::Unreachable(e),
+                    RPCError::Network(e) => StreamingError::Network(e),
+                    RPCError::RemoteError(e) => {
+                        StreamingError::Network(NetworkError::from_string(e.to_string()))
+                    }
+                },
+            ),
         }
     }
 

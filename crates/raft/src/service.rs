@@ -26,7 +26,9 @@ fn parse<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("request does not decode: {e}")))
 }
 
-fn answer<T: Serialize, E: std::fmt::Display>(result: Result<T, E>) -> Result<Response<RaftPayload>, Status> {
+fn answer<T: Serialize, E: std::fmt::Display>(
+    result: Result<T, E>,
+) -> Result<Response<RaftPayload>, Status> {
     Ok(Response::new(match result {
         Ok(value) => RaftPayload {
             data: serde_json::to_vec(&value).map_err(|e| Status::internal(e.to_string()))?,
@@ -41,7 +43,10 @@ fn answer<T: Serialize, E: std::fmt::Display>(result: Result<T, E>) -> Result<Re
 
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
-    async fn append_entries(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn append_entries(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let rpc = parse(request.get_ref())?;
         answer(self.control.raft().append_entries(rpc).await)
     }
@@ -51,7 +56,10 @@ impl RaftService for RaftGrpc {
         answer(self.control.raft().vote(rpc).await)
     }
 
-    async fn pre_vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn pre_vote(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let rpc = parse(request.get_ref())?;
         answer(self.control.raft().pre_vote(rpc).await)
     }
@@ -79,16 +87,29 @@ impl RaftService for RaftGrpc {
             meta,
             snapshot: data,
         };
-        answer(self.control.raft().install_full_snapshot(vote, snapshot).await)
+        answer(
+            self.control
+                .raft()
+                .install_full_snapshot(vote, snapshot)
+                .await,
+        )
     }
 
-    async fn forward(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+    async fn forward(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
         let forwarded: ForwardRequest = parse(request.get_ref())?;
         let response = self.control.handle_forwarded(forwarded).await;
         answer(Ok::<_, std::convert::Infallible>(response))
     }
 
-    async fn status(&self, _request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        answer(Ok::<_, std::convert::Infallible>(self.control.local_status()))
+    async fn status(
+        &self,
+        _request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        answer(Ok::<_, std::convert::Infallible>(
+            self.control.local_status(),
+        ))
     }
 }

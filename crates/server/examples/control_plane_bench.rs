@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 use support::Cluster;
 
 fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -46,11 +49,17 @@ async fn main() {
             if let Ok((200, _)) = cluster.put_model(survivor, &name).await {
                 break;
             }
-            assert!(killed_at.elapsed() < Duration::from_secs(60), "no write accepted 60 s after the kill");
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(60),
+                "no write accepted 60 s after the kill"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let downtime = killed_at.elapsed();
-        println!("failover {round:>2}: killed leader {leader}, write accepted after {:.3} s", downtime.as_secs_f64());
+        println!(
+            "failover {round:>2}: killed leader {leader}, write accepted after {:.3} s",
+            downtime.as_secs_f64()
+        );
         downtimes.push(downtime);
         cluster.spawn(leader);
     }
@@ -88,7 +97,10 @@ async fn main() {
         let started = Instant::now();
         let results = futures::future::join_all(runs).await;
         let elapsed = started.elapsed().as_secs_f64();
-        let mut latencies: Vec<Duration> = results.iter().flat_map(|(l, _)| l.iter().copied()).collect();
+        let mut latencies: Vec<Duration> = results
+            .iter()
+            .flat_map(|(l, _)| l.iter().copied())
+            .collect();
         let errors: u64 = results.iter().map(|(_, e)| e).sum();
         latencies.sort();
         println!(

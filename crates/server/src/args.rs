@@ -18,7 +18,8 @@ pub struct ServerArgs {
 
 /// Loads the configuration and runs the peer until SIGINT or SIGTERM.
 pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
-    let config = ServerConfig::load(&args.config).map_err(|e| ServerError::Config(e.to_string()))?;
+    let config =
+        ServerConfig::load(&args.config).map_err(|e| ServerError::Config(e.to_string()))?;
     for warning in config.warnings() {
         tracing::warn!("{}: {warning}", args.config.display());
     }
@@ -31,14 +32,18 @@ pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
 }
 
 fn load_catalog(path: &std::path::Path) -> Result<llmgw_catalog::Catalog, ServerError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ServerError::Config(format!("cannot read the catalog {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ServerError::Config(format!("cannot read the catalog {}: {e}", path.display()))
+    })?;
     llmgw_catalog::parse_catalog(&path.display().to_string(), &text)
         .map_err(|problems| ServerError::Config(problems.to_string()))
 }
 
 /// Translates server.yaml into what the peer runs with.
-pub fn options_from(config: &ServerConfig, file: &std::path::Path) -> Result<ServerOptions, ServerError> {
+pub fn options_from(
+    config: &ServerConfig,
+    file: &std::path::Path,
+) -> Result<ServerOptions, ServerError> {
     if config.tls.is_some() && !config.insecure {
         return Err(ServerError::Config(format!(
             "{}: `tls` is set, but this llmgw server does not yet speak TLS on the peer \

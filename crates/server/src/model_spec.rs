@@ -20,8 +20,9 @@ pub fn view(record: &ModelRecord) -> serde_json::Value {
 /// Parses and validates the body. JSON is YAML, so one parser takes both
 /// whatever the content type says.
 pub fn parse(name: &str, body: &[u8]) -> Result<(Model, ParsedModel), ApiError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|_| ApiError::bad_request(format!("model {name}: the request body is not UTF-8")))?;
+    let text = std::str::from_utf8(body).map_err(|_| {
+        ApiError::bad_request(format!("model {name}: the request body is not UTF-8"))
+    })?;
     if text.trim().is_empty() {
         return Err(ApiError::bad_request(format!(
             "model {name}: the request body is empty; send one model entry as in models.yaml (JSON or YAML)"

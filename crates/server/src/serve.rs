@@ -48,9 +48,18 @@ pub async fn serve(
 ) -> Result<(), ServerError> {
     let data_dir = options.data_dir.join("raft");
     std::fs::create_dir_all(&data_dir).map_err(|e| {
-        ServerError::Config(format!("cannot create data directory {}: {e}", data_dir.display()))
+        ServerError::Config(format!(
+            "cannot create data directory {}: {e}",
+            data_dir.display()
+        ))
     })?;
-    let control = ControlPlane::start(options.id, &data_dir, options.raft.clone(), options.peers.clone()).await?;
+    let control = ControlPlane::start(
+        options.id,
+        &data_dir,
+        options.raft.clone(),
+        options.peers.clone(),
+    )
+    .await?;
     let grpc_listener = TcpListener::bind(options.grpc_listen)
         .await
         .map_err(|source| ServerError::Listen {

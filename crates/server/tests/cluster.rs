@@ -18,8 +18,14 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
     // One write through each peer: two of them are followers and forward.
     for id in 1..=3 {
         let name = format!("model-via-{id}");
-        let (status, body) = cluster.put_model(id, &name).await.expect("PUT reaches the peer");
-        assert_eq!(status, 200, "PUT through peer {id} (leader {leader}): {body}");
+        let (status, body) = cluster
+            .put_model(id, &name)
+            .await
+            .expect("PUT reaches the peer");
+        assert_eq!(
+            status, 200,
+            "PUT through peer {id} (leader {leader}): {body}"
+        );
         assert_eq!(body["name"], name.as_str());
     }
     let want: BTreeSet<String> = (1..=3).map(|id| format!("model-via-{id}")).collect();
@@ -34,8 +40,13 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
     assert_eq!(seen, want, "consistent read on follower {follower}");
     for id in 1..=3 {
         eventually(&cluster, &format!("peer {id} has every model"), || async {
-            let names: BTreeSet<String> = cluster.model_names(id, false).await?.into_iter().collect();
-            if names == want { Ok(()) } else { Err(format!("{names:?}")) }
+            let names: BTreeSet<String> =
+                cluster.model_names(id, false).await?.into_iter().collect();
+            if names == want {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
         })
         .await;
     }
@@ -61,7 +72,13 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
         .await
         .unwrap();
     assert_eq!(status, 404, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("gpu-404"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gpu-404"),
+        "{body}"
+    );
     let (status, _) = cluster
         .send(follower, Method::DELETE, "/api/v1/models/model-via-1", None)
         .await
@@ -75,7 +92,10 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
 async fn after_the_leader_is_killed_a_new_leader_accepts_writes_and_the_old_one_catches_up() {
     let mut cluster = Cluster::start("");
     let old_leader = cluster.wait_leader().await;
-    let (status, _) = cluster.put_model(old_leader, "before-failover").await.unwrap();
+    let (status, _) = cluster
+        .put_model(old_leader, "before-failover")
+        .await
+        .unwrap();
     assert_eq!(status, 200);
     cluster.wait_converged().await;
 
@@ -128,7 +148,10 @@ async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
         .metric(follower, "llmgw_raft_snapshots_installed_total")
         .await
         .unwrap();
-    assert!(installed >= 1.0, "follower {follower} caught up without a snapshot");
+    assert!(
+        installed >= 1.0,
+        "follower {follower} caught up without a snapshot"
+    );
     let names = cluster.model_names(follower, false).await.unwrap();
     assert_eq!(names.len(), 80);
 }
@@ -168,7 +191,11 @@ async fn every_acknowledged_write_survives_sigkill_of_all_peers() {
     for id in 1..=3 {
         cluster.kill(id);
     }
-    assert!(acked.len() >= 5, "too few writes were acknowledged: {}", acked.len());
+    assert!(
+        acked.len() >= 5,
+        "too few writes were acknowledged: {}",
+        acked.len()
+    );
 
     for id in 1..=3 {
         cluster.spawn(id);
@@ -211,7 +238,12 @@ async fn a_peer_with_a_damaged_store_refuses_to_start() {
     assert!(!wals.is_empty());
     for wal in wals {
         let len = std::fs::metadata(&wal).unwrap().len();
-        std::fs::OpenOptions::new().write(true).open(&wal).unwrap().set_len(len / 2).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&wal)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
     }
     let deleted = followers[1];
     for wal in wal_files(deleted) {
@@ -228,13 +260,17 @@ async fn a_peer_with_a_damaged_store_refuses_to_start() {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
-            cluster.fail_if_past(started, &format!("peer {id} with a damaged store is still running"));
+            cluster.fail_if_past(
+                started,
+                &format!("peer {id} with a damaged store is still running"),
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert!(!status.success(), "peer {id} exited successfully");
         let log = std::fs::read_to_string(cluster.log_path(*id)).unwrap();
         assert!(
-            log.contains("corrupt or truncated") && log.contains(&cluster.raft_dir(*id).display().to_string()),
+            log.contains("corrupt or truncated")
+                && log.contains(&cluster.raft_dir(*id).display().to_string()),
             "peer {id} must name the damaged directory:\n{log}"
         );
         cluster.peers[(*id - 1) as usize].child = None;

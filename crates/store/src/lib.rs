@@ -16,7 +16,7 @@ mod log_store;
 mod state_machine;
 mod types;
 
-pub use db::{open, Store};
+pub use db::{Store, open};
 pub use error::StoreError;
 pub use log_store::LogStore;
 pub use state_machine::{AppliedState, ApplyStats, StateMachineStore};

@@ -46,7 +46,11 @@ pub(crate) fn decode_index(key: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(key.try_into().ok()?))
 }
 
-pub(crate) fn get_json<T: DeserializeOwned>(db: &DB, cf: &str, key: &[u8]) -> io::Result<Option<T>> {
+pub(crate) fn get_json<T: DeserializeOwned>(
+    db: &DB,
+    cf: &str,
+    key: &[u8],
+) -> io::Result<Option<T>> {
     let handle = db.cf_handle(cf).expect("column family exists");
     match db.get_cf(handle, key).map_err(io::Error::other)? {
         None => Ok(None),
@@ -75,16 +79,22 @@ impl LogStore {
     }
 
     fn logs(&self) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(CF_LOGS).expect("logs column family exists")
+        self.db
+            .cf_handle(CF_LOGS)
+            .expect("logs column family exists")
     }
 
     fn meta(&self) -> &rocksdb::ColumnFamily {
-        self.db.cf_handle(CF_META).expect("meta column family exists")
+        self.db
+            .cf_handle(CF_META)
+            .expect("meta column family exists")
     }
 
     pub(crate) fn is_pristine(&self) -> bool {
         let meta = read_meta(&self.db).ok();
-        let no_vote = meta.as_ref().is_some_and(|m| m.vote.is_none() && m.last_purged.is_none());
+        let no_vote = meta
+            .as_ref()
+            .is_some_and(|m| m.vote.is_none() && m.last_purged.is_none());
         no_vote && self.first_index().is_none()
     }
 
@@ -113,7 +123,9 @@ impl LogStore {
     fn put_meta_synced<T: Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.meta(), key, to_json(value)?);
-        self.db.write_opt(batch, &synced()).map_err(io::Error::other)
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other)
     }
 }
 
@@ -183,16 +195,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(get_json::<Option<LogId>>(&self.db, CF_META, KEY_COMMITTED)?.flatten())
     }
 
-    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let mut batch = WriteBatch::default();
         for entry in entries {
-            batch.put_cf(self.logs(), encode_index(entry.log_id.index), to_json(&entry)?);
+            batch.put_cf(
+                self.logs(),
+                encode_index(entry.log_id.index),
+                to_json(&entry)?,
+            );
         }
-        let result = self.db.write_opt(batch, &synced()).map_err(io::Error::other);
+        let result = self
+            .db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other);
         let report = match &result {
             Ok(()) => Ok(()),
             Err(e) => Err(io::Error::other(e.to_string())),
@@ -206,7 +229,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.logs(), encode_index(from), encode_index(u64::MAX));
         batch.delete_cf(self.logs(), encode_index(u64::MAX));
-        self.db.write_opt(batch, &synced()).map_err(io::Error::other)
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
@@ -215,6 +240,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // so a crash never leaves a log with a hole and no explanation.
         batch.put_cf(self.meta(), KEY_LAST_PURGED, to_json(&log_id)?);
         batch.delete_range_cf(self.logs(), encode_index(0), encode_index(log_id.index + 1));
-        self.db.write_opt(batch, &synced()).map_err(io::Error::other)
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other)
     }
 }

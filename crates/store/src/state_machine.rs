@@ -55,7 +55,9 @@ pub(crate) fn verify_snapshot(db: &DB) -> Result<(), String> {
     let meta: Option<SnapshotMeta> =
         get_json(db, CF_SNAPSHOT, KEY_META).map_err(|e| e.to_string())?;
     let data: Option<Vec<u8>> = {
-        let cf = db.cf_handle(CF_SNAPSHOT).expect("snapshot column family exists");
+        let cf = db
+            .cf_handle(CF_SNAPSHOT)
+            .expect("snapshot column family exists");
         db.get_cf(cf, KEY_DATA).map_err(|e| e.to_string())?
     };
     match (meta, data) {
@@ -75,7 +77,9 @@ impl StateMachineStore {
         let meta: Option<SnapshotMeta> =
             get_json(&db, CF_SNAPSHOT, KEY_META).map_err(|e| e.to_string())?;
         if let Some(meta) = meta {
-            let cf = db.cf_handle(CF_SNAPSHOT).expect("snapshot column family exists");
+            let cf = db
+                .cf_handle(CF_SNAPSHOT)
+                .expect("snapshot column family exists");
             let data = db
                 .get_cf(cf, KEY_DATA)
                 .map_err(|e| e.to_string())?
@@ -104,7 +108,10 @@ impl StateMachineStore {
     /// The hash of the applied state and the index it reflects.
     pub fn state_hash(&self) -> (Option<u64>, StateHash) {
         let applied = self.applied.read().expect("state lock poisoned");
-        (applied.last_applied.as_ref().map(|id| id.index), applied.fleet.hash())
+        (
+            applied.last_applied.as_ref().map(|id| id.index),
+            applied.fleet.hash(),
+        )
     }
 
     pub(crate) fn has_snapshot(&self) -> bool {
@@ -130,10 +137,14 @@ impl StateMachineStore {
         let mut batch = WriteBatch::default();
         batch.put_cf(cf, KEY_META, to_json(meta)?);
         batch.put_cf(cf, KEY_DATA, data);
-        self.db.write_opt(batch, &synced()).map_err(io::Error::other)
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other)
     }
 
-    fn stored_snapshot(&self) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>> {
+    fn stored_snapshot(
+        &self,
+    ) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>> {
         let Some(meta) = get_json::<SnapshotMeta>(&self.db, CF_SNAPSHOT, KEY_META)? else {
             return Ok(None);
         };
@@ -224,7 +235,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> Result<(), io::Error> {
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> Result<(), io::Error> {
         let fleet: FleetState = serde_json::from_slice(&snapshot).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -236,7 +251,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         applied.fleet = fleet;
         applied.last_applied = meta.last_log_id.clone();
         applied.membership = meta.last_membership.clone();
-        self.stats.snapshots_installed.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .snapshots_installed
+            .fetch_add(1, Ordering::Relaxed);
         tracing::info!(last_log_id = ?meta.last_log_id, "snapshot installed");
         Ok(())
     }

@@ -7,10 +7,15 @@ use llmgw_store::{Entry, LogId, StoreError, Vote};
 use openraft::storage::{IOFlushed, RaftLogStorage};
 use openraft::{EntryPayload, RaftLogReader};
 
-
 fn entry(index: u64) -> Entry {
     Entry {
-        log_id: LogId::new(openraft::impls::leader_id_adv::LeaderId { term: 1, node_id: 1 }, index),
+        log_id: LogId::new(
+            openraft::impls::leader_id_adv::LeaderId {
+                term: 1,
+                node_id: 1,
+            },
+            index,
+        ),
         payload: EntryPayload::Normal(Command::RetirePeer {
             peer: index,
             at_ms: index,
@@ -76,7 +81,10 @@ async fn a_store_whose_wal_was_deleted_refuses_to_open() {
     }
     let error = llmgw_store::open(dir.path()).err().expect("must refuse");
     assert!(matches!(error, StoreError::Corrupt { .. }), "{error}");
-    assert!(error.to_string().contains("corrupt or truncated"), "{error}");
+    assert!(
+        error.to_string().contains("corrupt or truncated"),
+        "{error}"
+    );
 }
 
 #[tokio::test]

@@ -8,7 +8,9 @@ use tempfile::TempDir;
 struct RocksBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for RocksBuilder {
-    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
+    async fn build(
+        &self,
+    ) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().expect("temp dir");
         let store = llmgw_store::open(dir.path()).expect("open a fresh store");
         Ok((dir, store.log, store.state_machine))

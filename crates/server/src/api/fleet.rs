@@ -13,7 +13,11 @@ pub async fn nodes(
     Query(query): Query<ReadQuery>,
 ) -> Result<Json<Vec<NodeRecord>>, ApiError> {
     state.before_read(&query).await?;
-    Ok(Json(state.control.read(|fleet| fleet.nodes.values().cloned().collect())))
+    Ok(Json(
+        state
+            .control
+            .read(|fleet| fleet.nodes.values().cloned().collect()),
+    ))
 }
 
 #[derive(Debug, Serialize)]
@@ -40,7 +44,11 @@ pub async fn replicas(
     })))
 }
 
-async fn node_after(state: &ApiState, id: &str, command: Command) -> Result<Json<NodeRecord>, ApiError> {
+async fn node_after(
+    state: &ApiState,
+    id: &str,
+    command: Command,
+) -> Result<Json<NodeRecord>, ApiError> {
     state.control.write(command).await?;
     state
         .control
@@ -49,7 +57,10 @@ async fn node_after(state: &ApiState, id: &str, command: Command) -> Result<Json
         .ok_or_else(|| ApiError::not_found(format!("node {id} is not registered")))
 }
 
-pub async fn cordon(State(state): State<ApiState>, Path(id): Path<String>) -> Result<Json<NodeRecord>, ApiError> {
+pub async fn cordon(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<NodeRecord>, ApiError> {
     let command = Command::Cordon {
         id: id.clone(),
         at_ms: now_ms(),

@@ -40,7 +40,12 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         let _ = writeln!(out, "# TYPE {name} {kind}");
         let _ = writeln!(out, "{name} {value}");
     };
-    gauge("llmgw_raft_term", "Current Raft term.", "gauge", metrics.current_term as f64);
+    gauge(
+        "llmgw_raft_term",
+        "Current Raft term.",
+        "gauge",
+        metrics.current_term as f64,
+    );
     gauge(
         "llmgw_raft_is_leader",
         "1 when this peer is the Raft leader.",
@@ -51,7 +56,11 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "llmgw_raft_leader_changes_total",
         "Leader changes this peer observed.",
         "counter",
-        state.control.counters().leader_changes.load(Ordering::Relaxed) as f64,
+        state
+            .control
+            .counters()
+            .leader_changes
+            .load(Ordering::Relaxed) as f64,
     );
     let index = |id: Option<u64>| id.map_or(-1.0, |i| i as f64);
     gauge(
@@ -105,15 +114,15 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "llmgw_raft_apply_seconds_count {}",
         apply.batches.load(Ordering::Relaxed)
     );
-    let _ = writeln!(out, "# HELP llmgw_raft_apply_seconds_max Slowest apply batch since start.");
+    let _ = writeln!(
+        out,
+        "# HELP llmgw_raft_apply_seconds_max Slowest apply batch since start."
+    );
     let _ = writeln!(out, "# TYPE llmgw_raft_apply_seconds_max gauge");
     let _ = writeln!(
         out,
         "llmgw_raft_apply_seconds_max {}",
         nanos(apply.nanos_max.load(Ordering::Relaxed))
     );
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        out,
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

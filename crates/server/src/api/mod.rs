@@ -45,7 +45,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(health::metrics))
         .route("/api/v1/cluster", get(peers::cluster))
         .route("/api/v1/cluster/peers", post(peers::add_peer))
-        .route("/api/v1/cluster/peers/{id}", axum::routing::delete(peers::remove_peer))
+        .route(
+            "/api/v1/cluster/peers/{id}",
+            axum::routing::delete(peers::remove_peer),
+        )
         .route("/api/v1/nodes", get(fleet::nodes))
         .route("/api/v1/nodes/{id}/cordon", post(fleet::cordon))
         .route("/api/v1/nodes/{id}/uncordon", post(fleet::uncordon))
@@ -56,6 +59,8 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/models/{name}",
             get(models::get_one).put(models::put).delete(models::delete),
         )
-        .fallback(|| async { ApiError::not_found("no such route; the admin API lives under /api/v1/") })
+        .fallback(|| async {
+            ApiError::not_found("no such route; the admin API lives under /api/v1/")
+        })
         .with_state(state)
 }

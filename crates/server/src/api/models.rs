@@ -39,7 +39,9 @@ pub async fn put(
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let (model, parsed) = model_spec::parse(&name, &body)?;
-    state.control.read(|fleet| model_spec::check_names(fleet, &model))?;
+    state
+        .control
+        .read(|fleet| model_spec::check_names(fleet, &model))?;
     state
         .control
         .write(Command::PutModel {
@@ -56,7 +58,10 @@ pub async fn put(
         .ok_or_else(|| ApiError::not_found(format!("model {name} was deleted concurrently")))
 }
 
-pub async fn delete(State(state): State<ApiState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
     state
         .control
         .write(Command::DeleteModel {

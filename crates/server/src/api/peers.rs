@@ -43,7 +43,9 @@ pub async fn add_peer(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Json(peer) = body.map_err(|e| ApiError::bad_request(format!("peer to add: {e}")))?;
     if peer.grpc.trim().is_empty() {
-        return Err(ApiError::bad_request("peer to add: `grpc` (host:port) is required"));
+        return Err(ApiError::bad_request(
+            "peer to add: `grpc` (host:port) is required",
+        ));
     }
     state
         .control

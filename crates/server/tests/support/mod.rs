@@ -108,7 +108,10 @@ impl Cluster {
         let peer = self.peer_mut(id);
         assert!(peer.child.is_none(), "peer {id} is already running");
         peer.starts += 1;
-        let log_path = peer.layout.log.with_extension(format!("{}.log", peer.starts));
+        let log_path = peer
+            .layout
+            .log
+            .with_extension(format!("{}.log", peer.starts));
         let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(bin)
             .args(["server", "--config"])
@@ -149,18 +152,31 @@ impl Cluster {
 
     pub async fn get(&self, id: u64, path: &str) -> Result<(u16, Value), String> {
         let url = format!("{}{path}", self.admin(id));
-        let response = self.http.get(&url).send().await.map_err(|e| e.to_string())?;
+        let response = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| e.to_string())?;
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok((status, value))
     }
 
-    pub async fn send(&self, id: u64, method: reqwest::Method, path: &str, body: Option<String>) -> Result<(u16, Value), String> {
+    pub async fn send(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, Value), String> {
         let url = format!("{}{path}", self.admin(id));
         let mut request = self.http.request(method, &url);
         if let Some(body) = body {
-            request = request.header("content-type", "application/json").body(body);
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
         }
         let response = request.send().await.map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
@@ -172,8 +188,13 @@ impl Cluster {
     /// PUTs a router-only model named `name` through peer `id`.
     pub async fn put_model(&self, id: u64, name: &str) -> Result<(u16, Value), String> {
         let body = serde_json::json!({"name": name, "endpoints": ["http://10.1.2.3:8000"]});
-        self.send(id, reqwest::Method::PUT, &format!("/api/v1/models/{name}"), Some(body.to_string()))
-            .await
+        self.send(
+            id,
+            reqwest::Method::PUT,
+            &format!("/api/v1/models/{name}"),
+            Some(body.to_string()),
+        )
+        .await
     }
 
     /// Waits until every running peer names the same leader; returns it.
@@ -214,7 +235,10 @@ impl Cluster {
             .iter()
             .find(|p| p["id"].as_u64() == Some(id))?
             .clone();
-        Some((me["last_applied_index"].as_u64()?, me["state_hash"].as_str()?.to_owned()))
+        Some((
+            me["last_applied_index"].as_u64()?,
+            me["state_hash"].as_str()?.to_owned(),
+        ))
     }
 
     /// Waits until every running peer has applied the same index and
@@ -255,8 +279,13 @@ impl Cluster {
     pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
         let url = format!("{}/metrics", self.admin(id));
         let text = self.http.get(&url).send().await.ok()?.text().await.ok()?;
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        text.lines().find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     pub fn fail_if_past(&self, started: Instant, what: &str) {

@@ -110,7 +110,10 @@ fn commands_on_unknown_nodes_are_rejected_without_change() {
             at_ms: 1,
         },
     ] {
-        assert_eq!(rejected_kind(state.apply(&command)), RejectionKind::NotFound);
+        assert_eq!(
+            rejected_kind(state.apply(&command)),
+            RejectionKind::NotFound
+        );
     }
     assert_eq!(state.hash(), before);
 }
@@ -131,13 +134,19 @@ fn drain_cordons_and_blocks_uncordon_until_finished() {
         id: "gpu-1".into(),
         at_ms: 3,
     };
-    assert_eq!(rejected_kind(state.apply(&uncordon)), RejectionKind::Conflict);
+    assert_eq!(
+        rejected_kind(state.apply(&uncordon)),
+        RejectionKind::Conflict
+    );
     state.apply(&Command::FinishDrain {
         id: "gpu-1".into(),
         at_ms: 4,
     });
     assert!(state.drains.is_empty());
-    assert!(state.nodes["gpu-1"].cordoned, "a drained node stays cordoned");
+    assert!(
+        state.nodes["gpu-1"].cordoned,
+        "a drained node stays cordoned"
+    );
     assert_eq!(state.apply(&uncordon), Outcome::Applied);
     assert!(!state.nodes["gpu-1"].cordoned);
 }
@@ -154,17 +163,30 @@ fn placement_is_checked_against_catalog_nodes_ranks_and_gpus() {
     state.apply(&put_model("llama", 2));
     assert_eq!(state.apply(&unknown_model), Outcome::Applied);
     let placed = &state.replicas["r1"];
-    assert_eq!(placed.shards[0].state, ShardState::Pending, "placement starts pending");
+    assert_eq!(
+        placed.shards[0].state,
+        ShardState::Pending,
+        "placement starts pending"
+    );
     assert_eq!(placed.state(), ReplicaState::Starting);
 
     let same_gpu = place("r2", "llama", vec![shard("gpu-1", &[0, 1], 0)]);
-    assert_eq!(rejected_kind(state.apply(&same_gpu)), RejectionKind::Conflict);
+    assert_eq!(
+        rejected_kind(state.apply(&same_gpu)),
+        RejectionKind::Conflict
+    );
     let gap = place("r3", "llama", vec![shard("gpu-1", &[2], 1)]);
     assert_eq!(rejected_kind(state.apply(&gap)), RejectionKind::Invalid);
     let other_node = place("r4", "llama", vec![shard("gpu-9", &[2], 0)]);
-    assert_eq!(rejected_kind(state.apply(&other_node)), RejectionKind::NotFound);
+    assert_eq!(
+        rejected_kind(state.apply(&other_node)),
+        RejectionKind::NotFound
+    );
     let duplicate = place("r1", "llama", vec![shard("gpu-1", &[3], 0)]);
-    assert_eq!(rejected_kind(state.apply(&duplicate)), RejectionKind::Conflict);
+    assert_eq!(
+        rejected_kind(state.apply(&duplicate)),
+        RejectionKind::Conflict
+    );
 }
 
 #[test]
@@ -207,7 +229,10 @@ fn shard_transitions_keep_the_last_failure() {
         failure: None,
         at_ms: 31,
     };
-    assert_eq!(rejected_kind(state.apply(&bad_rank)), RejectionKind::NotFound);
+    assert_eq!(
+        rejected_kind(state.apply(&bad_rank)),
+        RejectionKind::NotFound
+    );
 }
 
 #[test]
@@ -227,7 +252,10 @@ fn retired_peers_are_remembered() {
     let mut state = FleetState::default();
     state.apply(&Command::RetirePeer { peer: 3, at_ms: 1 });
     state.apply(&Command::RetirePeer { peer: 3, at_ms: 2 });
-    assert_eq!(state.removed_peers.iter().copied().collect::<Vec<_>>(), vec![3]);
+    assert_eq!(
+        state.removed_peers.iter().copied().collect::<Vec<_>>(),
+        vec![3]
+    );
 }
 
 fn arb_command() -> impl Strategy<Value = Command> {
