@@ -180,13 +180,28 @@ impl ControlPlane {
             ForwardResponse::Written {
                 outcome: Outcome::Applied,
                 log_index,
-            } => Ok(log_index),
+            } => {
+                // Read-your-writes on the peer that took the request: a
+                // follower answers only once it has applied the entry too.
+                self.wait_applied(log_index).await?;
+                Ok(log_index)
+            }
             ForwardResponse::Written {
                 outcome: Outcome::Rejected(rejection),
                 ..
             } => Err(ControlError::Rejected(rejection)),
             other => Err(unexpected(other)),
         }
+    }
+
+    async fn wait_applied(&self, index: u64) -> Result<(), ControlError> {
+        self.inner
+            .raft
+            .wait(Some(WRITE_DEADLINE))
+            .applied_index_at_least(Some(index), "apply a write")
+            .await
+            .map(|_| ())
+            .map_err(|e| ControlError::NoLeader(format!("waiting to apply index {index}: {e}")))
     }
 
     /// Returns once this peer has applied everything committed before the
@@ -200,13 +215,7 @@ impl ControlPlane {
             ForwardResponse::ReadIndex(index) => index,
             other => return Err(unexpected(other)),
         };
-        self.inner
-            .raft
-            .wait(Some(WRITE_DEADLINE))
-            .applied_index_at_least(Some(index), "linearizable read")
-            .await
-            .map(|_| ())
-            .map_err(|e| ControlError::NoLeader(format!("waiting to apply index {index}: {e}")))
+        self.wait_applied(index).await
     }
 
     /// Adds a peer: as a learner first (it catches up), then as a voter.
@@ -291,7 +300,7 @@ impl ControlPlane {
         .and_then(network::decode::<ForwardResponse>);
         answer.map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {deadline:?}"),
-            Failure::Unreachable(why) | Failure::Network(why) => why,
+            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
         })
     }
 
@@ -436,7 +445,7 @@ impl ControlPlane {
         .and_then(network::decode::<PeerStatus>)
         .map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
-            Failure::Unreachable(why) | Failure::Network(why) => why,
+            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
         })
     }
 

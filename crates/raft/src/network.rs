@@ -84,6 +84,8 @@ impl Peers {
 pub(crate) enum Failure {
     Timeout,
     Unreachable(String),
+    /// Not dialled at all (the target is this peer, or was just found down).
+    Skipped(String),
     Network(String),
 }
 
@@ -173,6 +175,10 @@ impl PeerClient {
                     self.target, self.addr
                 )))
             }
+            Failure::Skipped(why) => RPCError::Unreachable(Unreachable::from_string(format!(
+                "peer {} at {}: {why}",
+                self.target, self.addr
+            ))),
             Failure::Network(why) => RPCError::Network(NetworkError::from_string(why)),
         }
     }
