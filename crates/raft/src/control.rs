@@ -298,6 +298,9 @@ impl ControlPlane {
         )
         .await
         .and_then(network::decode::<ForwardResponse>);
+        if let Err(Failure::Unreachable(_)) = &answer {
+            self.inner.peers.forget(&node.grpc);
+        }
         answer.map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {deadline:?}"),
             Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
@@ -443,6 +446,11 @@ impl ControlPlane {
         )
         .await
         .and_then(network::decode::<PeerStatus>)
+        .inspect_err(|failure| {
+            if let Failure::Unreachable(_) = failure {
+                self.inner.peers.forget(&node.grpc);
+            }
+        })
         .map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
             Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,

@@ -64,6 +64,13 @@ impl Peers {
             .max_encoding_message_size(64 << 20))
     }
 
+    /// Forgets the connection to `addr`: a channel whose connection was
+    /// refused does not recover by itself when the peer comes back, so the
+    /// next call dials afresh.
+    pub(crate) fn forget(&self, addr: &str) {
+        self.channels.lock().expect("channel cache poisoned").remove(addr);
+    }
+
     fn recently_down(&self, target: u64) -> bool {
         let down = self.down_since.lock().expect("peer health poisoned");
         down.get(&target)
@@ -170,6 +177,7 @@ impl PeerClient {
             }),
             Failure::Unreachable(why) => {
                 self.peers.mark(self.target, false);
+                self.peers.forget(&self.addr);
                 RPCError::Unreachable(Unreachable::from_string(format!(
                     "peer {} at {} is unreachable: {why}",
                     self.target, self.addr
