@@ -195,10 +195,10 @@ impl PeerClient {
     /// found down.
     fn precheck(&self) -> Result<RaftServiceClient<Channel>, Failure> {
         if self.target == self.peers.self_id {
-            return Err(Failure::Unreachable("a peer never dials itself".to_owned()));
+            return Err(Failure::Skipped("a peer never dials itself".to_owned()));
         }
         if self.peers.recently_down(self.target) {
-            return Err(Failure::Unreachable(
+            return Err(Failure::Skipped(
                 "refused a connection moments ago".to_owned(),
             ));
         }
