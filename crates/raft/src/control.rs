@@ -414,7 +414,7 @@ impl ControlPlane {
         let metrics = self.metrics();
         let (_, hash) = {
             let applied = self.inner.applied.read().expect("state lock poisoned");
-            (applied.last_applied.clone(), applied.fleet.hash())
+            (applied.last_applied, applied.fleet.hash())
         };
         let initialized = metrics.last_log_index.is_some()
             || metrics

@@ -68,7 +68,10 @@ impl Peers {
     /// refused does not recover by itself when the peer comes back, so the
     /// next call dials afresh.
     pub(crate) fn forget(&self, addr: &str) {
-        self.channels.lock().expect("channel cache poisoned").remove(addr);
+        self.channels
+            .lock()
+            .expect("channel cache poisoned")
+            .remove(addr);
     }
 
     fn recently_down(&self, target: u64) -> bool {

@@ -167,7 +167,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let last_purged_log_id: Option<LogId> = get_json(&self.db, CF_META, KEY_LAST_PURGED)?;
         let last_log_id = match self.last_entry()? {
             Some(entry) => Some(entry.log_id),
-            None => last_purged_log_id.clone(),
+            None => last_purged_log_id,
         };
         Ok(LogState {
             last_purged_log_id,

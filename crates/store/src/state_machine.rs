@@ -173,7 +173,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let (meta, data) = {
             let applied = self.applied.read().expect("state lock poisoned");
             let meta = SnapshotMeta {
-                last_log_id: applied.last_applied.clone(),
+                last_log_id: applied.last_applied,
                 last_membership: applied.membership.clone(),
             };
             (meta, to_json(&applied.fleet)?)
@@ -193,7 +193,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
         let applied = self.applied.read().expect("state lock poisoned");
-        Ok((applied.last_applied.clone(), applied.membership.clone()))
+        Ok((applied.last_applied, applied.membership.clone()))
     }
 
     async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
@@ -207,13 +207,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         while let Some((entry, responder)) = entries.try_next().await? {
             let outcome = {
                 let mut applied = self.applied.write().expect("state lock poisoned");
-                applied.last_applied = Some(entry.log_id.clone());
+                applied.last_applied = Some(entry.log_id);
                 match &entry.payload {
                     EntryPayload::Blank => Outcome::Applied,
                     EntryPayload::Normal(command) => applied.fleet.apply(command),
                     EntryPayload::Membership(membership) => {
                         applied.membership =
-                            StoredMembership::new(Some(entry.log_id.clone()), membership.clone());
+                            StoredMembership::new(Some(entry.log_id), membership.clone());
                         Outcome::Applied
                     }
                 }
@@ -249,7 +249,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.persist_snapshot(meta, &snapshot)?;
         let mut applied = self.applied.write().expect("state lock poisoned");
         applied.fleet = fleet;
-        applied.last_applied = meta.last_log_id.clone();
+        applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
         self.stats
             .snapshots_installed
