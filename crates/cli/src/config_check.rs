@@ -26,7 +26,12 @@ pub fn run(args: &CheckArgs) -> ExitCode {
     for file in &args.files {
         match check_file(file, args.kind) {
             Ok(report) => {
-                println!("ok: {} ({}): {}", file.display(), report.kind, report.summary);
+                println!(
+                    "ok: {} ({}): {}",
+                    file.display(),
+                    report.kind,
+                    report.summary
+                );
                 for warning in &report.warnings {
                     println!("  warning: {warning}");
                 }

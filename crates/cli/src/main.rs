@@ -3,7 +3,6 @@
 
 mod config_check;
 
-use std::future::Future;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -26,7 +25,7 @@ enum Command {
     /// Run the agent of one GPU node.
     Agent(NotBuilt),
     /// Run a standalone OpenAI-compatible router.
-    Router(NotBuilt),
+    Router(llmgw_router::RouterArgs),
     /// Operate a cluster through its admin API.
     Ctl(llmgw_ctl::CtlArgs),
     /// Start a whole local cluster with simulated GPUs and engines.
@@ -68,8 +67,8 @@ fn not_built(name: &str) -> ExitCode {
 }
 
 /// Runs an async subcommand on a fresh runtime; `logs` turns on tracing
-/// output to stderr (`RUST_LOG`, default info).
-fn run_async(logs: bool, job: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
+/// output to stderr (`RUST_LOG`, default info with openraft at warn).
+fn run_async(logs: bool, job: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
     if logs {
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
@@ -101,11 +100,15 @@ fn main() -> ExitCode {
         Command::Config(ConfigArgs {
             command: ConfigCommand::Check(args),
         }) => config_check::run(&args),
-        Command::Server(args) => {
-            run_async(true, async { Ok(llmgw_server::run_server(args).await?) })
-        }
+        Command::Server(args) => run_async(true, async { Ok(llmgw_server::run_server(args).await?) }),
         Command::Agent(_) => not_built("agent"),
-        Command::Router(_) => not_built("router"),
+        Command::Router(args) => match llmgw_router::run_cli(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("llmgw router: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Ctl(args) => run_async(false, async {
             print!("{}", llmgw_ctl::run_ctl(args).await?);
             Ok(())

@@ -9,10 +9,19 @@ fn llmgw() -> Command {
 
 #[test]
 fn the_original_agent_example_checks_clean() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/tests/fixtures/original-agent.yaml");
-    let out = llmgw().args(["config", "check"]).arg(&fixture).output().unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/tests/fixtures/original-agent.yaml");
+    let out = llmgw()
+        .args(["config", "check"])
+        .arg(&fixture)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("(agent): node gpu-a-01"), "{stdout}");
 }
 
@@ -26,10 +35,18 @@ fn every_problem_of_every_file_is_printed_and_the_exit_code_says_so() {
     )
     .unwrap();
     let good = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/models.yaml");
-    let out = llmgw().args(["config", "check"]).arg(&bad).arg(&good).output().unwrap();
+    let out = llmgw()
+        .args(["config", "check"])
+        .arg(&bad)
+        .arg(&good)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("agent.yaml:3:21: heartbeat_interval: invalid duration \"5\""), "{stderr}");
+    assert!(
+        stderr.contains("agent.yaml:3:21: heartbeat_interval: invalid duration \"5\""),
+        "{stderr}"
+    );
     assert!(
         stderr.contains("agent.yaml:4:1: reconect_max: unknown key `reconect_max` (did you mean `reconnect_max`?)"),
         "{stderr}"
@@ -40,7 +57,10 @@ fn every_problem_of_every_file_is_printed_and_the_exit_code_says_so() {
 
 #[test]
 fn a_missing_file_is_named() {
-    let out = llmgw().args(["config", "check", "/nonexistent/agent.yaml"]).output().unwrap();
+    let out = llmgw()
+        .args(["config", "check", "/nonexistent/agent.yaml"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agent.yaml: cannot read"));
 }

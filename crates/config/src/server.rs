@@ -123,7 +123,7 @@ impl ServerConfig {
                     .to_string(),
             );
         }
-        if self.peers.len() % 2 == 0 {
+        if self.peers.len().is_multiple_of(2) {
             out.push(format!(
                 "{} voters tolerate no more failures than {}; use an odd number of peers",
                 self.peers.len(),
@@ -234,14 +234,15 @@ fn check_peers(f: &llmgw_yaml::Fields<'_>, cx: &mut Cx, id: Option<u64>, peers: 
             );
         }
     }
-    if let Some(id) = id {
-        if id != 0 && !ids.contains(&id) {
-            f.report(
-                cx,
-                "id",
-                format!("this peer's id {id} is not among `peers` ({ids:?})"),
-            );
-        }
+    if let Some(id) = id
+        && id != 0
+        && !ids.contains(&id)
+    {
+        f.report(
+            cx,
+            "id",
+            format!("this peer's id {id} is not among `peers` ({ids:?})"),
+        );
     }
 }
 
@@ -257,14 +258,14 @@ impl Decode for PeerConfig {
             f.report(cx, "grpc", why);
         }
         let admin: Option<String> = f.required(cx, "admin");
-        if let Some(url) = admin.as_deref() {
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                f.report(
-                    cx,
-                    "admin",
-                    format!("{url:?} is not a URL; write e.g. http://10.0.0.1:7480"),
-                );
-            }
+        if let Some(url) = admin.as_deref()
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            f.report(
+                cx,
+                "admin",
+                format!("{url:?} is not a URL; write e.g. http://10.0.0.1:7480"),
+            );
         }
         Some(PeerConfig {
             id: id?,

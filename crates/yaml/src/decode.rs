@@ -373,10 +373,10 @@ impl<T: Decode> Decode for BTreeMap<String, T> {
                 let mut out = BTreeMap::new();
                 for entry in entries {
                     let entry_path = path.field(&entry.key);
-                    if let Some(v) = T::decode(&entry.value, &entry_path, cx) {
-                        if out.insert(entry.key.clone(), v).is_some() {
-                            cx.report(entry.key_pos, &entry_path, "key appears twice");
-                        }
+                    if let Some(v) = T::decode(&entry.value, &entry_path, cx)
+                        && out.insert(entry.key.clone(), v).is_some()
+                    {
+                        cx.report(entry.key_pos, &entry_path, "key appears twice");
                     }
                 }
                 (cx.problems.len() == before).then_some(out)
@@ -434,7 +434,7 @@ pub fn format_duration(d: Duration) -> String {
     if ms == 0 {
         return "0s".to_string();
     }
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let mut secs = ms / 1000;

@@ -188,10 +188,10 @@ impl MarkedEventReceiver for TreeBuilder {
                 if let Some(Open::Seq(mut node) | Open::Map { mut node, .. }) = self.stack.pop() {
                     // The parser marks a block mapping where its first value
                     // starts; its first key is where a reader looks.
-                    if let Value::Map(entries) = &node.value {
-                        if let Some(first) = entries.first() {
-                            node.pos = first.key_pos;
-                        }
+                    if let Value::Map(entries) = &node.value
+                        && let Some(first) = entries.first()
+                    {
+                        node.pos = first.key_pos;
                     }
                     self.push_finished(node);
                 }

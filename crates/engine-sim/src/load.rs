@@ -1,0 +1,378 @@
+//! The load of an engine process: worker processes, distributed init (the
+//! multi-node rendezvous or Ray placement), weights, KV cache and CUDA
+//! graphs, each with the persona's log lines, pace and failure checks.
+
+use std::time::Duration;
+
+use crate::config::ServeConfig;
+use crate::failures::Failure;
+use crate::knobs::{Fault, LoadCrash, LoadPhase};
+use crate::logs::Logger;
+use crate::models::ModelSpec;
+use crate::persona::Engine;
+use crate::rendezvous::{self, Membership};
+use crate::workers::Workers;
+
+const GIB: f64 = (1u64 << 30) as f64;
+/// Activation peak and CUDA graphs, reserved before the KV cache is sized.
+const OVERHEAD_GIB: f64 = 1.5;
+
+pub(crate) fn hang_at(cfg: &ServeConfig, phase: LoadPhase) -> bool {
+    cfg.knobs.faults.contains(&Fault::HangOnLoad(phase))
+}
+
+pub(crate) fn crash_at(cfg: &ServeConfig, kind: LoadCrash) -> bool {
+    cfg.knobs.faults.contains(&Fault::CrashOnLoad(kind))
+}
+
+pub(crate) async fn hang_forever() -> ! {
+    loop {
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
+}
+
+pub(crate) fn share(cfg: &ServeConfig, fraction: f64) -> Duration {
+    cfg.knobs.load_time.mul_f64(fraction)
+}
+
+/// Everything loading established, for serving.
+pub(crate) struct Loaded {
+    pub(crate) kv_tokens: u64,
+    pub(crate) workers: Workers,
+    pub(crate) membership: Option<Membership>,
+}
+
+/// The load: workers, distributed init, weights, KV cache, graphs.
+pub(crate) async fn load(
+    cfg: &ServeConfig,
+    log: &mut Logger,
+    spec: &ModelSpec,
+    arch: &str,
+    max_model_len: u64,
+    use_ray: bool,
+) -> Result<Loaded, Failure> {
+    let vllm = cfg.persona.engine == Engine::Vllm;
+    let local = cfg.local_world();
+    let first_rank = cfg.node_rank * local;
+    let mut titles: Vec<String> = Vec::new();
+    if vllm {
+        if !cfg.headless {
+            titles.push("VLLM::EngineCore_DP0".into());
+        }
+        if local > 1 || cfg.headless {
+            titles.extend((0..local).map(|i| format!("VLLM::Worker_TP{}", first_rank + i)));
+        }
+    } else {
+        titles.extend((0..local).map(|i| format!("sglang::scheduler_TP{}", first_rank + i)));
+        if cfg.node_rank == 0 {
+            titles.push("sglang::detokenizer".into());
+        }
+    }
+    let workers = Workers::spawn(&titles).map_err(|e| Failure::WorkerSpawn(e.to_string()))?;
+    log.core_pid = workers.pids().first().copied().unwrap_or(log.api_pid);
+    let v = cfg.persona.version_string();
+    if vllm && cfg.headless {
+        log.api(
+            "INFO",
+            "serve.py:164",
+            &format!(
+                "Launching vLLM (v{v}) headless multiproc executor, with head node address {} for torch.distributed process group.",
+                cfg.rendezvous.clone().unwrap_or_else(|| "127.0.0.1:29501".into())
+            ),
+        );
+    }
+    let scheduler = |log: &Logger, message: &str| {
+        if vllm {
+            log.core("INFO", "gpu_model_runner.py:2602", message);
+        } else {
+            log.sglang(Some(first_rank as u32), message);
+        }
+    };
+    if vllm {
+        log.core(
+            "INFO",
+            "core.py:644",
+            "Waiting for init message from front-end.",
+        );
+        log.core(
+            "INFO",
+            "core.py:77",
+            &format!(
+                "Initializing a V1 LLM engine (v{v}) with config: model='{m}', speculative_config=None, tokenizer='{m}', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, trust_remote_code=False, dtype=torch.bfloat16, max_seq_len={max_model_len}, download_dir=None, load_format=auto, tensor_parallel_size={}, pipeline_parallel_size={}, data_parallel_size={}, disable_custom_all_reduce=False, quantization=None, enforce_eager=False, kv_cache_dtype=auto, device_config=cuda, seed=0, served_model_name={}, enable_prefix_caching=True",
+                cfg.tp,
+                cfg.pp,
+                cfg.dp,
+                cfg.first_name(),
+                m = cfg.model
+            ),
+        );
+    } else {
+        log.sglang(
+            Some(first_rank as u32),
+            "Attention backend not explicitly specified. Use flashinfer backend by default.",
+        );
+        log.sglang(Some(first_rank as u32), "Init torch distributed begin.");
+    }
+    if cfg.visible_gpus == 0 {
+        return Err(Failure::NoGpus);
+    }
+    if !vllm && local > cfg.visible_gpus {
+        return Err(Failure::InvalidDeviceOrdinal);
+    }
+    if vllm && !use_ray && local > cfg.visible_gpus {
+        return Err(Failure::InvalidDeviceOrdinal);
+    }
+
+    // Distributed init: the multi-node rendezvous or the Ray placement.
+    let membership = if cfg.nnodes > 1 {
+        let addr = cfg
+            .rendezvous
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1:29501".into());
+        if vllm {
+            log.core(
+                "INFO",
+                "parallel_state.py:1165",
+                &format!(
+                    "world_size={} rank={first_rank} local_rank=0 distributed_init_method=tcp://{addr} backend=nccl",
+                    cfg.world_size()
+                ),
+            );
+        }
+        if hang_at(cfg, LoadPhase::Distributed) {
+            hang_forever().await;
+        }
+        let membership = if cfg.node_rank == 0 {
+            let listener = rendezvous::bind_head(&addr).await.map_err(|e| match e {
+                rendezvous::RendezvousError::Bind { port, .. } => {
+                    Failure::RendezvousPortInUse { port }
+                }
+                other => Failure::Rendezvous(other.to_string()),
+            })?;
+            let timeout = std::env::var("VLLM_ENGINE_READY_TIMEOUT_S")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(600);
+            if vllm && cfg.persona.at_least((0, 12, 0)) {
+                match tokio::time::timeout(
+                    Duration::from_secs(timeout),
+                    rendezvous::run_head(listener, cfg.nnodes),
+                )
+                .await
+                {
+                    Ok(m) => m,
+                    Err(_) => return Err(Failure::EngineReadyTimeout(timeout)),
+                }
+            } else {
+                rendezvous::run_head(listener, cfg.nnodes).await
+            }
+        } else {
+            match rendezvous::join(&addr, cfg.node_rank, cfg.nnodes).await {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(Failure::Rendezvous(e.to_string()));
+                }
+            }
+        };
+        Some(membership)
+    } else {
+        if hang_at(cfg, LoadPhase::Distributed) {
+            hang_forever().await;
+        }
+        if use_ray {
+            crate::ray::wait_for_placement(cfg, log).await;
+            crate::ray::watch_cluster(cfg)
+        } else {
+            None
+        }
+    };
+    if !vllm {
+        log.sglang(
+            Some(first_rank as u32),
+            "Init torch distributed ends. mem usage=0.09 GB",
+        );
+    }
+
+    // Weights.
+    let total_gib = cfg.knobs.gpu_memory_gb;
+    let budget_gib = total_gib * cfg.memory_fraction;
+    let weights_gib = spec.weight_bytes_per_gpu(cfg.tp, cfg.pp) as f64 / GIB;
+    if vllm {
+        if crash_at(cfg, LoadCrash::FreeMemory) {
+            return Err(Failure::FreeMemory {
+                free_gib: total_gib * 0.5,
+                total_gib,
+                util: cfg.memory_fraction,
+            });
+        }
+        log.core(
+            "INFO",
+            "gpu_model_runner.py:2602",
+            &format!("Starting to load model {}...", cfg.model),
+        );
+    } else {
+        if crash_at(cfg, LoadCrash::FreeMemory) {
+            return Err(Failure::SchedulerKilled);
+        }
+        scheduler(
+            log,
+            &format!("Load weight begin. avail mem={:.2} GB", total_gib - 0.5),
+        );
+    }
+    if hang_at(cfg, LoadPhase::Weights) {
+        hang_forever().await;
+    }
+    let weight_time = share(cfg, 0.5);
+    tokio::time::sleep(weight_time).await;
+    if crash_at(cfg, LoadCrash::Oom) || weights_gib > budget_gib {
+        let per_layer = weights_gib / spec.num_hidden_layers.max(1) as f64;
+        return Err(Failure::CudaOom {
+            tried_gib: (per_layer * 4.0).max(0.25),
+            total_gib,
+            free_gib: (total_gib - weights_gib.min(total_gib))
+                .max(0.0)
+                .min(per_layer),
+        });
+    }
+    if vllm {
+        log.core(
+            "INFO",
+            "default_loader.py:267",
+            &format!(
+                "Loading weights took {:.2} seconds",
+                weight_time.as_secs_f64()
+            ),
+        );
+        log.core(
+            "INFO",
+            "gpu_model_runner.py:2653",
+            &format!(
+                "Model loading took {weights_gib:.4} GiB and {:.6} seconds",
+                weight_time.as_secs_f64()
+            ),
+        );
+    } else {
+        scheduler(
+            log,
+            &format!(
+                "Load weight end. type={arch}, dtype=torch.bfloat16, avail mem={:.2} GB, mem usage={weights_gib:.2} GB.",
+                total_gib - weights_gib
+            ),
+        );
+    }
+
+    // KV cache.
+    if hang_at(cfg, LoadPhase::KvCache) {
+        hang_forever().await;
+    }
+    tokio::time::sleep(share(cfg, 0.15)).await;
+    let kv_gib = budget_gib - weights_gib - OVERHEAD_GIB;
+    if crash_at(cfg, LoadCrash::KvCache) || kv_gib <= 0.0 {
+        return Err(Failure::NoKvCache);
+    }
+    let per_token = spec.kv_bytes_per_token_per_gpu(cfg.tp, cfg.pp).max(1);
+    let kv_tokens = (kv_gib * GIB / per_token as f64) as u64;
+    if kv_tokens < max_model_len {
+        if vllm {
+            return Err(Failure::KvTooSmall {
+                max_len: max_model_len,
+                need_gib: max_model_len as f64 * per_token as f64 / GIB,
+                avail_gib: kv_gib,
+                est_len: kv_tokens,
+            });
+        }
+        return Err(Failure::NoKvCache);
+    }
+    if vllm {
+        log.core(
+            "INFO",
+            "gpu_worker.py:298",
+            &format!("Available KV cache memory: {kv_gib:.2} GiB"),
+        );
+        log.core(
+            "INFO",
+            "kv_cache_utils.py:1087",
+            &format!("GPU KV cache size: {} tokens", thousands(kv_tokens)),
+        );
+        log.core(
+            "INFO",
+            "kv_cache_utils.py:1091",
+            &format!(
+                "Maximum concurrency for {} tokens per request: {:.2}x",
+                thousands(max_model_len),
+                kv_tokens as f64 / max_model_len as f64
+            ),
+        );
+    } else {
+        let half = kv_gib / 2.0;
+        scheduler(
+            log,
+            &format!(
+                "KV Cache is allocated. #tokens: {kv_tokens}, K size: {half:.2} GB, V size: {half:.2} GB"
+            ),
+        );
+        scheduler(
+            log,
+            &format!(
+                "Memory pool end. avail mem={:.2} GB",
+                total_gib - budget_gib + OVERHEAD_GIB
+            ),
+        );
+        scheduler(
+            log,
+            &format!(
+                "Capture cuda graph begin. This can take up to several minutes. avail mem={:.2} GB",
+                total_gib - budget_gib + OVERHEAD_GIB
+            ),
+        );
+    }
+
+    // CUDA graphs.
+    let graph_time = share(cfg, 0.2);
+    tokio::time::sleep(graph_time).await;
+    if vllm {
+        log.core(
+            "INFO",
+            "gpu_model_runner.py:3480",
+            &format!(
+                "Graph capturing finished in {} secs, took 0.50 GiB",
+                graph_time.as_secs().max(1)
+            ),
+        );
+    } else {
+        scheduler(
+            log,
+            &format!(
+                "Capture cuda graph end. Time elapsed: {:.2} s. mem usage=0.50 GB. avail mem={:.2} GB.",
+                graph_time.as_secs_f64(),
+                total_gib - budget_gib + 1.0
+            ),
+        );
+        scheduler(
+            log,
+            &format!(
+                "max_total_num_tokens={kv_tokens}, chunked_prefill_size=8192, max_prefill_tokens=16384, max_running_requests={}, context_len={max_model_len}, available_gpu_mem={:.2} GB",
+                cfg.max_num_seqs,
+                total_gib - budget_gib + 1.0
+            ),
+        );
+    }
+    tokio::time::sleep(share(cfg, 0.05)).await;
+    Ok(Loaded {
+        kv_tokens,
+        workers,
+        membership,
+    })
+}
+
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

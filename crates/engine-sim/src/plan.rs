@@ -1,0 +1,355 @@
+//! Validating an OpenAI chat or completion request against the served
+//! model and deciding its simulated output up front: text, finish reason,
+//! usage, ids.
+
+use std::borrow::Cow;
+use std::sync::atomic::Ordering;
+
+use serde::Deserialize;
+
+use crate::persona::Engine;
+use crate::rng::SplitMix;
+use crate::state::EngineState;
+use crate::wire::{self, Envelope, Finish, Route};
+
+/// What the model "says": a fixed vocabulary so that `stop` is testable.
+const VOCABULARY: &[&str] = &[
+    "The",
+    " quick",
+    " brown",
+    " fox",
+    " jumps",
+    " over",
+    " the",
+    " lazy",
+    " dog",
+    ".",
+    " A",
+    " simulated",
+    " engine",
+    " answers",
+    " every",
+    " request",
+    " with",
+    " plain",
+    " words",
+    ",",
+    " one",
+    " token",
+    " at",
+    " a",
+    " time",
+    ".",
+];
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub content: Option<serde_json::Value>,
+}
+
+/// The fields of a chat or completion request the simulator acts on.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<Message>>,
+    #[serde(default)]
+    pub prompt: Option<serde_json::Value>,
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub n: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<StopSpec>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+}
+
+/// A rejected request: status, message and OpenAI error type.
+#[derive(Debug)]
+pub struct Rejection {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+}
+
+impl Rejection {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+            kind: "BadRequestError",
+        }
+    }
+}
+
+/// One choice's simulated output, decided up front.
+#[derive(Debug, Clone)]
+pub struct ChoicePlan {
+    pub pieces: Vec<Cow<'static, str>>,
+    pub finish: Finish,
+}
+
+/// A request, validated and planned.
+pub struct Plan {
+    pub envelope: Envelope,
+    pub prompt_tokens: u64,
+    pub prompt_fingerprint: u64,
+    pub choices: Vec<ChoicePlan>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub rng: SplitMix,
+}
+
+impl Plan {
+    pub fn completion_tokens(&self) -> u64 {
+        self.choices.iter().map(|c| c.pieces.len() as u64).sum()
+    }
+}
+
+fn text_of(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::String(s) => out.push_str(s),
+        serde_json::Value::Array(parts) => {
+            for part in parts {
+                if let Some(t) = part.get("text").and_then(|t| t.as_str()) {
+                    out.push_str(t);
+                } else {
+                    text_of(part, out);
+                }
+            }
+        }
+        serde_json::Value::Number(n) => out.push_str(&n.to_string()),
+        _ => {}
+    }
+}
+
+/// Roughly four characters a token, plus the chat template's framing.
+fn count_tokens(text: &str) -> u64 {
+    (text.len() as u64).div_ceil(4)
+}
+
+fn fingerprint(text: &str) -> u64 {
+    // FNV-1a over the first 256 bytes: a shared system prompt is a shared prefix.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.as_bytes().iter().take(256) {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Validates a request against the served model and plans its output.
+pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Rejection> {
+    let engine = state.cfg.persona.engine;
+    let request: GenRequest = serde_json::from_slice(body).map_err(|e| match engine {
+        Engine::Vllm => Rejection::bad_request(format!("JSON decode error: {e}")),
+        Engine::Sglang => Rejection::bad_request(format!("Invalid request body: {e}")),
+    })?;
+    let requested_model = request.model.as_deref().unwrap_or("");
+    if !requested_model.is_empty() && !state.cfg.served_names.iter().any(|n| n == requested_model) {
+        return Err(Rejection {
+            status: 404,
+            message: format!("The model `{requested_model}` does not exist."),
+            kind: "NotFoundError",
+        });
+    }
+    let mut prompt_text = String::new();
+    let prompt_tokens = match route {
+        Route::Chat => {
+            let messages = request.messages.as_ref().ok_or_else(|| {
+                Rejection::bad_request(
+                    "[{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]",
+                )
+            })?;
+            if messages.is_empty() {
+                return Err(Rejection::bad_request("messages must not be empty"));
+            }
+            let mut tokens = 3;
+            for m in messages {
+                let start = prompt_text.len();
+                if let Some(role) = &m.role {
+                    prompt_text.push_str(role);
+                }
+                if let Some(content) = &m.content {
+                    text_of(content, &mut prompt_text);
+                }
+                tokens += 4 + count_tokens(&prompt_text[start..]);
+            }
+            tokens
+        }
+        Route::Completion => {
+            let prompt = request.prompt.as_ref().ok_or_else(|| {
+                Rejection::bad_request(
+                    "[{'type': 'missing', 'loc': ('body', 'prompt'), 'msg': 'Field required'}]",
+                )
+            })?;
+            text_of(prompt, &mut prompt_text);
+            1 + count_tokens(&prompt_text)
+        }
+    };
+    let max_len = state.max_model_len;
+    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
+    if let Some(max_tokens) = max_tokens {
+        if prompt_tokens + max_tokens > max_len {
+            let message = match engine {
+                Engine::Vllm => format!(
+                    "This model's maximum context length is {max_len} tokens. However, you requested {} tokens ({prompt_tokens} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                    prompt_tokens + max_tokens
+                ),
+                Engine::Sglang => format!(
+                    "Requested token count exceeds the model's maximum context length of {max_len} tokens. You requested a total of {} tokens: {prompt_tokens} tokens from the input messages and {max_tokens} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
+                    prompt_tokens + max_tokens
+                ),
+            };
+            return Err(Rejection::bad_request(message));
+        }
+    } else if prompt_tokens >= max_len {
+        return Err(Rejection::bad_request(format!(
+            "This model's maximum context length is {max_len} tokens. However, your request has {prompt_tokens} input tokens. Please reduce the length of the input messages."
+        )));
+    }
+    if max_tokens == Some(0) {
+        return Err(Rejection::bad_request(
+            "max_tokens must be at least 1, got 0.",
+        ));
+    }
+    let n = request.n.unwrap_or(1);
+    if n == 0 || n > 128 {
+        return Err(Rejection::bad_request(format!(
+            "n must be between 1 and 128, got {n}"
+        )));
+    }
+    let stops: Vec<String> = match request.stop {
+        None => Vec::new(),
+        Some(StopSpec::One(s)) => vec![s],
+        Some(StopSpec::Many(v)) => v,
+    };
+    let counter = state.request_counter.fetch_add(1, Ordering::Relaxed);
+    let mut rng = SplitMix::new(state.cfg.knobs.seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let limit = max_tokens.unwrap_or(max_len - prompt_tokens);
+    let eos = state
+        .cfg
+        .knobs
+        .output_tokens
+        .unwrap_or_else(|| 16 + rng.below(49));
+    let ignore_eos = request.ignore_eos.unwrap_or(false);
+    let choices = (0..n)
+        .map(|_| plan_choice(&mut rng, engine, limit, eos, ignore_eos, &stops, state))
+        .collect();
+    let id = match (engine, route) {
+        (Engine::Vllm, Route::Chat) => format!("chatcmpl-{}", rng.hex32()),
+        (Engine::Vllm, Route::Completion) => format!("cmpl-{}", rng.hex32()),
+        (Engine::Sglang, _) => rng.hex32(),
+    };
+    let model = if requested_model.is_empty() {
+        state.cfg.first_name()
+    } else {
+        requested_model
+    };
+    let stream = request.stream.unwrap_or(false);
+    let include_usage = request
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+        || (engine == Engine::Vllm && state.cfg.force_include_usage);
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Plan {
+        envelope: Envelope {
+            engine,
+            route,
+            id,
+            created,
+            model: wire::js(model),
+        },
+        prompt_tokens,
+        prompt_fingerprint: fingerprint(&prompt_text),
+        choices,
+        stream,
+        include_usage,
+        rng,
+    })
+}
+
+fn plan_choice(
+    rng: &mut SplitMix,
+    engine: Engine,
+    limit: u64,
+    eos: u64,
+    ignore_eos: bool,
+    stops: &[String],
+    state: &EngineState,
+) -> ChoicePlan {
+    let natural = if ignore_eos { limit } else { eos.min(limit) };
+    let start = rng.below(VOCABULARY.len() as u64) as usize;
+    let mut pieces: Vec<Cow<'static, str>> = Vec::with_capacity(natural as usize);
+    let mut text = String::new();
+    for i in 0..natural as usize {
+        let piece = VOCABULARY[(start + i) % VOCABULARY.len()];
+        let before = text.len();
+        text.push_str(piece);
+        if let Some((pos, stop)) = stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| {
+                text[before.saturating_sub(s.len())..]
+                    .find(s.as_str())
+                    .map(|p| (p + before.saturating_sub(s.len()), s))
+            })
+            .min_by_key(|(p, _)| *p)
+        {
+            let keep = pos.saturating_sub(before);
+            pieces.push(Cow::Owned(piece[..keep.min(piece.len())].to_string()));
+            let matched = wire::js(stop);
+            return ChoicePlan {
+                pieces,
+                finish: Finish {
+                    reason: "stop",
+                    matched,
+                },
+            };
+        }
+        pieces.push(Cow::Borrowed(piece));
+    }
+    let finish = if natural < limit {
+        Finish {
+            reason: "stop",
+            matched: match engine {
+                Engine::Vllm => "null".into(),
+                Engine::Sglang => state.eos_token_id.to_string(),
+            },
+        }
+    } else {
+        Finish {
+            reason: "length",
+            matched: "null".into(),
+        }
+    };
+    ChoicePlan { pieces, finish }
+}

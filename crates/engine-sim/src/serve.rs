@@ -1,0 +1,419 @@
+//! One engine process from start to exit: the checks the engine makes, the
+//! load with its log lines, the rendezvous of a multi-node replica, the
+//! listening socket at the right moment, serving, and the end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpSocket;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Backend, ServeConfig};
+use crate::failures::{self, Ending, Failure};
+use crate::knobs::LoadCrash;
+use crate::load::{crash_at, hang_forever, load, share};
+use crate::logs::Logger;
+use crate::models;
+use crate::persona::Engine;
+use crate::rendezvous::Membership;
+use crate::routes::{DummyHealthApp, EngineApp};
+use crate::state::{EngineState, Phase, ServingFacts};
+use crate::workers::Workers;
+
+/// Runs the engine; returns how the process must end.
+pub async fn run(cfg: ServeConfig, mut log: Logger) -> Ending {
+    match run_inner(cfg, &mut log).await {
+        Ok(ending) => ending,
+        Err(failure) => failures::report(&log, &failure),
+    }
+}
+
+async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure> {
+    let started = Instant::now();
+    let vllm = cfg.persona.engine == Engine::Vllm;
+    let v = cfg.persona.version_string();
+    if vllm {
+        log.api(
+            "INFO",
+            "api_server.py:1839",
+            &format!("vLLM API server version {v}"),
+        );
+        let args: Vec<String> = cfg
+            .given
+            .iter()
+            .map(|(k, val)| format!("'{k}': {val}"))
+            .collect();
+        log.api(
+            "INFO",
+            "utils.py:233",
+            &format!(
+                "non-default args: {{'model_tag': '{}', {}}}",
+                cfg.model,
+                args.join(", ")
+            ),
+        );
+        if cfg.given.iter().any(|(k, _)| k == "model") && cfg.persona.at_least((0, 12, 0)) {
+            log.api(
+                "WARNING",
+                "argparse_utils.py:206",
+                "With `vllm serve`, you should provide the model as a positional argument or in a config file instead of via the `--model` option. The `--model` option will be removed in a future version.",
+            );
+        }
+        if !cfg.persona.at_least((0, 12, 0))
+            && cfg.given.iter().any(|(k, _)| k == "disable_log_requests")
+        {
+            log.api(
+                "WARNING",
+                "api_server.py:1652",
+                "`--disable-log-requests` is deprecated and has been replaced with `--enable-log-requests`. This will be removed in v0.12.0. Please use `--enable-log-requests` if you would like to turn on request logging.",
+            );
+        }
+    } else {
+        if cfg.persona.at_least((0, 5, 10)) {
+            log.raw_err("/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:26: UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n  warnings.warn(\n");
+        }
+        let args: Vec<String> = cfg
+            .given
+            .iter()
+            .map(|(k, val)| format!("{k}={val}"))
+            .collect();
+        log.sglang(
+            None,
+            &format!("server_args=ServerArgs({})", args.join(", ")),
+        );
+    }
+    tokio::time::sleep(share(&cfg, 0.05)).await;
+
+    let spec = models::find(&cfg.model).ok_or_else(|| Failure::ModelNotFound(cfg.model.clone()))?;
+    let arch = if crash_at(&cfg, LoadCrash::Arch) {
+        format!("{}Sim", spec.architecture)
+    } else {
+        spec.architecture.clone()
+    };
+    if vllm {
+        log.api(
+            "INFO",
+            "model.py:547",
+            &format!("Resolved architecture: {arch}"),
+        );
+    }
+    if !models::SUPPORTED_ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(Failure::UnsupportedArch(arch));
+    }
+    let max_model_len = cfg.max_model_len.unwrap_or(spec.max_position_embeddings);
+    if vllm {
+        log.api(
+            "INFO",
+            "model.py:1510",
+            &format!("Using max model len {max_model_len}"),
+        );
+    }
+    if spec.num_attention_heads % cfg.tp != 0 {
+        return Err(Failure::HeadsNotDivisible {
+            heads: spec.num_attention_heads,
+            tp: cfg.tp,
+        });
+    }
+    if cfg.nnodes > 1 {
+        if cfg.node_rank >= cfg.nnodes {
+            return Err(Failure::NodeRankOutOfRange {
+                rank: cfg.node_rank,
+                nnodes: cfg.nnodes,
+            });
+        }
+        if !cfg.world_size().is_multiple_of(cfg.nnodes) {
+            return Err(Failure::NnodesDoesNotDivide {
+                world: cfg.world_size(),
+                nnodes: cfg.nnodes,
+            });
+        }
+    }
+    let local = cfg.local_world();
+    let use_ray = vllm
+        && (cfg.backend == Some(Backend::Ray)
+            || (cfg.nnodes == 1
+                && local > cfg.visible_gpus
+                && !cfg.persona.refuses_oversized_world()));
+    if vllm && !use_ray && cfg.nnodes == 1 && local > cfg.visible_gpus && cfg.visible_gpus > 0 {
+        return Err(Failure::WorldTooLarge {
+            world: cfg.world_size(),
+            gpus: cfg.visible_gpus,
+        });
+    }
+    // vLLM binds its port before the engine starts so no one can take it
+    // during the load, but listens only when ready: connections are refused.
+    let early_socket = if vllm && !cfg.headless {
+        Some(bind(&cfg)?)
+    } else {
+        None
+    };
+
+    let mut loaded = load(&cfg, log, &spec, &arch, max_model_len, use_ray).await?;
+    let kv_capacity = loaded.kv_tokens;
+    let facts = ServingFacts {
+        kv_capacity,
+        max_model_len,
+        eos_token_id: spec.eos_token_id,
+        embedding_dim: spec.is_embedding().then_some(spec.hidden_size),
+    };
+    if vllm {
+        log.core(
+            "INFO",
+            "core.py:216",
+            &format!(
+                "init engine (profile, create kv cache, warmup model) took {:.2} seconds",
+                started.elapsed().as_secs_f64()
+            ),
+        );
+    }
+    let state = EngineState::new(cfg.clone(), *log, facts);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut membership = loaded.membership.take();
+
+    // Ranks that serve no API: vLLM headless and SGLang's non-zero ranks.
+    if (vllm && cfg.headless) || (!vllm && cfg.node_rank > 0) {
+        if !vllm {
+            let listener = listen(bind(&cfg)?)?;
+            log.uvicorn(&format!(
+                "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
+                cfg.shown_host, cfg.port
+            ));
+            state.set_phase(Phase::Serving);
+            tokio::spawn(crate::http::serve(
+                listener,
+                Arc::new(DummyHealthApp {
+                    state: state.clone(),
+                }),
+                stop_rx.clone(),
+            ));
+        }
+        return Ok(wait_for_end(
+            &state,
+            &stop_tx,
+            membership.as_mut(),
+            &mut loaded.workers,
+            Signals::install(),
+            false,
+        )
+        .await);
+    }
+
+    let socket = match early_socket {
+        Some(s) => s,
+        None => bind(&cfg)?,
+    };
+    if vllm {
+        let tasks = if spec.is_embedding() {
+            "['embed']"
+        } else {
+            "['generate']"
+        };
+        let (label, start) = if cfg.persona.at_least((0, 12, 0)) {
+            (
+                "Supported tasks",
+                format!(
+                    "Starting vLLM server on http://{}:{}",
+                    cfg.shown_host, cfg.port
+                ),
+            )
+        } else {
+            (
+                "Supported_tasks",
+                format!(
+                    "Starting vLLM API server 0 on http://{}:{}",
+                    cfg.shown_host, cfg.port
+                ),
+            )
+        };
+        log.api("INFO", "api_server.py:1634", &format!("{label}: {tasks}"));
+        log.api("INFO", "api_server.py:1912", &start);
+        log.api("INFO", "launcher.py:34", "Available routes are:");
+        for (route, methods) in [
+            ("/openapi.json", "GET, HEAD"),
+            ("/docs", "GET, HEAD"),
+            ("/health", "GET"),
+            ("/load", "GET"),
+            ("/ping", "POST"),
+            ("/ping", "GET"),
+            ("/version", "GET"),
+            ("/v1/models", "GET"),
+            ("/v1/chat/completions", "POST"),
+            ("/v1/completions", "POST"),
+            ("/v1/embeddings", "POST"),
+            ("/metrics", "GET"),
+        ] {
+            log.api(
+                "INFO",
+                "launcher.py:42",
+                &format!("Route: {route}, Methods: {methods}"),
+            );
+        }
+    }
+    let listener = listen(socket)?;
+    // Python's default SIGTERM action applies until the server runs; only
+    // now do the engines install their handlers.
+    let signals = Signals::install();
+    log.uvicorn(&format!("Started server process [{}]", std::process::id()));
+    log.uvicorn("Waiting for application startup.");
+    log.uvicorn("Application startup complete.");
+    let app = Arc::new(EngineApp {
+        state: state.clone(),
+    });
+    tokio::spawn(crate::http::serve(listener, app, stop_rx));
+    if cfg.log_stats {
+        tokio::spawn(crate::stats_log::run(state.clone()));
+    }
+    if vllm {
+        state.set_phase(Phase::Serving);
+    } else {
+        log.uvicorn(&format!(
+            "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
+            cfg.shown_host, cfg.port
+        ));
+        let warm = state.clone();
+        tokio::spawn(async move { sglang_warmup(&warm).await });
+    }
+    Ok(wait_for_end(
+        &state,
+        &stop_tx,
+        membership.as_mut(),
+        &mut loaded.workers,
+        signals,
+        true,
+    )
+    .await)
+}
+
+/// SGLang's warm-up: `/health` 503 until one generation succeeds.
+async fn sglang_warmup(state: &Arc<EngineState>) {
+    let cfg = &state.cfg;
+    let log = state.log;
+    if !cfg.skip_warmup {
+        tokio::time::sleep(share(cfg, 0.1)).await;
+        log.uvicorn(&format!(
+            "127.0.0.1:{} - \"GET /model_info HTTP/1.1\" 200 OK",
+            40000 + (std::process::id() % 20000)
+        ));
+        log.sglang(
+            Some(0),
+            "Prefill batch, #new-seq: 1, #new-token: 6, #cached-token: 0, token usage: 0.00, #running-req: 0, #queue-req: 0, ",
+        );
+        log.uvicorn(&format!(
+            "127.0.0.1:{} - \"POST /generate HTTP/1.1\" 200 OK",
+            40000 + (std::process::id() % 20000)
+        ));
+    }
+    if state.phase() == Phase::Starting {
+        state.set_phase(Phase::Serving);
+    }
+    log.sglang(None, "The server is fired up and ready to roll!");
+}
+
+fn bind(cfg: &ServeConfig) -> Result<TcpSocket, Failure> {
+    let in_use = || Failure::PortInUse {
+        host: cfg.host.clone(),
+        port: cfg.port,
+    };
+    let ip: std::net::IpAddr = match cfg.host.as_str() {
+        "" | "0.0.0.0" => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+        h => h.parse().map_err(|_| in_use())?,
+    };
+    let addr = SocketAddr::new(ip, cfg.port);
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|_| in_use())?;
+    let _ = socket.set_reuseaddr(true);
+    socket.bind(addr).map_err(|_| in_use())?;
+    Ok(socket)
+}
+
+fn listen(socket: TcpSocket) -> Result<tokio::net::TcpListener, Failure> {
+    socket.listen(4096).map_err(|_| Failure::PortInUse {
+        host: String::new(),
+        port: 0,
+    })
+}
+
+/// SIGTERM and SIGINT streams, installed once serving starts.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install() -> Self {
+        Self {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+
+    async fn recv(&mut self) {
+        let term = async {
+            match &mut self.term {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let int = async {
+            match &mut self.int {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {}
+            _ = int => {}
+        }
+    }
+}
+
+/// Serves until SIGTERM, a lost peer, or a dead worker. Ranks without the
+/// API (`serving_api` false) just exit on SIGTERM.
+async fn wait_for_end(
+    state: &Arc<EngineState>,
+    stop: &watch::Sender<bool>,
+    membership: Option<&mut Membership>,
+    workers: &mut Workers,
+    mut signals: Signals,
+    serving_api: bool,
+) -> Ending {
+    let lost = async {
+        match membership {
+            Some(m) => m.lost_peer().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(lost);
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = signals.recv() => {
+                if !serving_api {
+                    let _ = stop.send(true);
+                    return Ending::Exit(0);
+                }
+                let ending = crate::lifecycle::shutdown(state, stop).await;
+                return ending;
+            }
+            peer = &mut lost => {
+                crate::lifecycle::engine_died(state, crate::lifecycle::Death::PeerLost(peer));
+                hang_forever().await;
+            }
+            _ = tick.tick() => {
+                if !workers.all_alive() {
+                    // A GPU worker vanished (killed by hand or by the OOM
+                    // killer): the engine cannot go on.
+                    crate::lifecycle::engine_died(state, crate::lifecycle::Death::PeerLost("local worker".into()));
+                    hang_forever().await;
+                }
+            }
+        }
+    }
+}

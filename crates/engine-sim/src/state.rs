@@ -1,0 +1,250 @@
+//! The simulated engine's live state: batch slots, the waiting queue, KV
+//! usage, lifecycle phase and the signals in-flight requests watch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use crate::config::ServeConfig;
+use crate::logs::Logger;
+use crate::metrics::{Gauges, Metrics};
+
+/// Where the server is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    /// SGLang's warm-up: listening, `/health` 503.
+    Starting = 0,
+    Serving = 1,
+    /// SIGTERM received; in-flight requests finish.
+    Draining = 2,
+    /// The engine died (OOM, NCCL); `/health` 503 until the process exits.
+    Dead = 3,
+    /// SGLang marked itself UnHealthy after a health check timed out.
+    Unhealthy = 4,
+}
+
+/// What in-flight requests must do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    None,
+    /// Close streams at once (vLLM 0.11 shutdown, drain deadline passed).
+    Abort,
+    /// The engine died: streams cut, non-streamed requests get 500.
+    EngineDead,
+}
+
+/// Shared state of one serving process.
+pub struct EngineState {
+    pub cfg: ServeConfig,
+    pub log: Logger,
+    pub metrics: Metrics,
+    pub slots: Arc<Semaphore>,
+    pub running: AtomicU64,
+    pub waiting: AtomicU64,
+    pub kv_tokens: AtomicU64,
+    pub kv_capacity: u64,
+    pub max_model_len: u64,
+    pub eos_token_id: u64,
+    /// An embedding model serves `/v1/embeddings` only, with this width.
+    pub embedding_dim: Option<u64>,
+    phase: AtomicU8,
+    pub interrupt: watch::Sender<Interrupt>,
+    pub request_counter: AtomicU64,
+    pub open_streams: AtomicU64,
+    pub tokens_generated: AtomicU64,
+    pub fatal_started: AtomicBool,
+    /// Prompt fingerprints seen recently, for prefix-cache hit counting.
+    prefix_seen: std::sync::Mutex<std::collections::HashSet<u64>>,
+    pub started: Instant,
+    pub created_unix: u64,
+}
+
+/// What loading the model established.
+#[derive(Debug, Clone, Copy)]
+pub struct ServingFacts {
+    pub kv_capacity: u64,
+    pub max_model_len: u64,
+    pub eos_token_id: u64,
+    pub embedding_dim: Option<u64>,
+}
+
+/// Counts a streaming response body until hyper drops it.
+pub struct OpenStream(Arc<EngineState>);
+
+impl OpenStream {
+    pub fn new(state: Arc<EngineState>) -> Self {
+        state.open_streams.fetch_add(1, Ordering::Relaxed);
+        Self(state)
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Holds one batch slot; releases it and its KV tokens when dropped.
+pub struct RunningGuard {
+    state: Arc<EngineState>,
+    kv_tokens: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl RunningGuard {
+    pub fn add_kv(&mut self, tokens: u64) {
+        self.kv_tokens += tokens;
+        self.state.kv_tokens.fetch_add(tokens, Ordering::Relaxed);
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        self.state.running.fetch_sub(1, Ordering::Relaxed);
+        self.state
+            .kv_tokens
+            .fetch_sub(self.kv_tokens, Ordering::Relaxed);
+    }
+}
+
+struct WaitingGuard<'a>(&'a AtomicU64);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+const PREFIX_MEMORY: usize = 4096;
+
+impl EngineState {
+    pub fn new(cfg: ServeConfig, log: Logger, facts: ServingFacts) -> Arc<Self> {
+        let ServingFacts {
+            kv_capacity,
+            max_model_len,
+            eos_token_id,
+            embedding_dim,
+        } = facts;
+        let slots = Arc::new(Semaphore::new(cfg.max_num_seqs as usize));
+        let (interrupt, _) = watch::channel(Interrupt::None);
+        let vllm = cfg.persona.is_vllm();
+        let created_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Arc::new(Self {
+            cfg,
+            log,
+            metrics: Metrics::new(vllm),
+            slots,
+            running: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            kv_tokens: AtomicU64::new(0),
+            kv_capacity: kv_capacity.max(1),
+            max_model_len,
+            eos_token_id,
+            embedding_dim,
+            phase: AtomicU8::new(Phase::Starting as u8),
+            interrupt,
+            request_counter: AtomicU64::new(0),
+            open_streams: AtomicU64::new(0),
+            tokens_generated: AtomicU64::new(0),
+            fatal_started: AtomicBool::new(false),
+            prefix_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
+            started: Instant::now(),
+            created_unix,
+        })
+    }
+
+    pub fn embedding_only(&self) -> bool {
+        self.embedding_dim.is_some()
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            0 => Phase::Starting,
+            1 => Phase::Serving,
+            2 => Phase::Draining,
+            3 => Phase::Dead,
+            _ => Phase::Unhealthy,
+        }
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// Requests admitted and not yet finished (running plus waiting).
+    pub fn in_flight(&self) -> u64 {
+        self.running.load(Ordering::Relaxed) + self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// In flight, or a stream whose last chunks are still being written.
+    pub fn busy(&self) -> u64 {
+        self.in_flight() + self.open_streams.load(Ordering::Relaxed)
+    }
+
+    /// Waits for a batch slot, counting the request as waiting meanwhile.
+    pub async fn admit(self: &Arc<Self>) -> (RunningGuard, Duration) {
+        let queued_at = Instant::now();
+        let permit = match self.slots.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                self.waiting.fetch_add(1, Ordering::Relaxed);
+                let _waiting = WaitingGuard(&self.waiting);
+                match self.slots.clone().acquire_owned().await {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed; wait forever rather than
+                    // over-admit if that ever changes.
+                    Err(_) => std::future::pending().await,
+                }
+            }
+        };
+        self.running.fetch_add(1, Ordering::Relaxed);
+        (
+            RunningGuard {
+                state: self.clone(),
+                kv_tokens: 0,
+                _permit: permit,
+            },
+            queued_at.elapsed(),
+        )
+    }
+
+    pub fn gauges(&self) -> Gauges {
+        let used = self.kv_tokens.load(Ordering::Relaxed);
+        let uptime = self.started.elapsed().as_secs_f64().max(1.0);
+        Gauges {
+            running: self.running.load(Ordering::Relaxed),
+            waiting: self.waiting.load(Ordering::Relaxed),
+            kv_usage: (used as f64 / self.kv_capacity as f64).min(1.0),
+            kv_tokens_used: used,
+            kv_capacity: self.kv_capacity,
+            gen_throughput: self.metrics.generation_tokens.load(Ordering::Relaxed) as f64 / uptime,
+        }
+    }
+
+    /// Counts prefix-cache queries and hits for a prompt of `tokens` tokens.
+    pub fn record_prefix(&self, fingerprint: u64, tokens: u64) {
+        self.metrics
+            .prefix_queries
+            .fetch_add(tokens, Ordering::Relaxed);
+        let mut seen = match self.prefix_seen.lock() {
+            Ok(seen) => seen,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if seen.contains(&fingerprint) {
+            self.metrics
+                .prefix_hits
+                .fetch_add(tokens, Ordering::Relaxed);
+        } else {
+            if seen.len() >= PREFIX_MEMORY {
+                seen.clear();
+            }
+            seen.insert(fingerprint);
+        }
+    }
+}

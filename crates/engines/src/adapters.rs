@@ -1,0 +1,314 @@
+//! vLLM and SGLang command lines, exactly as the engines document them.
+
+use std::collections::BTreeMap;
+
+use llmgw_catalog::{Engine, LaunchMode, MANAGED_ENV, managed_flag};
+use llmgw_config::{EngineVersion, SglangConfig, VllmConfig};
+
+use crate::plan::{LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness, ShardAssignment};
+
+/// Why a shard cannot be launched as assigned. Each names what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("this node has no `engines.{0}` section in agent.yaml, so it cannot run a {0} profile")]
+    EngineNotConfigured(Engine),
+    #[error(
+        "profile `{profile}` needs {expected} GPU(s) on this node, but the shard was assigned {assigned}"
+    )]
+    GpuCount {
+        profile: String,
+        expected: u32,
+        assigned: usize,
+    },
+    #[error("rank {rank} is outside the replica's {nodes} node(s)")]
+    RankOutOfRange { rank: u32, nodes: u32 },
+    #[error(
+        "multi-node vLLM in `mp` mode needs vLLM 0.11.1 or newer (--nnodes); this node has {0}"
+    )]
+    MpNeedsNewerVllm(EngineVersion),
+    #[error("launch mode `ray` needs `engines.vllm.ray_bin` in agent.yaml")]
+    RayBinMissing,
+    #[error("a multi-node shard needs a fabric, and none was assigned")]
+    NoFabric,
+    #[error("engine argument {arg:?} sets {flag}, which llmgw manages")]
+    ManagedFlag { arg: String, flag: &'static str },
+    #[error("environment variable {0} is set by llmgw; remove it from the profile")]
+    ManagedEnv(String),
+}
+
+/// Builds the launch plan for one shard on this node.
+pub fn plan_shard(shard: &ShardAssignment, node: &NodeContext) -> Result<LaunchPlan, PlanError> {
+    let profile = &shard.profile;
+    if shard.rank >= profile.nodes {
+        return Err(PlanError::RankOutOfRange {
+            rank: shard.rank,
+            nodes: profile.nodes,
+        });
+    }
+    if shard.gpus.len() != profile.gpus_per_node as usize {
+        return Err(PlanError::GpuCount {
+            profile: profile.name.clone(),
+            expected: profile.gpus_per_node,
+            assigned: shard.gpus.len(),
+        });
+    }
+    if profile.is_multi_node() && shard.fabric.is_none() {
+        return Err(PlanError::NoFabric);
+    }
+    // The catalog refuses these too; checked again because an agent may be
+    // newer than the catalog entry it is handed.
+    for arg in &profile.engine_args {
+        if let Some(flag) = managed_flag(profile.engine, arg) {
+            return Err(PlanError::ManagedFlag {
+                arg: arg.clone(),
+                flag,
+            });
+        }
+    }
+    if let Some(key) = profile
+        .env
+        .keys()
+        .find(|k| MANAGED_ENV.contains(&k.as_str()))
+    {
+        return Err(PlanError::ManagedEnv(key.clone()));
+    }
+    match profile.engine {
+        Engine::Vllm => {
+            let vllm = node
+                .engines
+                .vllm
+                .as_ref()
+                .ok_or(PlanError::EngineNotConfigured(Engine::Vllm))?;
+            plan_vllm(shard, node, vllm)
+        }
+        Engine::Sglang => {
+            let sglang = node
+                .engines
+                .sglang
+                .as_ref()
+                .ok_or(PlanError::EngineNotConfigured(Engine::Sglang))?;
+            Ok(plan_sglang(shard, node, sglang))
+        }
+    }
+}
+
+fn health_url(node: &NodeContext, port: u16) -> String {
+    format!("http://{}:{port}/health", node.mgmt_addr)
+}
+
+/// The environment every engine process of a shard gets, in increasing
+/// precedence: the agent's per-engine env, the profile's env, then what llmgw
+/// derives from the placement (which the catalog forbids profiles to set).
+fn shard_env(
+    shard: &ShardAssignment,
+    node: &NodeContext,
+    engine_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = engine_env.clone();
+    env.extend(shard.profile.env.clone());
+    let gpus: Vec<String> = shard.gpus.iter().map(u32::to_string).collect();
+    env.insert("CUDA_VISIBLE_DEVICES".into(), gpus.join(","));
+    if let Some(ifname) = &node.mgmt_interface {
+        // NCCL and Gloo bootstrap over TCP on the management network before
+        // moving to RDMA; pinning the interface avoids a wrong-NIC hang.
+        env.insert("NCCL_SOCKET_IFNAME".into(), ifname.clone());
+        env.insert("GLOO_SOCKET_IFNAME".into(), ifname.clone());
+    }
+    if let Some(fabric) = &shard.fabric {
+        env.insert("NCCL_IB_HCA".into(), fabric.hcas.join(","));
+    }
+    env
+}
+
+fn served_names(shard: &ShardAssignment) -> Vec<String> {
+    std::iter::once(shard.model.clone())
+        .chain(shard.aliases.iter().cloned())
+        .collect()
+}
+
+fn plan_vllm(
+    shard: &ShardAssignment,
+    node: &NodeContext,
+    vllm: &VllmConfig,
+) -> Result<LaunchPlan, PlanError> {
+    let profile = &shard.profile;
+    let mut env = shard_env(shard, node, &vllm.env);
+    env.insert("VLLM_HOST_IP".into(), node.mgmt_addr.clone());
+    let mode = profile.launch_mode.unwrap_or(vllm.launch_mode);
+
+    let mut serve = vec!["serve".to_string(), shard.source.clone()];
+    let head_http = |serve: &mut Vec<String>| {
+        serve.extend([
+            "--host".into(),
+            node.mgmt_addr.clone(),
+            "--port".into(),
+            shard.port.to_string(),
+        ]);
+        serve.push("--served-model-name".into());
+        serve.extend(served_names(shard));
+    };
+    let parallel = [
+        "--tensor-parallel-size".to_string(),
+        profile.tensor_parallel.to_string(),
+        "--pipeline-parallel-size".to_string(),
+        profile.pipeline_parallel.to_string(),
+    ];
+
+    if !profile.is_multi_node() {
+        head_http(&mut serve);
+        serve.extend(parallel);
+        serve.extend(profile.engine_args.iter().cloned());
+        return Ok(LaunchPlan {
+            processes: vec![engine_process(vllm.bin.clone(), serve, env)],
+            readiness: Readiness::VllmHealth {
+                url: health_url(node, shard.port),
+            },
+            port: Some(shard.port),
+        });
+    }
+
+    match mode {
+        LaunchMode::Mp => {
+            if vllm.version < EngineVersion::new(0, 11, 1) {
+                return Err(PlanError::MpNeedsNewerVllm(vllm.version));
+            }
+            let head = shard.rank == 0;
+            if head {
+                head_http(&mut serve);
+            }
+            serve.extend(parallel);
+            serve.extend([
+                "--nnodes".into(),
+                profile.nodes.to_string(),
+                "--node-rank".into(),
+                shard.rank.to_string(),
+                "--master-addr".into(),
+                shard.head_addr.clone(),
+                "--master-port".into(),
+                shard.rendezvous_port.to_string(),
+            ]);
+            if !head {
+                serve.push("--headless".into());
+            }
+            serve.extend(profile.engine_args.iter().cloned());
+            Ok(LaunchPlan {
+                processes: vec![engine_process(vllm.bin.clone(), serve, env)],
+                readiness: if head {
+                    Readiness::VllmHealth {
+                        url: health_url(node, shard.port),
+                    }
+                } else {
+                    Readiness::ProcessAlive
+                },
+                port: head.then_some(shard.port),
+            })
+        }
+        LaunchMode::Ray => {
+            let ray_bin = vllm.ray_bin.clone().ok_or(PlanError::RayBinMissing)?;
+            let node_ip = format!("--node-ip-address={}", node.mgmt_addr);
+            if shard.rank != 0 {
+                let args = vec![
+                    "start".into(),
+                    format!("--address={}:{}", shard.head_addr, shard.rendezvous_port),
+                    node_ip,
+                    "--block".into(),
+                ];
+                return Ok(LaunchPlan {
+                    processes: vec![ProcessSpec {
+                        role: ProcessRole::RayWorker,
+                        program: ray_bin,
+                        args,
+                        env,
+                    }],
+                    readiness: Readiness::ProcessAlive,
+                    port: None,
+                });
+            }
+            let ray_head = ProcessSpec {
+                role: ProcessRole::RayHead,
+                program: ray_bin,
+                args: vec![
+                    "start".into(),
+                    "--head".into(),
+                    format!("--port={}", shard.rendezvous_port),
+                    node_ip,
+                    "--block".into(),
+                ],
+                env: env.clone(),
+            };
+            head_http(&mut serve);
+            serve.extend(parallel);
+            serve.extend(["--distributed-executor-backend".into(), "ray".into()]);
+            serve.extend(profile.engine_args.iter().cloned());
+            Ok(LaunchPlan {
+                processes: vec![ray_head, engine_process(vllm.bin.clone(), serve, env)],
+                readiness: Readiness::VllmHealth {
+                    url: health_url(node, shard.port),
+                },
+                port: Some(shard.port),
+            })
+        }
+    }
+}
+
+fn plan_sglang(shard: &ShardAssignment, node: &NodeContext, sglang: &SglangConfig) -> LaunchPlan {
+    let profile = &shard.profile;
+    let env = shard_env(shard, node, &sglang.env);
+    let mut args = vec![
+        "-m".to_string(),
+        "sglang.launch_server".into(),
+        "--model-path".into(),
+        shard.source.clone(),
+        "--host".into(),
+        node.mgmt_addr.clone(),
+        "--port".into(),
+        shard.port.to_string(),
+        "--served-model-name".into(),
+        // SGLang takes one served name; aliases are resolved by the router.
+        shard.model.clone(),
+        // `--tp-size` is the total across every node of the replica.
+        "--tp-size".into(),
+        profile.tensor_parallel.to_string(),
+        "--pp-size".into(),
+        profile.pipeline_parallel.to_string(),
+        // The router reads running and queued requests from /metrics.
+        "--enable-metrics".into(),
+    ];
+    if profile.is_multi_node() {
+        args.extend([
+            "--nnodes".into(),
+            profile.nodes.to_string(),
+            "--node-rank".into(),
+            shard.rank.to_string(),
+            "--dist-init-addr".into(),
+            format!("{}:{}", shard.head_addr, shard.rendezvous_port),
+        ]);
+    }
+    args.extend(profile.engine_args.iter().cloned());
+    let head = shard.rank == 0;
+    LaunchPlan {
+        processes: vec![engine_process(sglang.python.clone(), args, env)],
+        readiness: if head {
+            Readiness::SglangHealth {
+                url: health_url(node, shard.port),
+            }
+        } else {
+            // Non-zero ranks serve a dummy health endpoint that is always 200.
+            Readiness::ProcessAlive
+        },
+        port: Some(shard.port),
+    }
+}
+
+fn engine_process(
+    program: std::path::PathBuf,
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
+) -> ProcessSpec {
+    ProcessSpec {
+        role: ProcessRole::Engine,
+        program,
+        args,
+        env,
+    }
+}

@@ -1,0 +1,16 @@
+//! How llmgw launches vLLM and SGLang.
+//!
+//! [`plan_shard`] is a pure function from a [`ShardAssignment`] (what the
+//! leader placed) and a [`NodeContext`] (what this node is) to a
+//! [`LaunchPlan`]: the exact processes, arguments and environment the engine
+//! documents, and the rule that tells when the shard is ready. The agent's
+//! supervisor runs plans; nothing here touches a process or the network, so
+//! every command line is checked against golden files in-process.
+
+mod adapters;
+mod plan;
+
+pub use adapters::{PlanError, plan_shard};
+pub use plan::{
+    FabricAssignment, LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness, ShardAssignment,
+};

@@ -1,0 +1,400 @@
+//! router-bench: what the llmgw router adds to a request, measured against a
+//! direct connection to a simulated engine with zero token delay.
+//!
+//! It starts `llmgw-engine-sim` and, as a separate process, the router (this
+//! binary again, in `--serve-router` mode, so the router's memory is its
+//! own), then for each target runs non-streamed chat completions at 1, 64
+//! and 256 concurrent connections and 1,000 concurrent streams, and prints
+//! throughput, latency percentiles, what the router adds, and its RSS.
+//! Other proxies can be measured too with `--reference NAME=URL` (started by
+//! hand in front of `--sim-port`). See docs/performance.md, section Router.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, Settings};
+use tokio::sync::watch;
+
+const MODEL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
+
+struct Options {
+    sim: PathBuf,
+    sim_port: u16,
+    router_port: u16,
+    seconds: f64,
+    streams: usize,
+    concurrency: Vec<usize>,
+    references: Vec<(String, String)>,
+}
+
+fn parse_options() -> anyhow::Result<Options> {
+    let exe = std::env::current_exe()?;
+    let mut o = Options {
+        sim: exe.with_file_name("llmgw-engine-sim"),
+        sim_port: 18501,
+        router_port: 18502,
+        seconds: 5.0,
+        streams: 1000,
+        concurrency: vec![1, 64, 256],
+        references: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--sim" => o.sim = value()?.into(),
+            "--sim-port" => o.sim_port = value()?.parse()?,
+            "--router-port" => o.router_port = value()?.parse()?,
+            "--seconds" => o.seconds = value()?.parse()?,
+            "--streams" => o.streams = value()?.parse()?,
+            "--concurrency" => {
+                o.concurrency = value()?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?
+            }
+            "--reference" => {
+                let v = value()?;
+                let (name, url) = v.split_once('=').context("--reference NAME=URL")?;
+                o.references
+                    .push((name.into(), url.trim_end_matches('/').into()));
+            }
+            other => bail!(
+                "unknown option {other}; options: --sim PATH --sim-port N --router-port N --seconds S --streams N --concurrency 1,64,256 --reference NAME=URL"
+            ),
+        }
+    }
+    Ok(o)
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    if args.next().as_deref() == Some("--serve-router") {
+        let port: u16 = args.next().context("port")?.parse()?;
+        let upstream = args.next().context("upstream URL")?;
+        return serve_router(port, upstream);
+    }
+    let o = parse_options()?;
+    if !o.sim.exists() {
+        bail!(
+            "{} not found: build it with `cargo build --release -p llmgw-engine-sim` or pass --sim",
+            o.sim.display()
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(o))
+}
+
+/// The router alone in this process, so its RSS is its own.
+fn serve_router(port: u16, upstream: String) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let table = RoutingTable {
+            models: vec![RoutedModel {
+                name: MODEL.into(),
+                aliases: vec![],
+                endpoints: vec![Endpoint::ready(upstream)],
+                unavailable_reason: None,
+            }],
+        };
+        let (tx, _) = watch::channel(Arc::new(table));
+        let running = Router::new(Settings::default(), &tx)
+            .bind(SocketAddr::from(([127, 0, 0, 1], port)))
+            .await?;
+        running.wait().await;
+        Ok(())
+    })
+}
+
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_healthy(url: &str) -> anyhow::Result<()> {
+    let client = client();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let request = Request::get(format!("{url}/health")).body(Full::new(Bytes::new()))?;
+        if let Ok(Ok(r)) =
+            tokio::time::timeout(Duration::from_secs(2), client.request(request)).await
+            && r.status() == 200
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("{url} never became healthy")
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(4096)
+        .build(connector)
+}
+
+/// User plus system CPU time of a process, in seconds (Linux clock ticks
+/// are 1/100 s on every mainstream kernel configuration).
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+struct Figures {
+    requests: usize,
+    /// Including the warm-up, for CPU per request.
+    answered: usize,
+    errors: usize,
+    seconds: f64,
+    latencies_us: Vec<u64>,
+}
+
+impl Figures {
+    fn percentile(&self, p: f64) -> u64 {
+        if self.latencies_us.is_empty() {
+            return 0;
+        }
+        let i = ((self.latencies_us.len() - 1) as f64 * p).round() as usize;
+        self.latencies_us[i]
+    }
+}
+
+/// `workers` tasks each sending requests back to back for `seconds` (after
+/// a one-second warm-up that is not counted).
+async fn load(url: &str, workers: usize, seconds: f64, stream: bool) -> Figures {
+    let client = client();
+    let body = if stream {
+        format!(
+            r#"{{"model":"{MODEL}","stream":true,"max_tokens":16,"ignore_eos":true,"messages":[{{"role":"user","content":"hello"}}]}}"#
+        )
+    } else {
+        format!(
+            r#"{{"model":"{MODEL}","max_tokens":8,"messages":[{{"role":"user","content":"hello"}}]}}"#
+        )
+    };
+    let body = Bytes::from(body);
+    let target = format!("{url}/v1/chat/completions");
+    let warm_until = Instant::now() + Duration::from_secs(1);
+    let stop_at = warm_until + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let client = client.clone();
+        let body = body.clone();
+        let target = target.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0;
+            let mut answered = 0usize;
+            loop {
+                let now = Instant::now();
+                if now >= stop_at {
+                    break;
+                }
+                let request = Request::post(&target)
+                    .header("content-type", "application/json")
+                    .body(Full::new(body.clone()))
+                    .expect("request");
+                let ok = match client.request(request).await {
+                    Ok(r) if r.status() == 200 => r.into_body().collect().await.is_ok(),
+                    Ok(r) => {
+                        let _ = r.into_body().collect().await;
+                        false
+                    }
+                    Err(_) => false,
+                };
+                answered += usize::from(ok);
+                if now >= warm_until {
+                    if ok {
+                        latencies.push(now.elapsed().as_micros() as u64);
+                    } else {
+                        errors += 1;
+                    }
+                }
+            }
+            (latencies, errors, answered)
+        }));
+    }
+    let mut figures = Figures {
+        requests: 0,
+        answered: 0,
+        errors: 0,
+        seconds,
+        latencies_us: Vec::new(),
+    };
+    for t in tasks {
+        let (l, e, a) = t.await.expect("worker");
+        figures.latencies_us.extend(l);
+        figures.errors += e;
+        figures.answered += a;
+    }
+    figures.requests = figures.latencies_us.len();
+    figures.latencies_us.sort_unstable();
+    figures
+}
+
+async fn run(o: Options) -> anyhow::Result<()> {
+    let sim_url = format!("http://127.0.0.1:{}", o.sim_port);
+    let router_url = format!("http://127.0.0.1:{}", o.router_port);
+    let max_seqs = (o.streams + o.concurrency.iter().max().copied().unwrap_or(0) + 64).to_string();
+    let sim = Guard(
+        Command::new(&o.sim)
+            .args([
+                "serve",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &o.sim_port.to_string(),
+                "--max-num-seqs",
+                &max_seqs,
+            ])
+            .env("LLMGW_SIM_LOAD_TIME", "100ms")
+            .env("LLMGW_SIM_TTFT", "0")
+            .env("LLMGW_SIM_ITL", "0")
+            .env("LLMGW_SIM_SEED", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("start {}", o.sim.display()))?,
+    );
+    let router = Guard(
+        Command::new(std::env::current_exe()?)
+            .args(["--serve-router", &o.router_port.to_string(), &sim_url])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("start the router process")?,
+    );
+    wait_healthy(&sim_url).await?;
+    wait_healthy(&router_url).await?;
+    let router_pid = router.0.id();
+    println!(
+        "router-bench: simulator pid {}, router pid {router_pid}, {} s per phase after 1 s warm-up, {} CPUs",
+        sim.0.id(),
+        o.seconds,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("router RSS idle: {} KiB", rss_kib(router_pid).unwrap_or(0));
+
+    let mut targets = vec![
+        ("direct".to_string(), sim_url.clone()),
+        ("llmgw".to_string(), router_url.clone()),
+    ];
+    targets.extend(o.references.iter().cloned());
+    let mut phases: Vec<(String, usize, bool)> = o
+        .concurrency
+        .iter()
+        .map(|&c| (format!("non-streamed, {c} connections"), c, false))
+        .collect();
+    if o.streams > 0 {
+        phases.push((
+            format!("{} concurrent streams of 16 tokens", o.streams),
+            o.streams,
+            true,
+        ));
+    }
+    for (label, workers, stream) in phases {
+        println!("\n{label}:");
+        println!(
+            "  {:<14} {:>10} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
+            "target",
+            "req/s",
+            "errors",
+            "p50 us",
+            "p99 us",
+            "+p50 us",
+            "+p99 us",
+            "router RSS",
+            "router CPU/req"
+        );
+        let mut direct: Option<(u64, u64)> = None;
+        for (name, url) in &targets {
+            let peak = Arc::new(AtomicU64::new(0));
+            let sampler = {
+                let peak = Arc::clone(&peak);
+                tokio::spawn(async move {
+                    loop {
+                        peak.fetch_max(rss_kib(router_pid).unwrap_or(0), Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                })
+            };
+            let cpu_before = cpu_seconds(router_pid);
+            let f = load(url, workers, o.seconds, stream).await;
+            let cpu_used = cpu_seconds(router_pid) - cpu_before;
+            sampler.abort();
+            let peak_rss = (name == "llmgw").then(|| peak.load(Ordering::Relaxed));
+            let (p50, p99) = (f.percentile(0.5), f.percentile(0.99));
+            let added = match direct {
+                Some((d50, d99)) => (
+                    format!("{}", p50 as i64 - d50 as i64),
+                    format!("{}", p99 as i64 - d99 as i64),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            if name == "direct" {
+                direct = Some((p50, p99));
+            }
+            println!(
+                "  {:<14} {:>10.0} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
+                name,
+                f.requests as f64 / f.seconds,
+                f.errors,
+                p50,
+                p99,
+                added.0,
+                added.1,
+                peak_rss.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+                // The CPU window includes the warm-up, so divide by every answer.
+                if name == "llmgw" && f.answered > 0 {
+                    format!("{:.0} us", cpu_used * 1e6 / f.answered as f64)
+                } else {
+                    "-".to_string()
+                },
+            );
+        }
+    }
+    drop(router);
+    drop(sim);
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! `llmgw router --config router.yaml`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use llmgw_catalog::Catalog;
+use llmgw_config::RouterConfig;
+use tokio::sync::watch;
+
+use crate::control_plane::{ControlPlaneWatcher, POLL_INTERVAL};
+use crate::error::RouterError;
+use crate::serve::Router;
+use crate::settings::Settings;
+use crate::table::{EndpointSource, RoutingTable, static_table};
+
+#[derive(Debug, Args)]
+pub struct RouterArgs {
+    /// router.yaml: listen address, endpoints or control-plane peers,
+    /// balancing, timeouts, keys.
+    #[arg(long, short, default_value = "router.yaml")]
+    pub config: PathBuf,
+}
+
+/// Loads the config and serves until SIGINT or SIGTERM.
+pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let config = RouterConfig::load(&args.config)?;
+    let settings = Settings::from_config(&config)?;
+    let mut catalog = config.models.clone();
+    if let Some(file) = &config.catalog {
+        catalog.models.extend(read_catalog(file)?.models);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(RouterError::Runtime)?;
+    runtime.block_on(async move {
+        let table = static_table(&catalog);
+        // The source must outlive the router: it owns the table's sender.
+        let source = if config.control_plane.is_empty() {
+            Source::Static(watch::channel(Arc::new(table)).0)
+        } else {
+            // Managed models come from the control plane; only router-only
+            // models (with endpoints) are static.
+            let static_only = RoutingTable {
+                models: table
+                    .models
+                    .into_iter()
+                    .filter(|m| !m.endpoints.is_empty())
+                    .collect(),
+            };
+            Source::ControlPlane(ControlPlaneWatcher::spawn(
+                config.control_plane.clone(),
+                static_only,
+                POLL_INTERVAL,
+                settings.connect_timeout,
+            ))
+        };
+        let source: &dyn EndpointSource = match &source {
+            Source::Static(sender) => sender,
+            Source::ControlPlane(watcher) => watcher,
+        };
+        let router = Router::new(settings, source).bind(config.listen).await?;
+        tracing::info!(listen = %router.local_addr(), "llmgw router serving");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(RouterError::Runtime)?;
+        tokio::select! {
+            _ = router.wait() => {}
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+            _ = term.recv() => tracing::info!("SIGTERM; stopping"),
+        }
+        Ok(())
+    })
+}
+
+enum Source {
+    Static(watch::Sender<Arc<RoutingTable>>),
+    ControlPlane(ControlPlaneWatcher),
+}
+
+fn read_catalog(file: &PathBuf) -> Result<Catalog, RouterError> {
+    let text = std::fs::read_to_string(file).map_err(|source| RouterError::CatalogRead {
+        file: file.clone(),
+        source,
+    })?;
+    llmgw_catalog::parse_catalog(&file.display().to_string(), &text).map_err(|problems| {
+        RouterError::CatalogInvalid {
+            file: file.clone(),
+            message: problems.to_string(),
+        }
+    })
+}

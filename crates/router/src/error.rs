@@ -1,0 +1,35 @@
+//! Why the router could not start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error(transparent)]
+    Config(#[from] llmgw_config::ConfigError),
+    #[error("{file}: cannot read the catalog: {source}")]
+    CatalogRead {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: invalid catalog:\n{message}")]
+    CatalogInvalid { file: PathBuf, message: String },
+    #[error("api key `{name}`: cannot read {file}: {source}")]
+    KeyFile {
+        name: String,
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("api key `{name}`: {file} is empty")]
+    EmptyKey { name: String, file: PathBuf },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+}

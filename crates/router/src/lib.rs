@@ -1,0 +1,37 @@
+//! llmgw's OpenAI-compatible router: client traffic goes straight from the
+//! router to the engines, never through the control plane.
+//!
+//! A [`Router`] reads a [`RoutingTable`] (model names and aliases to engine
+//! endpoints, each `ready` or `draining`) from any [`EndpointSource`]: a
+//! static catalog ([`static_table`]), the control-plane peers' admin API
+//! ([`ControlPlaneWatcher`]), or, inside `llmgw server`, a `watch` channel fed
+//! from replicated state. It balances on outstanding requests (power of two
+//! choices) or prompt-prefix affinity with bounded load, reads engine load
+//! from their `/metrics`, retries on another replica before the first byte
+//! reaches the client, ejects failing endpoints and probes them back, and
+//! relays streams chunk by chunk. See docs/router.md.
+
+mod auth;
+mod balance;
+mod cli;
+mod control_plane;
+mod endpoints;
+mod engine_load;
+mod error;
+mod metrics;
+mod openai;
+mod peek;
+mod probes;
+mod proxy;
+mod relay;
+mod serve;
+mod service;
+mod settings;
+mod table;
+
+pub use cli::{RouterArgs, run_cli};
+pub use control_plane::ControlPlaneWatcher;
+pub use error::RouterError;
+pub use serve::{Router, RunningRouter};
+pub use settings::{KeyGrant, Settings};
+pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};

@@ -1,0 +1,358 @@
+//! Forwarding one OpenAI request to an engine: choose an endpoint, send the
+//! client's bytes unchanged, and move to another endpoint when the attempt
+//! fails before anything reached the client (connection failure, 5xx, 429,
+//! or a body cut before its first byte).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Body;
+use hyper::header::{CONTENT_TYPE, HeaderMap};
+use hyper::http::uri::PathAndQuery;
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::balance::choose;
+use crate::endpoints::EndpointStats;
+use crate::openai::ApiError;
+use crate::relay::{Finish, Relay, ResponseBody};
+use crate::service::Shared;
+use crate::table::RoutedModel;
+
+/// The pooled HTTP/1.1 client every upstream call goes through.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid URL {0}")]
+    Url(String),
+    #[error("{0}")]
+    Http(#[from] hyper_util::client::legacy::Error),
+    #[error("reading the body: {0}")]
+    Body(#[from] hyper::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl Upstream {
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Upstream { client }
+    }
+
+    fn send(&self, request: Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
+        self.client.request(request)
+    }
+
+    /// A small GET (health, metrics, admin API): status and body text.
+    pub async fn get_text(
+        &self,
+        url: &str,
+        limit: Duration,
+    ) -> Result<(u16, String), UpstreamError> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|_| UpstreamError::Url(url.to_string()))?;
+        let request = Request::get(uri)
+            .body(Full::new(Bytes::new()))
+            .map_err(|_| UpstreamError::Url(url.to_string()))?;
+        let fetch = async {
+            let response = self.send(request).await?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, UpstreamError>((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::time::timeout(limit, fetch)
+            .await
+            .map_err(|_| UpstreamError::Timeout(limit))?
+    }
+}
+
+/// What the router needs to know about the client's request.
+pub struct Outgoing<'a> {
+    pub path: PathAndQuery,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub prefix: Option<&'a str>,
+    /// The client asked for server-sent events.
+    pub stream: bool,
+}
+
+/// Headers that describe one connection, not the message; never forwarded.
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+enum Attempt {
+    /// Hand this to the client.
+    Answer(Response<ResponseBody>),
+    /// Try another endpoint; this is why, and what to say if none is left.
+    Retry(&'static str, ApiError),
+}
+
+pub async fn forward(
+    shared: &Arc<Shared>,
+    model: &RoutedModel,
+    outgoing: Outgoing<'_>,
+) -> Response<ResponseBody> {
+    let settings = &shared.settings;
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + settings.request_timeout;
+    let ready: Vec<Arc<EndpointStats>> = model
+        .ready_endpoints()
+        .map(|e| shared.registry.get(&e.url))
+        .collect();
+    if ready.is_empty() {
+        let reason = model.unavailable_reason.clone().unwrap_or_else(|| {
+            if model.endpoints.is_empty() {
+                "no replica is placed yet".to_string()
+            } else {
+                format!("all {} replicas are draining", model.endpoints.len())
+            }
+        });
+        shared.metrics.request_refused(&model.name, 503);
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_ready_replica",
+            format!("No ready replica of model `{}`: {reason}", model.name),
+        )
+        .into_response();
+    }
+    // Ejected endpoints are skipped while any healthy one is left; when all
+    // are ejected they are still tried rather than refusing outright.
+    let mut pool: Vec<Arc<EndpointStats>> =
+        ready.iter().filter(|e| !e.is_ejected()).cloned().collect();
+    if pool.is_empty() {
+        pool = ready;
+    }
+    shared.metrics.request_started(&model.name);
+    let attempts = settings.max_retries as usize + 1;
+    let mut last_error = None;
+    for attempt in 0..attempts {
+        let Some(index) = choose(
+            settings.policy,
+            &pool,
+            outgoing.prefix,
+            settings.load_factor,
+        ) else {
+            break;
+        };
+        let endpoint = pool.swap_remove(index);
+        let result = tokio::time::timeout_at(
+            deadline,
+            attempt_once(shared, model, &outgoing, &endpoint, started, deadline),
+        )
+        .await;
+        match result {
+            Ok(Attempt::Answer(response)) => return response,
+            Ok(Attempt::Retry(reason, error)) => {
+                if attempt + 1 < attempts && !pool.is_empty() {
+                    shared.metrics.retry(&model.name, reason);
+                    tracing::debug!(model = %model.name, endpoint = %endpoint.url, reason, "retrying on another endpoint");
+                }
+                last_error = Some(error);
+            }
+            Err(_elapsed) => {
+                last_error = Some(ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream_timeout",
+                    format!(
+                        "no answer from the engines of `{}` within the request deadline ({:?})",
+                        model.name, settings.request_timeout
+                    ),
+                ));
+                break;
+            }
+        }
+    }
+    let error = last_error.unwrap_or_else(|| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_unavailable",
+            "no endpoint could be tried",
+        )
+    });
+    shared.metrics.request_finished(
+        &model.name,
+        crate::metrics::NO_ENDPOINT,
+        error.status.as_u16(),
+        started.elapsed(),
+    );
+    error.into_response()
+}
+
+async fn attempt_once(
+    shared: &Arc<Shared>,
+    model: &RoutedModel,
+    outgoing: &Outgoing<'_>,
+    endpoint: &Arc<EndpointStats>,
+    started: Instant,
+    deadline: tokio::time::Instant,
+) -> Attempt {
+    let settings = &shared.settings;
+    let in_flight = endpoint.start_request();
+    let Some((scheme, authority)) = endpoint.base.clone() else {
+        return Attempt::Retry(
+            "bad_endpoint",
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unavailable",
+                format!("endpoint {:?} is not a valid http URL", endpoint.url),
+            ),
+        );
+    };
+    let uri = Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(outgoing.path.clone())
+        .build()
+        .expect("scheme, authority and path were each parsed already");
+    let mut request = Request::new(Full::new(outgoing.body.clone()));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = outgoing.headers.clone();
+
+    let fail = |code: &'static str, message: String| {
+        if endpoint.record_failure(settings.consecutive_failures) {
+            shared.metrics.ejection(&endpoint.url);
+            tracing::warn!(endpoint = %endpoint.url, "endpoint ejected after {} consecutive failures", settings.consecutive_failures);
+        }
+        ApiError::new(StatusCode::BAD_GATEWAY, code, message)
+    };
+
+    let response = match shared.upstream.send(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            let message = format!(
+                "could not reach the engine at {}: {}",
+                endpoint.url,
+                error_chain(&e)
+            );
+            return Attempt::Retry("connect", fail("upstream_unavailable", message));
+        }
+    };
+    let status = response.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        let body = response.into_body();
+        // Error bodies are small; the cap keeps a misbehaving engine from
+        // making the router buffer a stream.
+        let bytes = Limited::new(body, 64 * 1024)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let reason = if status.is_server_error() {
+            fail("upstream_error", String::new());
+            "status_5xx"
+        } else {
+            "status_429"
+        };
+        let error = ApiError::new(
+            status,
+            "upstream_error",
+            format!("the engine at {} answered {status}", endpoint.url),
+        );
+        if bytes.is_empty() {
+            // vLLM answers 500 with an empty body when its engine dies.
+            return Attempt::Retry(reason, error);
+        }
+        // Keep the engine's own error text for the client if this was the
+        // last try.
+        let mut passthrough = error;
+        if let Ok(text) = std::str::from_utf8(&bytes) {
+            passthrough.message =
+                format!("the engine at {} answered {status}: {text}", endpoint.url);
+        }
+        return Attempt::Retry(reason, passthrough);
+    }
+    // A 4xx is the request's fault, not the engine's: it never counts
+    // towards ejection, and proves the engine alive.
+    let (parts, mut body) = response.into_parts();
+    let first = if body.is_end_stream() {
+        None
+    } else {
+        let wait = tokio::time::timeout(settings.stall_timeout, body.frame()).await;
+        match wait {
+            Ok(Some(Ok(frame))) => Some(frame),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                let message = format!(
+                    "the engine at {} closed before answering: {e}",
+                    endpoint.url
+                );
+                return Attempt::Retry(
+                    "cut_before_first_byte",
+                    fail("upstream_unavailable", message),
+                );
+            }
+            Err(_) => {
+                let message = format!(
+                    "the engine at {} sent no data for {:?} (stall timeout)",
+                    endpoint.url, settings.stall_timeout
+                );
+                return Attempt::Retry(
+                    "stall_before_first_byte",
+                    fail("upstream_timeout", message),
+                );
+            }
+        }
+    };
+    if first.is_some() {
+        shared.metrics.first_token(&model.name, started.elapsed());
+    }
+    let sse = outgoing.stream
+        || parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+    let finish = Finish {
+        metrics: Arc::clone(&shared.metrics),
+        model: model.name.clone(),
+        status: status.as_u16(),
+        started,
+        in_flight,
+        failure_threshold: settings.consecutive_failures,
+    };
+    let relay = Relay::new(first, body, settings.stall_timeout, deadline, sse, finish);
+    let mut response = Response::from_parts(parts, relay.boxed_unsync());
+    strip_hop_by_hop(response.headers_mut());
+    Attempt::Answer(response)
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

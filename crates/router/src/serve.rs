@@ -1,0 +1,139 @@
+//! Running the router: the accept loop and its background tasks (engine
+//! metrics, health probes, forgetting endpoints that left the table).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::endpoints::Registry;
+use crate::engine_load::scrape_loop;
+use crate::error::RouterError;
+use crate::metrics::Metrics;
+use crate::probes::probe_loop;
+use crate::proxy::Upstream;
+use crate::service::{Shared, handle};
+use crate::settings::Settings;
+use crate::table::{EndpointSource, RoutingTable};
+
+/// A router not yet listening.
+pub struct Router {
+    shared: Arc<Shared>,
+}
+
+/// A listening router; dropping it stops the accept loop and the background
+/// tasks (connections already accepted finish on their own).
+pub struct RunningRouter {
+    local_addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl Router {
+    pub fn new(settings: Settings, source: &dyn EndpointSource) -> Self {
+        let upstream = Upstream::new(settings.connect_timeout);
+        Router {
+            shared: Arc::new(Shared {
+                settings,
+                upstream,
+                registry: Arc::new(Registry::default()),
+                metrics: Arc::new(Metrics::default()),
+                table: source.subscribe(),
+            }),
+        }
+    }
+
+    pub async fn bind(self, addr: SocketAddr) -> Result<RunningRouter, RouterError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RouterError::Bind { addr, source })?;
+        self.serve(listener)
+    }
+
+    /// Serves on a listener the caller opened (e.g. `llmgw server`, or a
+    /// test that picked a free port).
+    pub fn serve(self, listener: TcpListener) -> Result<RunningRouter, RouterError> {
+        let local_addr = listener.local_addr().map_err(|source| RouterError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        let shared = self.shared;
+        let mut tasks = JoinSet::new();
+        tasks.spawn(accept_loop(listener, Arc::clone(&shared)));
+        if !shared.settings.metrics_interval.is_zero() {
+            tasks.spawn(scrape_loop(
+                shared.upstream.clone(),
+                Arc::clone(&shared.registry),
+                shared.table.clone(),
+                shared.settings.metrics_interval,
+            ));
+        }
+        tasks.spawn(probe_loop(
+            shared.upstream.clone(),
+            Arc::clone(&shared.registry),
+            shared.settings.probe_interval,
+        ));
+        tasks.spawn(forget_departed(
+            Arc::clone(&shared.registry),
+            shared.table.clone(),
+        ));
+        Ok(RunningRouter { local_addr, tasks })
+    }
+}
+
+impl RunningRouter {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Runs until a background task ends, which happens only on a panic.
+    pub async fn wait(mut self) {
+        let _ = self.tasks.join_next().await;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let (stream, _peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: back off briefly
+                // rather than spin, and keep serving.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(Arc::clone(&shared), request));
+            let connection = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn forget_departed(registry: Arc<Registry>, mut table: watch::Receiver<Arc<RoutingTable>>) {
+    while table.changed().await.is_ok() {
+        let current = Arc::clone(&table.borrow_and_update());
+        let live: HashSet<&str> = current
+            .models
+            .iter()
+            .flat_map(|m| m.endpoints.iter().map(|e| e.url.as_str()))
+            .collect();
+        registry.retain(&live);
+    }
+    // A source that stopped publishing (a static table) keeps its last
+    // table; this task simply has nothing more to do.
+    std::future::pending::<()>().await;
+}

@@ -1,0 +1,189 @@
+//! The router's HTTP surface: OpenAI routes, `/v1/models`, `/metrics` and
+//! `/health`. Requests are checked in the order a client can fix them:
+//! route, key, body size, JSON, model, permission, then forwarded.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::watch;
+
+use crate::auth::{authenticate, forbidden, may_use};
+use crate::endpoints::Registry;
+use crate::metrics::Metrics;
+use crate::openai::{ApiError, json_response};
+use crate::peek::{PeekError, peek, prefix};
+use crate::proxy::{Outgoing, Upstream, forward, strip_hop_by_hop};
+use crate::relay::ResponseBody;
+use crate::settings::Settings;
+use crate::table::RoutingTable;
+
+/// Everything requests share.
+pub struct Shared {
+    pub settings: Settings,
+    pub upstream: Upstream,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub table: watch::Receiver<Arc<RoutingTable>>,
+}
+
+const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+pub async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<ResponseBody>, Infallible> {
+    let path = request.uri().path();
+    let response = match (request.method(), path) {
+        (&Method::GET, "/health") => text_response(StatusCode::OK, "text/plain", String::new()),
+        (&Method::GET, "/metrics") => text_response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            shared.metrics.render(&shared.registry),
+        ),
+        (&Method::GET, "/v1/models") => list_models(&shared, &request),
+        (&Method::POST, p) if PROXIED.contains(&p) => proxy(&shared, request).await,
+        (_, p) if PROXIED.contains(&p) || p == "/v1/models" => ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{} is not allowed on {p}", request.method()),
+        )
+        .into_response(),
+        (_, p) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_url",
+            format!("Unknown request URL: {} {p}", request.method()),
+        )
+        .into_response(),
+    };
+    Ok(response)
+}
+
+fn text_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<ResponseBody> {
+    let mut response = json_response(status, body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn list_models(shared: &Shared, request: &Request<Incoming>) -> Response<ResponseBody> {
+    let grant = match authenticate(&shared.settings, request.headers()) {
+        Ok(grant) => grant,
+        Err(e) => return e.into_response(),
+    };
+    let table = Arc::clone(&shared.table.borrow());
+    let data: Vec<_> = table
+        .models
+        .iter()
+        .filter(|m| may_use(grant, m))
+        .map(|m| {
+            serde_json::json!({
+                "id": m.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "llmgw",
+                "aliases": m.aliases,
+                "ready_endpoints": m.ready_endpoints().count(),
+            })
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        serde_json::json!({"object": "list", "data": data}).to_string(),
+    )
+}
+
+async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<ResponseBody> {
+    let (mut parts, body) = request.into_parts();
+    let grant = match authenticate(&shared.settings, &parts.headers) {
+        Ok(grant) => grant,
+        Err(e) => return e.into_response(),
+    };
+    let limit = shared.settings.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("The request body is larger than this router's limit of {limit} bytes (max_body_bytes)."),
+        )
+        .into_response()
+    };
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large();
+    }
+    let bytes: Bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "body_read_failed",
+                format!("could not read the request body: {e}"),
+            )
+            .into_response();
+        }
+    };
+    let peeked = match peek(&bytes) {
+        Ok(p) => p,
+        Err(PeekError::MissingModel) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_model",
+                PeekError::MissingModel.to_string(),
+            )
+            .param("model")
+            .into_response();
+        }
+        Err(e) => {
+            return ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string())
+                .into_response();
+        }
+    };
+    let table = Arc::clone(&shared.table.borrow());
+    let Some(model) = table.resolve(&peeked.model) else {
+        shared.metrics.request_refused(&peeked.model, 404);
+        return ApiError::model_not_found(&peeked.model).into_response();
+    };
+    if !may_use(grant, model) {
+        let grant = grant.expect("may_use refuses only with a key");
+        shared.metrics.request_refused(&model.name, 403);
+        return forbidden(grant, &peeked.model).into_response();
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(HOST);
+    parts.headers.remove(CONTENT_LENGTH);
+    if grant.is_some() {
+        // The router's keys are not the engines'.
+        parts.headers.remove(AUTHORIZATION);
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| hyper::http::uri::PathAndQuery::from_static("/"));
+    let affinity = peeked
+        .prompt
+        .map(|p| prefix(p, shared.settings.prefix_bytes));
+    let outgoing = Outgoing {
+        path,
+        headers: parts.headers,
+        body: bytes.clone(),
+        prefix: affinity,
+        stream: peeked.stream,
+    };
+    forward(shared, model, outgoing).await
+}

@@ -1,0 +1,107 @@
+//! The router's running settings: `router.yaml` with key files read.
+
+use std::time::Duration;
+
+use llmgw_config::{BalancePolicy, RouterConfig};
+
+use crate::error::RouterError;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub policy: BalancePolicy,
+    pub prefix_bytes: usize,
+    pub load_factor: f64,
+    /// How often engines' `/metrics` are read; zero turns it off.
+    pub metrics_interval: Duration,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub stall_timeout: Duration,
+    pub max_retries: u32,
+    pub consecutive_failures: u32,
+    pub probe_interval: Duration,
+    pub max_body_bytes: usize,
+    /// Empty: no authentication.
+    pub api_keys: Vec<KeyGrant>,
+}
+
+/// One API key and the models it may use (empty: all).
+#[derive(Clone)]
+pub struct KeyGrant {
+    pub name: String,
+    pub key: String,
+    pub models: Vec<String>,
+}
+
+impl std::fmt::Debug for KeyGrant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key itself never reaches a log.
+        f.debug_struct("KeyGrant")
+            .field("name", &self.name)
+            .field("models", &self.models)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let balancing = llmgw_config::Balancing::defaults();
+        let timeouts = llmgw_config::RouterTimeouts::defaults();
+        let ejection = llmgw_config::Ejection::defaults();
+        Settings {
+            policy: balancing.policy,
+            prefix_bytes: balancing.prefix_bytes,
+            load_factor: balancing.load_factor,
+            metrics_interval: balancing.metrics_interval,
+            connect_timeout: timeouts.connect,
+            request_timeout: timeouts.request,
+            stall_timeout: timeouts.stall,
+            max_retries: 2,
+            consecutive_failures: ejection.consecutive_failures,
+            probe_interval: ejection.probe_interval,
+            max_body_bytes: 16 * 1024 * 1024,
+            api_keys: Vec::new(),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads the key files named in the config; the keys are trimmed of
+    /// surrounding whitespace (files usually end with a newline).
+    pub fn from_config(config: &RouterConfig) -> Result<Self, RouterError> {
+        let mut api_keys = Vec::with_capacity(config.api_keys.len());
+        for key in &config.api_keys {
+            let text =
+                std::fs::read_to_string(&key.key_file).map_err(|source| RouterError::KeyFile {
+                    name: key.name.clone(),
+                    file: key.key_file.clone(),
+                    source,
+                })?;
+            let secret = text.trim();
+            if secret.is_empty() {
+                return Err(RouterError::EmptyKey {
+                    name: key.name.clone(),
+                    file: key.key_file.clone(),
+                });
+            }
+            api_keys.push(KeyGrant {
+                name: key.name.clone(),
+                key: secret.to_string(),
+                models: key.models.clone(),
+            });
+        }
+        Ok(Settings {
+            policy: config.balancing.policy,
+            prefix_bytes: config.balancing.prefix_bytes,
+            load_factor: config.balancing.load_factor,
+            metrics_interval: config.balancing.metrics_interval,
+            connect_timeout: config.timeouts.connect,
+            request_timeout: config.timeouts.request,
+            stall_timeout: config.timeouts.stall,
+            max_retries: config.max_retries,
+            consecutive_failures: config.ejection.consecutive_failures,
+            probe_interval: config.ejection.probe_interval,
+            max_body_bytes: config.max_body_bytes,
+            api_keys,
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! Router end to end: real `llmgw-engine-sim` processes on 127.0.0.1 and the
+//! router in-process.
+
+mod common;
+mod t10_errors;
+mod t20_openai_client;
+mod t30_failover;
+mod t40_drain;
+mod t50_control_plane;
+mod t60_cancel;

@@ -1,0 +1,162 @@
+//! Errors the router answers itself, and what upstream errors do (and do
+//! not do) to an endpoint.
+
+use std::time::Duration;
+
+use llmgw_router::{Endpoint, Settings};
+
+use crate::common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_openai_shaped() {
+    let settings = Settings {
+        max_body_bytes: 4096,
+        ..test_settings()
+    };
+    let mut nowhere = model("nowhere", &[], vec![]);
+    nowhere.unavailable_reason =
+        Some("0/3 nodes fit nowhere profile tp8: 3 have 2 free GPUs (need 8)".into());
+    let drained = model(
+        "drained",
+        &[],
+        vec![Endpoint::draining("http://127.0.0.1:9")],
+    );
+    let router = TestRouter::start(settings, vec![nowhere, drained]).await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.url());
+
+    let (status, body) = post(&c, &url, chat_body("missing", false, 4), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 404, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found");
+    assert_eq!(v["error"]["param"], "model");
+    assert!(v["error"]["message"].as_str().unwrap().contains("missing"));
+
+    let (status, body) = post(&c, &url, chat_body("nowhere", false, 4), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("0/3 nodes fit nowhere profile tp8"), "{body}");
+    assert!(body.contains("\"code\":\"no_ready_replica\""), "{body}");
+
+    let (status, body) = post(&c, &url, chat_body("drained", false, 4), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("draining"), "{body}");
+
+    let (status, body) = post(&c, &url, "{\"model\": \"nowhere\", ", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("\"code\":\"invalid_json\""), "{body}");
+
+    let big = format!(r#"{{"model":"nowhere","prompt":"{}"}}"#, "x".repeat(5000));
+    let (status, body) = post(&c, &url, big, &[]).await.unwrap();
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("\"code\":\"request_too_large\""), "{body}");
+
+    let (status, body) = post(&c, &format!("{}/v1/nope", router.url()), "{}", &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("\"error\""), "{body}");
+
+    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            "llmgw_router_requests_total{model=\"nowhere\",endpoint=\"none\",status=\"503\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_back() {
+    let live = Sim::start(SMALL, &["m"], &[]);
+    let dead_port = free_port();
+    live.wait_ready().await;
+    let settings = Settings {
+        consecutive_failures: 2,
+        metrics_interval: Duration::from_millis(100),
+        ..test_settings()
+    };
+    let dead_url = format!("http://127.0.0.1:{dead_port}");
+    let router = TestRouter::start(
+        settings,
+        vec![
+            model(
+                "m",
+                &[],
+                vec![Endpoint::ready(&dead_url), Endpoint::ready(live.url())],
+            ),
+            // The engine does not serve this name: it answers 404.
+            model("unserved", &[], vec![Endpoint::ready(live.url())]),
+        ],
+    )
+    .await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.url());
+
+    for _ in 0..5 {
+        let (status, body) = post(&c, &url, chat_body("unserved", false, 2), &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            status, 404,
+            "the engine's own 404 reaches the client: {body}"
+        );
+    }
+    // Every request succeeds: a refused connection moves to the live engine.
+    for i in 0..12 {
+        let (status, body) = post(&c, &url, chat_body("m", false, 2), &[]).await.unwrap();
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let metrics_url = format!("{}/metrics", router.url());
+    let (_, metrics) = get(&metrics_url).await.unwrap();
+    let live_ejected = format!(
+        "llmgw_router_endpoint_ejected{{endpoint=\"{}\"}}",
+        live.url()
+    );
+    assert_eq!(
+        metric(&metrics, &live_ejected),
+        Some(0.0),
+        "4xx ejected the engine:\n{metrics}"
+    );
+    let dead_ejected = format!("llmgw_router_endpoint_ejected{{endpoint=\"{dead_url}\"}}");
+    assert_eq!(metric(&metrics, &dead_ejected), Some(1.0), "{metrics}");
+    assert!(
+        metrics.contains("llmgw_router_retries_total{model=\"m\",reason=\"connect\"}"),
+        "{metrics}"
+    );
+    let kv = format!(
+        "llmgw_router_engine_kv_cache_usage{{endpoint=\"{}\"}}",
+        live.url()
+    );
+    assert!(
+        wait_for(Duration::from_secs(20), || async {
+            get(&metrics_url)
+                .await
+                .is_some_and(|(_, m)| metric(&m, &kv).is_some())
+        })
+        .await,
+        "the engine's KV usage was never read from its /metrics"
+    );
+
+    // The dead endpoint comes back: it passes /health and is re-admitted.
+    let revived = Sim::start_on(dead_port, SMALL, &["m"], &[]);
+    revived.wait_ready().await;
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            get(&metrics_url)
+                .await
+                .is_some_and(|(_, m)| metric(&m, &dead_ejected) == Some(0.0))
+        })
+        .await,
+        "a healthy endpoint was never re-admitted"
+    );
+}

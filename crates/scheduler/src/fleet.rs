@@ -1,0 +1,123 @@
+//! The scheduler's view of the fleet and of a request. The server builds
+//! these from its replicated state; the scheduler sees nothing else.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeHealth {
+    Ready,
+    Unreachable,
+    Lost,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub name: String,
+    pub memory_mib: u64,
+    /// Not assigned to any shard.
+    pub free: bool,
+}
+
+/// How two GPUs reach each other; lower is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Path {
+    Nvlink,
+    Pix,
+    Pxb,
+    Phb,
+    Node,
+    Sys,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkView {
+    pub a: u32,
+    pub b: u32,
+    pub path: Path,
+    pub nvlinks: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: String,
+    pub health: NodeHealth,
+    pub cordoned: bool,
+    pub draining: bool,
+    pub labels: BTreeMap<String, String>,
+    pub gpus: Vec<GpuView>,
+    pub links: Vec<LinkView>,
+    /// Fabrics this node is on with at least one HCA up. A node with none is
+    /// its own island: it never hosts a multi-node shard.
+    pub fabrics: Vec<String>,
+}
+
+impl NodeView {
+    pub fn rack(&self) -> Option<&str> {
+        self.labels.get("rack").map(String::as_str)
+    }
+
+    pub(crate) fn path(&self, a: u32, b: u32) -> (Path, u32) {
+        self.links
+            .iter()
+            .find(|l| (l.a == a && l.b == b) || (l.a == b && l.b == a))
+            .map_or((Path::Sys, 0), |l| (l.path, l.nvlinks))
+    }
+}
+
+/// Binpack fills nodes before starting new ones (keeps whole nodes free for
+/// large models); spread balances load and failure domains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    #[default]
+    Spread,
+    Binpack,
+}
+
+/// Where the other replicas of the same model already are, so a new one
+/// spreads across nodes and racks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Siblings {
+    pub nodes: BTreeMap<String, u32>,
+    pub racks: BTreeMap<String, u32>,
+}
+
+impl Siblings {
+    pub fn add(&mut self, node: &NodeView) {
+        *self.nodes.entry(node.id.clone()).or_default() += 1;
+        if let Some(rack) = node.rack() {
+            *self.racks.entry(rack.to_string()).or_default() += 1;
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    pub model: &'a str,
+    /// Tried in order; the first that fits wins.
+    pub profiles: &'a [llmgw_catalog::Profile],
+    pub siblings: Siblings,
+    /// Nodes this replica failed on repeatedly; placed elsewhere if possible.
+    pub avoid: BTreeSet<String>,
+    pub strategy: Strategy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardPlacement {
+    pub node: String,
+    pub rank: u32,
+    pub gpus: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub profile: String,
+    pub fabric: Option<String>,
+    /// Rank 0 first.
+    pub shards: Vec<ShardPlacement>,
+}

@@ -1,0 +1,300 @@
+//! Placement: a pure, deterministic function of the fleet and a request.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use llmgw_catalog::Profile;
+
+use crate::explain::{Explanation, FabricShortfall, ProfileExplanation, Reason};
+use crate::fleet::{NodeHealth, NodeView, Path, Placement, Request, ShardPlacement, Strategy};
+
+/// Places one replica: the first profile that fits wins. When none fits,
+/// the explanation says, per profile, why each node was passed over.
+///
+/// Nodes the request avoids (repeated failures) are skipped while anything
+/// else fits; a replica is better retried on the same node than left pending.
+pub fn place(fleet: &[NodeView], request: &Request<'_>) -> Result<Placement, Explanation> {
+    match place_once(fleet, request, true) {
+        Ok(p) => Ok(p),
+        Err(_) if !request.avoid.is_empty() => place_once(fleet, request, false),
+        Err(e) => Err(e),
+    }
+}
+
+fn place_once(
+    fleet: &[NodeView],
+    request: &Request<'_>,
+    honour_avoid: bool,
+) -> Result<Placement, Explanation> {
+    let mut profiles = Vec::new();
+    for profile in request.profiles {
+        match place_profile(fleet, request, profile, honour_avoid) {
+            Ok(placement) => return Ok(placement),
+            Err(why) => profiles.push(why),
+        }
+    }
+    Err(Explanation { profiles })
+}
+
+/// A node that can host one shard, with the GPUs it could use.
+struct Candidate<'f> {
+    node: &'f NodeView,
+    eligible: Vec<u32>,
+}
+
+fn place_profile(
+    fleet: &[NodeView],
+    request: &Request<'_>,
+    profile: &Profile,
+    honour_avoid: bool,
+) -> Result<Placement, ProfileExplanation> {
+    let mut reasons: BTreeMap<Reason, u32> = BTreeMap::new();
+    let mut candidates = Vec::new();
+    for node in fleet {
+        match evaluate(node, profile, request, honour_avoid) {
+            Ok(eligible) => candidates.push(Candidate { node, eligible }),
+            Err(reason) => *reasons.entry(reason).or_default() += 1,
+        }
+    }
+    candidates.sort_by(|a, b| node_order(a, b, request));
+    let nodes_fit = candidates.len() as u32;
+    let explanation = |fabric_shortfall| ProfileExplanation {
+        model: request.model.to_string(),
+        profile: profile.name.clone(),
+        nodes_evaluated: fleet.len() as u32,
+        nodes_fit,
+        reasons: reasons.clone(),
+        fabric_shortfall,
+    };
+
+    if !profile.is_multi_node() {
+        let Some(best) = candidates.first() else {
+            return Err(explanation(None));
+        };
+        return Ok(Placement {
+            profile: profile.name.clone(),
+            fabric: None,
+            shards: vec![ShardPlacement {
+                node: best.node.id.clone(),
+                rank: 0,
+                gpus: best_gpu_set(best.node, &best.eligible, profile.gpus_per_node as usize),
+            }],
+        });
+    }
+
+    // Every node of a multi-node replica on one fabric.
+    let mut by_fabric: BTreeMap<&str, Vec<&Candidate<'_>>> = BTreeMap::new();
+    for c in &candidates {
+        for fabric in &c.node.fabrics {
+            by_fabric.entry(fabric.as_str()).or_default().push(c);
+        }
+    }
+    let needed = profile.nodes as usize;
+    let mut fabrics: Vec<(&str, &Vec<&Candidate<'_>>)> = by_fabric
+        .iter()
+        .filter(|(_, nodes)| nodes.len() >= needed)
+        .map(|(f, n)| (*f, n))
+        .collect();
+    // Spread takes the roomiest fabric; binpack the tightest that fits.
+    fabrics.sort_by_key(|(name, nodes)| match request.strategy {
+        Strategy::Spread => (usize::MAX - nodes.len(), *name),
+        Strategy::Binpack => (nodes.len(), *name),
+    });
+    let Some((fabric, nodes)) = fabrics.first() else {
+        let fitting_nodes_by_fabric = by_fabric
+            .iter()
+            .map(|(f, n)| (f.to_string(), n.len() as u32))
+            .collect();
+        return Err(explanation(Some(FabricShortfall {
+            nodes_needed: profile.nodes,
+            gpus_per_node: profile.gpus_per_node,
+            fitting_nodes_by_fabric,
+        })));
+    };
+    let shards = nodes
+        .iter()
+        .take(needed)
+        .enumerate()
+        .map(|(rank, c)| ShardPlacement {
+            node: c.node.id.clone(),
+            rank: rank as u32,
+            gpus: best_gpu_set(c.node, &c.eligible, profile.gpus_per_node as usize),
+        })
+        .collect();
+    Ok(Placement {
+        profile: profile.name.clone(),
+        fabric: Some(fabric.to_string()),
+        shards,
+    })
+}
+
+/// The first reason a node cannot host a shard of `profile`, or the free
+/// GPUs it could use.
+fn evaluate(
+    node: &NodeView,
+    profile: &Profile,
+    request: &Request<'_>,
+    honour_avoid: bool,
+) -> Result<Vec<u32>, Reason> {
+    match node.health {
+        NodeHealth::Lost => return Err(Reason::Lost),
+        NodeHealth::Unreachable => return Err(Reason::Unreachable),
+        NodeHealth::Ready => {}
+    }
+    if node.draining {
+        return Err(Reason::Draining);
+    }
+    if node.cordoned {
+        return Err(Reason::Cordoned);
+    }
+    if profile.is_multi_node() && node.fabrics.is_empty() {
+        return Err(Reason::NoFabric);
+    }
+    if honour_avoid && request.avoid.contains(&node.id) {
+        return Err(Reason::Avoided);
+    }
+    let allowed: Vec<_> = node
+        .gpus
+        .iter()
+        .filter(|g| profile.accepts_gpu_model(&g.name))
+        .collect();
+    if allowed.is_empty() {
+        return Err(Reason::WrongGpuModel);
+    }
+    let min_mib = u64::from(profile.min_gpu_memory_gb) * 1000 * 1000 * 1000 / (1024 * 1024);
+    // Vendors quote GPU memory in decimal GB; NVML reports MiB a little
+    // under the label (81559 MiB for an "80GB" H100), so allow 5% slack.
+    let big_enough: Vec<_> = allowed
+        .into_iter()
+        .filter(|g| g.memory_mib * 100 >= min_mib * 95)
+        .collect();
+    if big_enough.is_empty() {
+        return Err(Reason::GpuMemoryTooSmall {
+            need_gb: profile.min_gpu_memory_gb,
+        });
+    }
+    let eligible: Vec<u32> = big_enough
+        .iter()
+        .filter(|g| g.free)
+        .map(|g| g.index)
+        .collect();
+    if eligible.len() < profile.gpus_per_node as usize {
+        return Err(Reason::NotEnoughFreeGpus {
+            free: eligible.len() as u32,
+            need: profile.gpus_per_node,
+        });
+    }
+    Ok(eligible)
+}
+
+fn node_order(a: &Candidate<'_>, b: &Candidate<'_>, request: &Request<'_>) -> std::cmp::Ordering {
+    let siblings_on =
+        |c: &Candidate<'_>| request.siblings.nodes.get(&c.node.id).copied().unwrap_or(0);
+    let siblings_in_rack = |c: &Candidate<'_>| {
+        c.node
+            .rack()
+            .and_then(|r| request.siblings.racks.get(r))
+            .copied()
+            .unwrap_or(0)
+    };
+    let key = |c: &Candidate<'_>| {
+        let free = c.eligible.len();
+        let room = match request.strategy {
+            Strategy::Spread => usize::MAX - free,
+            Strategy::Binpack => free,
+        };
+        (siblings_on(c), siblings_in_rack(c), room)
+    };
+    key(a).cmp(&key(b)).then_with(|| a.node.id.cmp(&b.node.id))
+}
+
+/// Above this many subsets the choice is made greedily.
+const MAX_SUBSETS: u64 = 20_000;
+
+/// The best-connected `k` GPUs out of `eligible`: all-NVLink sets first,
+/// then the set whose worst path is best, then the most NVLinks; ties go to
+/// the lowest indices so the choice is deterministic.
+pub fn best_gpu_set(node: &NodeView, eligible: &[u32], k: usize) -> Vec<u32> {
+    if k >= eligible.len() {
+        return eligible.to_vec();
+    }
+    let score = |set: &[u32]| {
+        let mut non_nvlink = 0u32;
+        let mut worst = Path::Nvlink;
+        let mut nvlinks = 0u32;
+        for (i, a) in set.iter().enumerate() {
+            for b in &set[i + 1..] {
+                let (path, n) = node.path(*a, *b);
+                if path != Path::Nvlink {
+                    non_nvlink += 1;
+                }
+                worst = worst.max(path);
+                nvlinks += n;
+            }
+        }
+        (non_nvlink, worst, Reverse(nvlinks))
+    };
+    if binomial(eligible.len() as u64, k as u64) <= MAX_SUBSETS {
+        let mut best: Option<(_, Vec<u32>)> = None;
+        for_each_subset(eligible, k, &mut |set| {
+            let s = score(set);
+            if best.as_ref().is_none_or(|(b, _)| s < *b) {
+                best = Some((s, set.to_vec()));
+            }
+        });
+        return best.map(|(_, set)| set).unwrap_or_default();
+    }
+    // Greedy: grow from each seed by the best-connected next GPU.
+    let mut best: Option<(_, Vec<u32>)> = None;
+    for &seed in eligible {
+        let mut set = vec![seed];
+        while set.len() < k {
+            let next = eligible
+                .iter()
+                .filter(|g| !set.contains(g))
+                .min_by_key(|g| {
+                    let mut trial = set.clone();
+                    trial.push(**g);
+                    (score(&trial), **g)
+                })
+                .copied();
+            set.extend(next);
+        }
+        set.sort_unstable();
+        let s = score(&set);
+        if best.as_ref().is_none_or(|(b, _)| s < *b) {
+            best = Some((s, set));
+        }
+    }
+    best.map(|(_, set)| set).unwrap_or_default()
+}
+
+fn binomial(n: u64, k: u64) -> u64 {
+    let k = k.min(n - k);
+    (0..k).fold(1u64, |acc, i| acc.saturating_mul(n - i) / (i + 1))
+}
+
+/// Calls `f` with every `k`-subset of `items`, in lexicographic order.
+fn for_each_subset(items: &[u32], k: usize, f: &mut impl FnMut(&[u32])) {
+    fn go(
+        items: &[u32],
+        k: usize,
+        start: usize,
+        current: &mut Vec<u32>,
+        f: &mut impl FnMut(&[u32]),
+    ) {
+        if current.len() == k {
+            f(current);
+            return;
+        }
+        for i in start..items.len() {
+            if items.len() - i < k - current.len() {
+                break;
+            }
+            current.push(items[i]);
+            go(items, k, i + 1, current, f);
+            current.pop();
+        }
+    }
+    go(items, k, 0, &mut Vec::with_capacity(k), f);
+}
