@@ -100,7 +100,9 @@ fn main() -> ExitCode {
         Command::Config(ConfigArgs {
             command: ConfigCommand::Check(args),
         }) => config_check::run(&args),
-        Command::Server(args) => run_async(true, async { Ok(llmgw_server::run_server(args).await?) }),
+        Command::Server(args) => {
+            run_async(true, async { Ok(llmgw_server::run_server(args).await?) })
+        }
         Command::Agent(_) => not_built("agent"),
         Command::Router(args) => match llmgw_router::run_cli(&args) {
             Ok(()) => ExitCode::SUCCESS,
