@@ -21,15 +21,15 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one control-plane peer (Raft, agent stream, admin API, router).
-    Server(NotBuilt),
+    Server(llmgw_server::ServerArgs),
     /// Run the agent of one GPU node.
     Agent(llmgw_agent::AgentArgs),
     /// Run a standalone OpenAI-compatible router.
     Router(llmgw_router::RouterArgs),
     /// Operate a cluster through its admin API.
-    Ctl(NotBuilt),
+    Ctl(llmgw_ctl::CtlArgs),
     /// Start a whole local cluster with simulated GPUs and engines.
-    Dev(NotBuilt),
+    Dev(llmgw_dev::DevArgs),
     /// Create a development CA and certificates.
     Certs(NotBuilt),
     /// Run the fault-injection suite against a real cluster.
@@ -66,13 +66,43 @@ fn not_built(name: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Runs an async subcommand on a fresh runtime; `logs` turns on tracing
+/// output to stderr (`RUST_LOG`, default info with openraft at warn).
+fn run_async(logs: bool, job: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    if logs {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(job) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Config(ConfigArgs {
             command: ConfigCommand::Check(args),
         }) => config_check::run(&args),
-        Command::Server(_) => not_built("server"),
+        Command::Server(args) => {
+            run_async(true, async { Ok(llmgw_server::run_server(args).await?) })
+        }
         Command::Agent(args) => llmgw_agent::main(args),
         Command::Router(args) => match llmgw_router::run_cli(&args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -81,8 +111,11 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Ctl(_) => not_built("ctl"),
-        Command::Dev(_) => not_built("dev"),
+        Command::Ctl(args) => run_async(false, async {
+            print!("{}", llmgw_ctl::run_ctl(args).await?);
+            Ok(())
+        }),
+        Command::Dev(args) => run_async(true, async { Ok(llmgw_dev::run_dev(args).await?) }),
         Command::Certs(_) => not_built("certs"),
         Command::Chaos(_) => not_built("chaos"),
     }

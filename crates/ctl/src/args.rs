@@ -1,0 +1,91 @@
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+/// Operate the control plane through the admin API of any peer.
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// Admin API base URL of a peer; repeat (or separate with commas) to
+    /// name several, tried in order.
+    #[arg(
+        long = "api",
+        global = true,
+        env = "LLMGW_API",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7480"
+    )]
+    pub api: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Raft peers: roles, indexes and state hashes; add or remove peers.
+    Cluster {
+        #[command(subcommand)]
+        action: Option<ClusterAction>,
+    },
+    /// GPU nodes and their status.
+    Nodes,
+    /// Model replicas and their shards.
+    Replicas,
+    /// The model catalog.
+    Models {
+        #[command(subcommand)]
+        action: Option<ModelAction>,
+    },
+    /// Stop placing new replicas on a node.
+    Cordon { node: String },
+    /// Allow placements on a node again.
+    Uncordon { node: String },
+    /// Move every replica off a node, then leave it cordoned.
+    Drain {
+        node: String,
+        /// Seconds in-flight requests get before shards stop anyway.
+        #[arg(long, default_value_t = 300)]
+        deadline_s: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterAction {
+    /// Add a peer: it joins as a learner, catches up, then becomes a voter.
+    Add {
+        /// The new peer's id; ids of removed peers are never reused.
+        #[arg(long)]
+        id: u64,
+        /// The new peer's gRPC address (host:port).
+        #[arg(long)]
+        grpc: String,
+        /// The new peer's admin API URL.
+        #[arg(long, default_value = "")]
+        admin: String,
+    },
+    /// Remove a peer; its id is retired for good.
+    Remove { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelAction {
+    /// Show one model entry.
+    Get { name: String },
+    /// Add or replace a model from a file holding one entry (YAML or JSON).
+    Put {
+        file: PathBuf,
+        /// The model's name; by default the `name` in the file.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Remove a model from the catalog.
+    Delete { name: String },
+}

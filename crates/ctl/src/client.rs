@@ -1,0 +1,112 @@
+//! Talking to the admin API of whichever configured peer answers.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error(
+        "no peer reachable at {tried}; is `llmgw server` running? Pass --api URL (or set \
+         LLMGW_API) to name a running peer. tried: {details}"
+    )]
+    Unreachable { tried: String, details: String },
+    /// The API answered with an error.
+    #[error("{url}: {status}: {message}")]
+    Api {
+        url: String,
+        status: StatusCode,
+        message: String,
+    },
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// An admin API client over several peer URLs.
+pub struct AdminClient {
+    bases: Vec<String>,
+    http: reqwest::Client,
+}
+
+impl AdminClient {
+    pub fn new(bases: Vec<String>) -> Result<Self, CtlError> {
+        let bases: Vec<String> = bases
+            .into_iter()
+            .map(|b| b.trim().trim_end_matches('/').to_owned())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if bases.is_empty() {
+            return Err(CtlError::Usage(
+                "no admin API URL given; pass --api URL".to_owned(),
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(70))
+            .build()
+            .map_err(|e| CtlError::Usage(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Self { bases, http })
+    }
+
+    /// Sends the request to each peer in turn until one answers; returns the
+    /// JSON body (null for an empty one) of a successful answer.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&'static str, Vec<u8>)>,
+    ) -> Result<serde_json::Value, CtlError> {
+        let mut failures = Vec::new();
+        for base in &self.bases {
+            let url = format!("{base}{path}");
+            let mut request = self.http.request(method.clone(), &url);
+            if let Some((content_type, bytes)) = &body {
+                request = request
+                    .header(reqwest::header::CONTENT_TYPE, *content_type)
+                    .body(bytes.clone());
+            }
+            let response = match request.send().await {
+                Ok(response) => response,
+                Err(error) => {
+                    failures.push(format!("{base} ({})", describe(&error)));
+                    continue;
+                }
+            };
+            let status = response.status();
+            let text = response.text().await.unwrap_or_default();
+            if status.is_success() {
+                if text.trim().is_empty() {
+                    return Ok(serde_json::Value::Null);
+                }
+                return serde_json::from_str(&text).map_err(|e| CtlError::Api {
+                    url,
+                    status,
+                    message: format!("the answer is not JSON: {e}"),
+                });
+            }
+            let message = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            return Err(CtlError::Api {
+                url,
+                status,
+                message,
+            });
+        }
+        Err(CtlError::Unreachable {
+            tried: self.bases.join(", "),
+            details: failures.join("; "),
+        })
+    }
+}
+
+fn describe(error: &reqwest::Error) -> String {
+    if error.is_connect() {
+        "connection refused or no route".to_owned()
+    } else if error.is_timeout() {
+        "timed out".to_owned()
+    } else {
+        error.to_string()
+    }
+}

@@ -1,0 +1,120 @@
+//! Ports, config files and dev.json for a local cluster.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// One local peer's addresses and files.
+#[derive(Debug, Clone)]
+pub struct PeerLayout {
+    pub id: u64,
+    pub grpc: SocketAddr,
+    pub admin: SocketAddr,
+    pub config: PathBuf,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl PeerLayout {
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin)
+    }
+}
+
+/// `dev.json`: every process started, and how to start it again by hand.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DevFile {
+    pub processes: Vec<DevProcess>,
+    pub router: Option<String>,
+    pub api: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DevProcess {
+    pub role: String,
+    pub id: u64,
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub api: Option<String>,
+    pub grpc: Option<String>,
+}
+
+/// A port free right now on 127.0.0.1. Another process could take it
+/// before the peer binds it; the peer then fails to start with an error
+/// naming the address, and `llmgw dev` reports it.
+fn free_port() -> std::io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+/// Chooses ports and paths for `count` peers under `work_dir`.
+pub fn plan_peers(work_dir: &Path, count: u64) -> std::io::Result<Vec<PeerLayout>> {
+    (1..=count)
+        .map(|id| {
+            Ok(PeerLayout {
+                id,
+                grpc: free_port()?,
+                admin: free_port()?,
+                config: work_dir.join(format!("server-{id}.yaml")),
+                data_dir: work_dir.join(format!("server-{id}")),
+                log: work_dir.join(format!("server-{id}.log")),
+            })
+        })
+        .collect()
+}
+
+/// The server.yaml of one local peer. `extra` is appended verbatim (tests
+/// use it for small snapshot thresholds).
+pub fn server_yaml(peer: &PeerLayout, all: &[PeerLayout], extra: &str) -> String {
+    let mut out = format!(
+        "# Written by `llmgw dev`: peer {id} of a local cluster on 127.0.0.1.\n\
+         id: {id}\n\
+         data_dir: {data}\n\
+         grpc_listen: {grpc}\n\
+         admin_listen: {admin}\n\
+         router_listen: null\n\
+         insecure: true\n\
+         peers:\n",
+        id = peer.id,
+        data = peer.data_dir.display(),
+        grpc = peer.grpc,
+        admin = peer.admin,
+    );
+    for other in all {
+        out.push_str(&format!(
+            "  - {{ id: {}, grpc: \"{}\", admin: \"{}\" }}\n",
+            other.id,
+            other.grpc,
+            other.admin_url()
+        ));
+    }
+    out.push_str(extra);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_peer_gets_distinct_ports_and_lists_all_peers() {
+        let dir = tempfile::tempdir().unwrap();
+        let peers = plan_peers(dir.path(), 3).unwrap();
+        let mut ports: Vec<u16> = peers
+            .iter()
+            .flat_map(|p| [p.grpc.port(), p.admin.port()])
+            .collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 6);
+        let yaml = server_yaml(&peers[1], &peers, "");
+        let config =
+            llmgw_config::ServerConfig::parse("server-2.yaml", &yaml).expect("valid server.yaml");
+        assert_eq!(config.id, 2);
+        assert_eq!(config.peers.len(), 3);
+        assert_eq!(config.grpc_listen, peers[1].grpc);
+        for peer in &peers {
+            assert!(yaml.contains(&peer.admin_url()));
+        }
+    }
+}

@@ -1,0 +1,587 @@
+//! The control plane handle: proposing, forwarding, reading, membership.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use llmgw_proto::raft::RaftPayload;
+use llmgw_state::{Command, FleetState, Outcome};
+use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
+use openraft::{ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
+
+use crate::LlmgwRaft;
+use crate::error::ControlError;
+use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
+use crate::network::{self, Failure, NetworkFactory, Peers};
+use crate::settings::RaftSettings;
+use crate::status::{PeerStatus, PeerView};
+
+/// A peer as named in server.yaml.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub id: u64,
+    pub node: PeerNode,
+}
+
+/// Counters that are not in openraft's metrics.
+#[derive(Debug, Default)]
+pub struct RaftCounters {
+    pub leader_changes: AtomicU64,
+}
+
+/// How long a write keeps looking for a leader before it gives up.
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// Adding a peer waits for it to catch up as a learner first.
+const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
+const STATUS_DEADLINE: Duration = Duration::from_millis(800);
+
+/// Everything the server needs from Raft. Cheap to clone.
+#[derive(Clone)]
+pub struct ControlPlane {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: u64,
+    raft: LlmgwRaft,
+    applied: Arc<RwLock<AppliedState>>,
+    stats: Arc<ApplyStats>,
+    peers: Peers,
+    settings: RaftSettings,
+    configured: BTreeMap<u64, PeerNode>,
+    pristine_at_start: bool,
+    membership_lock: tokio::sync::Mutex<()>,
+    counters: Arc<RaftCounters>,
+}
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] llmgw_store::StoreError),
+    #[error("invalid Raft settings: {0}")]
+    Settings(String),
+    #[error("peer {0} is not in the peer list of its own configuration")]
+    NotAPeer(u64),
+    #[error("the Raft node did not start: {0}")]
+    Raft(String),
+}
+
+impl ControlPlane {
+    /// Opens the store in `data_dir` and starts the Raft node. The node
+    /// joins or forms a cluster once [`ControlPlane::bootstrap`] runs.
+    pub async fn start(
+        id: u64,
+        data_dir: &Path,
+        settings: RaftSettings,
+        peers: Vec<PeerSpec>,
+    ) -> Result<Self, StartError> {
+        let configured: BTreeMap<u64, PeerNode> =
+            peers.into_iter().map(|p| (p.id, p.node)).collect();
+        if !configured.contains_key(&id) {
+            return Err(StartError::NotAPeer(id));
+        }
+        let config = settings.to_openraft().map_err(StartError::Settings)?;
+        let store = llmgw_store::open(data_dir)?;
+        let pristine_at_start = store.is_pristine();
+        let applied = store.state_machine.applied();
+        let stats = store.state_machine.stats();
+        let peer_net = Peers::new(id, settings.rpc_timeout);
+        let factory = NetworkFactory {
+            peers: peer_net.clone(),
+        };
+        let raft = openraft::Raft::new(
+            id,
+            Arc::new(config),
+            factory,
+            store.log,
+            store.state_machine,
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let counters = Arc::new(RaftCounters::default());
+        spawn_leader_watch(raft.clone(), counters.clone());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                id,
+                raft,
+                applied,
+                stats,
+                peers: peer_net,
+                settings,
+                configured,
+                pristine_at_start,
+                membership_lock: tokio::sync::Mutex::new(()),
+                counters,
+            }),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub fn raft(&self) -> &LlmgwRaft {
+        &self.inner.raft
+    }
+
+    pub fn counters(&self) -> &RaftCounters {
+        &self.inner.counters
+    }
+
+    pub fn apply_stats(&self) -> &ApplyStats {
+        &self.inner.stats
+    }
+
+    pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
+        self.inner.raft.metrics().borrow_watched().clone()
+    }
+
+    pub(crate) fn store_was_pristine(&self) -> bool {
+        self.inner.pristine_at_start
+    }
+
+    pub(crate) fn configured_peers(&self) -> &BTreeMap<u64, PeerNode> {
+        &self.inner.configured
+    }
+
+    /// Reads the applied state (as of this peer; possibly stale on a
+    /// follower unless [`ControlPlane::linearizable_barrier`] ran first).
+    pub fn read<T>(&self, read: impl FnOnce(&FleetState) -> T) -> T {
+        let applied = self.inner.applied.read().expect("state lock poisoned");
+        read(&applied.fleet)
+    }
+
+    /// The known leader and how to reach it.
+    pub fn leader(&self) -> Option<(u64, PeerNode)> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let id = metrics.current_leader?;
+        let node = metrics
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .cloned()
+            .or_else(|| self.inner.configured.get(&id).cloned())?;
+        Some((id, node))
+    }
+
+    /// Proposes a command through the leader and waits for it to be applied.
+    /// Returns the log index it was committed at.
+    pub async fn write(&self, command: Command) -> Result<u64, ControlError> {
+        match self
+            .submit(ForwardRequest::Write(command), WRITE_DEADLINE)
+            .await?
+        {
+            ForwardResponse::Written {
+                outcome: Outcome::Applied,
+                log_index,
+            } => {
+                // Read-your-writes on the peer that took the request: a
+                // follower answers only once it has applied the entry too.
+                self.wait_applied(log_index).await?;
+                Ok(log_index)
+            }
+            ForwardResponse::Written {
+                outcome: Outcome::Rejected(rejection),
+                ..
+            } => Err(ControlError::Rejected(rejection)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn wait_applied(&self, index: u64) -> Result<(), ControlError> {
+        self.inner
+            .raft
+            .wait(Some(WRITE_DEADLINE))
+            .applied_index_at_least(Some(index), "apply a write")
+            .await
+            .map(|_| ())
+            .map_err(|e| ControlError::NoLeader(format!("waiting to apply index {index}: {e}")))
+    }
+
+    /// Returns once this peer has applied everything committed before the
+    /// call: the leader confirms its leadership with a quorum (read index)
+    /// and this peer waits until it has applied up to that index.
+    pub async fn linearizable_barrier(&self) -> Result<(), ControlError> {
+        let index = match self
+            .submit(ForwardRequest::ReadIndex, WRITE_DEADLINE)
+            .await?
+        {
+            ForwardResponse::ReadIndex(index) => index,
+            other => return Err(unexpected(other)),
+        };
+        self.wait_applied(index).await
+    }
+
+    /// Adds a peer: as a learner first (it catches up), then as a voter.
+    pub async fn add_peer(&self, id: u64, node: PeerNode) -> Result<(), ControlError> {
+        match self
+            .submit(ForwardRequest::AddPeer { id, node }, MEMBERSHIP_DEADLINE)
+            .await?
+        {
+            ForwardResponse::PeerChanged => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Removes a peer and retires its id for good.
+    pub async fn remove_peer(&self, id: u64) -> Result<(), ControlError> {
+        match self
+            .submit(ForwardRequest::RemovePeer { id }, MEMBERSHIP_DEADLINE)
+            .await?
+        {
+            ForwardResponse::PeerChanged => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Runs `request` on the leader, here or over the `Forward` RPC,
+    /// following leadership changes until `deadline` passes.
+    async fn submit(
+        &self,
+        request: ForwardRequest,
+        deadline: Duration,
+    ) -> Result<ForwardResponse, ControlError> {
+        let started = Instant::now();
+        let mut last_problem = "no leader is known yet".to_owned();
+        loop {
+            let response = match self.leader() {
+                Some((id, _)) if id == self.inner.id => self.handle_locally(request.clone()).await,
+                Some((id, node)) => match self.forward_to(&node, &request, deadline).await {
+                    Ok(response) => response,
+                    Err(why) => {
+                        last_problem = format!("leader {id} at {}: {why}", node.grpc);
+                        ForwardResponse::NotLeader { leader: None }
+                    }
+                },
+                None => ForwardResponse::NotLeader { leader: None },
+            };
+            match response {
+                ForwardResponse::NotLeader { .. }
+                | ForwardResponse::Failed(ForwardFailure::NoLeader(_)) => {
+                    if let ForwardResponse::Failed(ForwardFailure::NoLeader(why)) = &response {
+                        last_problem.clone_from(why);
+                    }
+                    if started.elapsed() > deadline {
+                        return Err(ControlError::NoLeader(format!(
+                            "gave up after {:.1}s: {last_problem}",
+                            started.elapsed().as_secs_f64()
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                ForwardResponse::Failed(failure) => return Err(failure.into()),
+                other => return Ok(other),
+            }
+        }
+    }
+
+    async fn forward_to(
+        &self,
+        node: &PeerNode,
+        request: &ForwardRequest,
+        deadline: Duration,
+    ) -> Result<ForwardResponse, String> {
+        let mut client = self.inner.peers.client(&node.grpc)?;
+        let payload = RaftPayload {
+            data: network::encode(request),
+            error: String::new(),
+        };
+        let answer = network::with_deadline(
+            deadline,
+            client.forward(network::request(payload, deadline)),
+        )
+        .await
+        .and_then(network::decode::<ForwardResponse>);
+        if let Err(Failure::Unreachable(_)) = &answer {
+            self.inner.peers.forget(&node.grpc);
+        }
+        answer.map_err(|failure| match failure {
+            Failure::Timeout => format!("no answer within {deadline:?}"),
+            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
+        })
+    }
+
+    /// Serves a request on this peer, which must be the leader.
+    pub(crate) async fn handle_forwarded(&self, request: ForwardRequest) -> ForwardResponse {
+        self.handle_locally(request).await
+    }
+
+    async fn handle_locally(&self, request: ForwardRequest) -> ForwardResponse {
+        let raft = &self.inner.raft;
+        match request {
+            ForwardRequest::Write(command) => match raft.client_write(command).await {
+                Ok(response) => ForwardResponse::Written {
+                    outcome: response.data,
+                    log_index: response.log_id.index,
+                },
+                Err(error) => write_error(error),
+            },
+            ForwardRequest::ReadIndex => {
+                match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                    Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
+                    Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
+                        ForwardResponse::NotLeader {
+                            leader: forward.leader_id.zip(forward.leader_node),
+                        }
+                    }
+                    Err(RaftError::APIError(other)) => {
+                        ForwardResponse::Failed(ForwardFailure::NoLeader(other.to_string()))
+                    }
+                    Err(RaftError::Fatal(fatal)) => {
+                        ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
+                    }
+                }
+            }
+            ForwardRequest::AddPeer { id, node } => self.add_peer_as_leader(id, node).await,
+            ForwardRequest::RemovePeer { id } => self.remove_peer_as_leader(id).await,
+        }
+    }
+
+    async fn add_peer_as_leader(&self, id: u64, node: PeerNode) -> ForwardResponse {
+        // One membership change at a time: openraft refuses overlapping
+        // joint configurations, and an operator expects them in order.
+        let _serial = self.inner.membership_lock.lock().await;
+        if !self.inner.raft.is_leader() {
+            return ForwardResponse::NotLeader { leader: None };
+        }
+        if self.read(|fleet| fleet.removed_peers.contains(&id)) {
+            return ControlError::Invalid(format!(
+                "peer id {id} was removed from this cluster before and is never reused; \
+                 give the new peer a fresh id"
+            ))
+            .into();
+        }
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        if membership.voter_ids().any(|voter| voter == id) {
+            return ControlError::Conflict(format!("peer {id} is already a voter")).into();
+        }
+        let raft = &self.inner.raft;
+        if let Err(error) = raft.add_learner(id, node, true).await {
+            return write_error(error);
+        }
+        match raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+            .await
+        {
+            Ok(_) => ForwardResponse::PeerChanged,
+            Err(error) => write_error(error),
+        }
+    }
+
+    async fn remove_peer_as_leader(&self, id: u64) -> ForwardResponse {
+        let _serial = self.inner.membership_lock.lock().await;
+        if !self.inner.raft.is_leader() {
+            return ForwardResponse::NotLeader { leader: None };
+        }
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let is_voter = membership.voter_ids().any(|voter| voter == id);
+        let is_learner = membership.learner_ids().any(|learner| learner == id);
+        if !is_voter && !is_learner {
+            return ControlError::Invalid(format!("peer {id} is not a member of the cluster"))
+                .into();
+        }
+        if is_voter && membership.voter_ids().count() <= 1 {
+            return ControlError::Conflict(format!("peer {id} is the last voter")).into();
+        }
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        if let Err(error) = self.inner.raft.change_membership(change, false).await {
+            return write_error(error);
+        }
+        let retire = Command::RetirePeer {
+            peer: id,
+            at_ms: now_ms(),
+        };
+        match self.inner.raft.client_write(retire).await {
+            Ok(_) => ForwardResponse::PeerChanged,
+            Err(error) => write_error(error),
+        }
+    }
+
+    /// This peer's own status.
+    pub fn local_status(&self) -> PeerStatus {
+        let metrics = self.metrics();
+        let (_, hash) = {
+            let applied = self.inner.applied.read().expect("state lock poisoned");
+            (applied.last_applied, applied.fleet.hash())
+        };
+        let initialized = metrics.last_log_index.is_some()
+            || metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .next()
+                .is_some();
+        PeerStatus {
+            id: self.inner.id,
+            initialized: initialized || !self.inner.pristine_at_start,
+            role: role_name(metrics.state).to_owned(),
+            term: metrics.current_term,
+            leader_id: metrics.current_leader,
+            last_log_index: metrics.last_log_index,
+            last_applied_index: metrics.last_applied.as_ref().map(|id| id.index),
+            commit_index: metrics.local_committed.as_ref().map(|id| id.index),
+            state_hash: hash.to_string(),
+        }
+    }
+
+    /// Asks one peer for its status, under a short deadline.
+    pub(crate) async fn remote_status(&self, node: &PeerNode) -> Result<PeerStatus, String> {
+        let mut client = self.inner.peers.client(&node.grpc)?;
+        let payload = RaftPayload::default();
+        network::with_deadline(
+            STATUS_DEADLINE,
+            client.status(network::request(payload, STATUS_DEADLINE)),
+        )
+        .await
+        .and_then(network::decode::<PeerStatus>)
+        .inspect_err(|failure| {
+            if let Failure::Unreachable(_) = failure {
+                self.inner.peers.forget(&node.grpc);
+            }
+        })
+        .map_err(|failure| match failure {
+            Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
+            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
+        })
+    }
+
+    /// Every member's status as this peer can see it right now.
+    pub async fn cluster_view(&self) -> Vec<PeerView> {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let mut members: BTreeMap<u64, PeerNode> = membership
+            .nodes()
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        if members.is_empty() {
+            members.clone_from(&self.inner.configured);
+        }
+        let asks = members.into_iter().map(|(id, node)| {
+            let voters = &voters;
+            async move {
+                let status = if id == self.inner.id {
+                    Ok(self.local_status())
+                } else {
+                    self.remote_status(&node).await
+                };
+                let membership = if voters.contains(&id) || voters.is_empty() {
+                    "voter"
+                } else {
+                    "learner"
+                };
+                match status {
+                    Ok(status) => PeerView {
+                        id,
+                        addr: node.grpc.clone(),
+                        admin: node.admin.clone(),
+                        membership: membership.to_owned(),
+                        role: status.role,
+                        term: Some(status.term),
+                        last_log_index: status.last_log_index,
+                        last_applied_index: status.last_applied_index,
+                        state_hash: Some(status.state_hash),
+                        error: None,
+                    },
+                    Err(why) => PeerView {
+                        id,
+                        addr: node.grpc.clone(),
+                        admin: node.admin.clone(),
+                        membership: membership.to_owned(),
+                        role: "unreachable".to_owned(),
+                        term: None,
+                        last_log_index: None,
+                        last_applied_index: None,
+                        state_hash: None,
+                        error: Some(why),
+                    },
+                }
+            }
+        });
+        futures::future::join_all(asks).await
+    }
+
+    pub fn settings(&self) -> &RaftSettings {
+        &self.inner.settings
+    }
+
+    /// Stops the Raft node.
+    pub async fn shutdown(&self) {
+        if let Err(error) = self.inner.raft.shutdown().await {
+            tracing::warn!(%error, "Raft shutdown");
+        }
+    }
+}
+
+fn unexpected(response: ForwardResponse) -> ControlError {
+    ControlError::Fatal(format!("unexpected answer from the leader: {response:?}"))
+}
+
+fn write_error(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ForwardResponse {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+            ForwardResponse::NotLeader {
+                leader: forward.leader_id.zip(forward.leader_node),
+            }
+        }
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(forward)) => {
+            ForwardResponse::Failed(ForwardFailure::Ambiguous(forward.to_string()))
+        }
+        RaftError::APIError(other) => {
+            ForwardResponse::Failed(ForwardFailure::Conflict(other.to_string()))
+        }
+        RaftError::Fatal(fatal) => {
+            ForwardResponse::Failed(ForwardFailure::Fatal(fatal.to_string()))
+        }
+    }
+}
+
+pub(crate) fn role_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Leader => "leader",
+        ServerState::Follower => "follower",
+        ServerState::Candidate => "candidate",
+        ServerState::Learner => "learner",
+        ServerState::Shutdown => "shutdown",
+    }
+}
+
+/// Wall-clock milliseconds, for the `at_ms` of commands proposed here.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+fn spawn_leader_watch(raft: LlmgwRaft, counters: Arc<RaftCounters>) {
+    tokio::spawn(async move {
+        let mut metrics = raft.metrics();
+        let mut last: Option<u64> = None;
+        loop {
+            let leader = metrics.borrow_watched().current_leader;
+            if leader.is_some() && leader != last {
+                counters.leader_changes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(leader = ?leader, "Raft leader changed");
+            }
+            if leader.is_some() {
+                last = leader;
+            }
+            if metrics.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}

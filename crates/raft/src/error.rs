@@ -1,0 +1,24 @@
+use llmgw_state::Rejection;
+
+/// Why a write, read or membership change did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ControlError {
+    /// The state machine refused the command; nothing changed.
+    #[error(transparent)]
+    Rejected(#[from] Rejection),
+    /// No leader is known or reachable now; retry shortly.
+    #[error("no Raft leader is available: {0}")]
+    NoLeader(String),
+    /// The leader changed while the write was in flight; it may or may not
+    /// have been committed.
+    #[error("the write's outcome is unknown because leadership changed: {0}")]
+    Ambiguous(String),
+    /// A request the cluster cannot accept (e.g. a retired peer id).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// The Raft node stopped.
+    #[error("the Raft node stopped: {0}")]
+    Fatal(String),
+}

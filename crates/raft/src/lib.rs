@@ -1,0 +1,28 @@
+//! openraft wiring for the llmgw control plane.
+//!
+//! [`ControlPlane`] is what the rest of the server uses: it owns the Raft
+//! node, proposes commands (forwarding them to the leader when this peer is a
+//! follower), answers linearizable reads with a read index, changes
+//! membership one step at a time, and reports this peer's and its peers'
+//! status. The peer transport is tonic ([`network`] dials, [`service`]
+//! answers); every RPC honours openraft's deadline.
+
+mod bootstrap;
+mod control;
+mod error;
+mod forward;
+mod network;
+mod service;
+mod settings;
+mod status;
+
+pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
+pub use error::ControlError;
+pub use service::raft_grpc_service;
+pub use settings::RaftSettings;
+pub use status::{PeerStatus, PeerView};
+
+pub use llmgw_store::{PeerNode, TypeConfig};
+
+/// The Raft node type of an llmgw peer.
+pub type LlmgwRaft = openraft::Raft<TypeConfig, llmgw_store::StateMachineStore>;

@@ -1,0 +1,115 @@
+//! The answering side of the peer transport.
+
+use llmgw_proto::raft::raft_service_server::{RaftService, RaftServiceServer};
+use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
+use llmgw_store::TypeConfig;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::control::ControlPlane;
+use crate::forward::ForwardRequest;
+
+/// The tonic service to mount on this peer's gRPC listener.
+pub fn raft_grpc_service(control: ControlPlane) -> RaftServiceServer<RaftGrpc> {
+    RaftServiceServer::new(RaftGrpc { control })
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
+}
+
+pub struct RaftGrpc {
+    control: ControlPlane,
+}
+
+fn parse<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
+    serde_json::from_slice(&payload.data)
+        .map_err(|e| Status::invalid_argument(format!("request does not decode: {e}")))
+}
+
+fn answer<T: Serialize, E: std::fmt::Display>(
+    result: Result<T, E>,
+) -> Result<Response<RaftPayload>, Status> {
+    Ok(Response::new(match result {
+        Ok(value) => RaftPayload {
+            data: serde_json::to_vec(&value).map_err(|e| Status::internal(e.to_string()))?,
+            error: String::new(),
+        },
+        Err(error) => RaftPayload {
+            data: Vec::new(),
+            error: error.to_string(),
+        },
+    }))
+}
+
+#[tonic::async_trait]
+impl RaftService for RaftGrpc {
+    async fn append_entries(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc = parse(request.get_ref())?;
+        answer(self.control.raft().append_entries(rpc).await)
+    }
+
+    async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc = parse(request.get_ref())?;
+        answer(self.control.raft().vote(rpc).await)
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc = parse(request.get_ref())?;
+        answer(self.control.raft().pre_vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let mut stream = request.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty snapshot stream"))?;
+        type Meta = (
+            openraft::alias::VoteOf<TypeConfig>,
+            openraft::alias::SnapshotMetaOf<TypeConfig>,
+        );
+        let (vote, meta): Meta = serde_json::from_slice(&first.meta)
+            .map_err(|e| Status::invalid_argument(format!("snapshot meta does not decode: {e}")))?;
+        let mut data = first.data;
+        while let Some(chunk) = stream.message().await? {
+            data.extend_from_slice(&chunk.data);
+        }
+        let snapshot = openraft::Snapshot {
+            meta,
+            snapshot: data,
+        };
+        answer(
+            self.control
+                .raft()
+                .install_full_snapshot(vote, snapshot)
+                .await,
+        )
+    }
+
+    async fn forward(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let forwarded: ForwardRequest = parse(request.get_ref())?;
+        let response = self.control.handle_forwarded(forwarded).await;
+        answer(Ok::<_, std::convert::Infallible>(response))
+    }
+
+    async fn status(
+        &self,
+        _request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        answer(Ok::<_, std::convert::Infallible>(
+            self.control.local_status(),
+        ))
+    }
+}

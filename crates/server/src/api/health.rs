@@ -1,0 +1,128 @@
+//! Liveness, readiness and Prometheus metrics.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+
+use super::ApiState;
+
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready once this peer knows a leader: writes can be accepted through it
+/// and its reads follow the cluster.
+pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
+    let metrics = state.control.metrics();
+    match metrics.current_leader {
+        Some(leader) => (
+            StatusCode::OK,
+            Json(serde_json::json!({"ready": true, "leader_id": leader})),
+        ),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"ready": false, "reason": "no Raft leader is known yet"})),
+        ),
+    }
+}
+
+pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    let metrics = state.control.metrics();
+    let apply = state.control.apply_stats();
+    let nanos = |n: u64| n as f64 / 1e9;
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, kind: &str, value: f64| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name} {value}");
+    };
+    gauge(
+        "llmgw_raft_term",
+        "Current Raft term.",
+        "gauge",
+        metrics.current_term as f64,
+    );
+    gauge(
+        "llmgw_raft_is_leader",
+        "1 when this peer is the Raft leader.",
+        "gauge",
+        f64::from(u8::from(metrics.current_leader == Some(state.control.id()))),
+    );
+    gauge(
+        "llmgw_raft_leader_changes_total",
+        "Leader changes this peer observed.",
+        "counter",
+        state
+            .control
+            .counters()
+            .leader_changes
+            .load(Ordering::Relaxed) as f64,
+    );
+    let index = |id: Option<u64>| id.map_or(-1.0, |i| i as f64);
+    gauge(
+        "llmgw_raft_last_log_index",
+        "Index of the last entry in this peer's log.",
+        "gauge",
+        index(metrics.last_log_index),
+    );
+    gauge(
+        "llmgw_raft_commit_index",
+        "Highest log index known committed.",
+        "gauge",
+        index(metrics.local_committed.as_ref().map(|id| id.index)),
+    );
+    gauge(
+        "llmgw_raft_apply_index",
+        "Highest log index applied to the state machine.",
+        "gauge",
+        index(metrics.last_applied.as_ref().map(|id| id.index)),
+    );
+    gauge(
+        "llmgw_raft_snapshot_index",
+        "Last log index covered by the latest snapshot.",
+        "gauge",
+        index(metrics.snapshot.as_ref().map(|id| id.index)),
+    );
+    gauge(
+        "llmgw_raft_applied_entries_total",
+        "Log entries applied to the state machine since start.",
+        "counter",
+        apply.entries.load(Ordering::Relaxed) as f64,
+    );
+    gauge(
+        "llmgw_raft_snapshots_installed_total",
+        "Snapshots received from a leader and installed.",
+        "counter",
+        apply.snapshots_installed.load(Ordering::Relaxed) as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP llmgw_raft_apply_seconds Time spent applying batches of committed entries."
+    );
+    let _ = writeln!(out, "# TYPE llmgw_raft_apply_seconds summary");
+    let _ = writeln!(
+        out,
+        "llmgw_raft_apply_seconds_sum {}",
+        nanos(apply.nanos_total.load(Ordering::Relaxed))
+    );
+    let _ = writeln!(
+        out,
+        "llmgw_raft_apply_seconds_count {}",
+        apply.batches.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP llmgw_raft_apply_seconds_max Slowest apply batch since start."
+    );
+    let _ = writeln!(out, "# TYPE llmgw_raft_apply_seconds_max gauge");
+    let _ = writeln!(
+        out,
+        "llmgw_raft_apply_seconds_max {}",
+        nanos(apply.nanos_max.load(Ordering::Relaxed))
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}

@@ -1,0 +1,73 @@
+//! The model catalog.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use bytes::Bytes;
+use llmgw_raft::now_ms;
+use llmgw_state::Command;
+
+use super::{ApiError, ApiState, ReadQuery};
+use crate::model_spec;
+
+pub async fn list(
+    State(state): State<ApiState>,
+    Query(query): Query<ReadQuery>,
+) -> Result<Json<Vec<serde_json::Value>>, ApiError> {
+    state.before_read(&query).await?;
+    Ok(Json(state.control.read(|fleet| {
+        fleet.models.values().map(model_spec::view).collect()
+    })))
+}
+
+pub async fn get_one(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Query(query): Query<ReadQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.before_read(&query).await?;
+    state
+        .control
+        .read(|fleet| fleet.models.get(&name).map(model_spec::view))
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))
+}
+
+pub async fn put(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (model, parsed) = model_spec::parse(&name, &body)?;
+    state
+        .control
+        .read(|fleet| model_spec::check_names(fleet, &model))?;
+    state
+        .control
+        .write(Command::PutModel {
+            name: name.clone(),
+            spec: parsed.spec,
+            replicas: parsed.replicas,
+            at_ms: now_ms(),
+        })
+        .await?;
+    state
+        .control
+        .read(|fleet| fleet.models.get(&name).map(model_spec::view))
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("model {name} was deleted concurrently")))
+}
+
+pub async fn delete(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .control
+        .write(Command::DeleteModel {
+            name,
+            at_ms: now_ms(),
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

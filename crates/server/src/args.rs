@@ -1,0 +1,88 @@
+//! `llmgw server` command line, and turning server.yaml into a running peer.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use llmgw_config::ServerConfig;
+use llmgw_raft::{PeerNode, PeerSpec, RaftSettings};
+
+use crate::serve::{ServerError, ServerOptions, serve, shutdown_signal};
+
+/// Run one control-plane peer.
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Path to server.yaml.
+    #[arg(long, short = 'c', env = "LLMGW_SERVER_CONFIG")]
+    pub config: PathBuf,
+}
+
+/// Loads the configuration and runs the peer until SIGINT or SIGTERM.
+pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
+    let config =
+        ServerConfig::load(&args.config).map_err(|e| ServerError::Config(e.to_string()))?;
+    for warning in config.warnings() {
+        tracing::warn!("{}: {warning}", args.config.display());
+    }
+    let catalog = match &config.catalog {
+        Some(path) => Some(load_catalog(path)?),
+        None => None,
+    };
+    let options = options_from(&config, &args.config)?;
+    serve(options, catalog, shutdown_signal()).await
+}
+
+fn load_catalog(path: &std::path::Path) -> Result<llmgw_catalog::Catalog, ServerError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ServerError::Config(format!("cannot read the catalog {}: {e}", path.display()))
+    })?;
+    llmgw_catalog::parse_catalog(&path.display().to_string(), &text)
+        .map_err(|problems| ServerError::Config(problems.to_string()))
+}
+
+/// Translates server.yaml into what the peer runs with.
+pub fn options_from(
+    config: &ServerConfig,
+    file: &std::path::Path,
+) -> Result<ServerOptions, ServerError> {
+    if config.tls.is_some() && !config.insecure {
+        return Err(ServerError::Config(format!(
+            "{}: `tls` is set, but this llmgw server does not yet speak TLS on the peer \
+             transport; remove `tls` and set `insecure: true` to run plaintext on a trusted \
+             network",
+            file.display()
+        )));
+    }
+    let timing = &config.raft;
+    let raft = RaftSettings {
+        heartbeat_interval: timing.heartbeat_interval,
+        election_timeout_min: timing.election_timeout_min,
+        election_timeout_max: timing.election_timeout_max,
+        snapshot_timeout: timing.install_snapshot_timeout,
+        snapshot_after_entries: timing.snapshot_after_logs,
+        keep_entries_after_snapshot: timing.keep_logs_after_snapshot,
+        ..RaftSettings::default()
+    };
+    let peers = config
+        .peers
+        .iter()
+        .map(|peer| PeerSpec {
+            id: peer.id,
+            node: PeerNode {
+                grpc: if peer.id == config.id {
+                    config.grpc_advertise.clone()
+                } else {
+                    peer.grpc.clone()
+                },
+                admin: peer.admin.clone(),
+            },
+        })
+        .collect();
+    Ok(ServerOptions {
+        id: config.id,
+        data_dir: config.data_dir.clone(),
+        grpc_listen: config.grpc_listen,
+        admin_listen: config.admin_listen,
+        peers,
+        raft,
+    })
+}

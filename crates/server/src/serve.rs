@@ -1,0 +1,178 @@
+//! Running one control-plane peer: Raft, its gRPC listener, the admin API.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use llmgw_raft::{ControlPlane, PeerSpec, RaftSettings, StartError};
+use tokio::net::TcpListener;
+
+use llmgw_catalog::Catalog;
+use llmgw_state::Command;
+
+use crate::api::{self, ApiState};
+
+/// Everything a peer needs to run, resolved from server.yaml.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub grpc_listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub peers: Vec<PeerSpec>,
+    pub raft: RaftSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Config(String),
+    #[error(transparent)]
+    Start(#[from] StartError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the {what} server failed: {message}")]
+    Serve { what: &'static str, message: String },
+}
+
+/// Runs the peer until `shutdown` resolves.
+pub async fn serve(
+    options: ServerOptions,
+    seed_catalog: Option<Catalog>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let data_dir = options.data_dir.join("raft");
+    std::fs::create_dir_all(&data_dir).map_err(|e| {
+        ServerError::Config(format!(
+            "cannot create data directory {}: {e}",
+            data_dir.display()
+        ))
+    })?;
+    let control = ControlPlane::start(
+        options.id,
+        &data_dir,
+        options.raft.clone(),
+        options.peers.clone(),
+    )
+    .await?;
+    let grpc_listener = TcpListener::bind(options.grpc_listen)
+        .await
+        .map_err(|source| ServerError::Listen {
+            what: "peer gRPC",
+            addr: options.grpc_listen,
+            source,
+        })?;
+    let admin_listener = TcpListener::bind(options.admin_listen)
+        .await
+        .map_err(|source| ServerError::Listen {
+            what: "admin API",
+            addr: options.admin_listen,
+            source,
+        })?;
+    tracing::warn!(
+        "the peer transport is plaintext gRPC; keep {} on a trusted network",
+        options.grpc_listen
+    );
+    tracing::info!(
+        id = options.id,
+        grpc = %options.grpc_listen,
+        admin = %options.admin_listen,
+        "llmgw server peer started"
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let grpc = tonic::transport::Server::builder()
+        .add_service(llmgw_raft::raft_grpc_service(control.clone()))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            stopped(stop_rx.clone()),
+        );
+    let grpc = tokio::spawn(grpc);
+
+    let bootstrap_control = control.clone();
+    tokio::spawn(async move {
+        if bootstrap_control.bootstrap().await
+            && let Some(catalog) = seed_catalog
+        {
+            seed(&bootstrap_control, catalog).await;
+        }
+    });
+
+    let app = api::router(ApiState {
+        control: control.clone(),
+    });
+    let admin = axum::serve(admin_listener, app).with_graceful_shutdown(stopped(stop_rx));
+    let admin_result = admin.await;
+    control.shutdown().await;
+    let grpc_result = grpc.await;
+    admin_result.map_err(|e| ServerError::Serve {
+        what: "admin API",
+        message: e.to_string(),
+    })?;
+    match grpc_result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ServerError::Serve {
+            what: "peer gRPC",
+            message: e.to_string(),
+        }),
+        Err(e) => Err(ServerError::Serve {
+            what: "peer gRPC",
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}
+
+/// Writes the configured catalog into a cluster this peer just formed.
+async fn seed(control: &ControlPlane, catalog: Catalog) {
+    for model in catalog.models {
+        let name = model.name.clone();
+        let spec = match serde_json::to_value(&model) {
+            Ok(spec) => spec,
+            Err(error) => {
+                tracing::error!(model = %name, %error, "cannot encode a seed model");
+                continue;
+            }
+        };
+        let command = Command::PutModel {
+            name: name.clone(),
+            spec,
+            replicas: model.desired_replicas(),
+            at_ms: llmgw_raft::now_ms(),
+        };
+        match control.write(command).await {
+            Ok(_) => tracing::info!(model = %name, "catalog seeded"),
+            Err(error) => tracing::error!(model = %name, %error, "seeding the catalog failed"),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! End-to-end tests of the replicated control plane: three real
+//! `llmgw server` processes on 127.0.0.1 (see tests/support for how the
+//! binary is found).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use support::{Cluster, eventually};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    // One write through each peer: two of them are followers and forward.
+    for id in 1..=3 {
+        let name = format!("model-via-{id}");
+        let (status, body) = cluster
+            .put_model(id, &name)
+            .await
+            .expect("PUT reaches the peer");
+        assert_eq!(
+            status, 200,
+            "PUT through peer {id} (leader {leader}): {body}"
+        );
+        assert_eq!(body["name"], name.as_str());
+    }
+    let want: BTreeSet<String> = (1..=3).map(|id| format!("model-via-{id}")).collect();
+    // A linearizable read on a follower sees every acknowledged write at once.
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let seen: BTreeSet<String> = cluster
+        .model_names(follower, true)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(seen, want, "consistent read on follower {follower}");
+    for id in 1..=3 {
+        eventually(&cluster, &format!("peer {id} has every model"), || async {
+            let names: BTreeSet<String> =
+                cluster.model_names(id, false).await?.into_iter().collect();
+            if names == want {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
+        })
+        .await;
+    }
+    cluster.wait_converged().await;
+
+    // Errors are JSON with a type and the right status.
+    let (status, body) = cluster.get(follower, "/api/v1/models/nope").await.unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["type"], "not_found");
+    let (status, body) = cluster
+        .send(
+            follower,
+            Method::PUT,
+            "/api/v1/models/broken",
+            Some(r#"{"name": "broken", "replicas": 2}"#.to_owned()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request");
+    let (status, body) = cluster
+        .send(follower, Method::POST, "/api/v1/nodes/gpu-404/cordon", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("gpu-404"),
+        "{body}"
+    );
+    let (status, _) = cluster
+        .send(follower, Method::DELETE, "/api/v1/models/model-via-1", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 204);
+    let names = cluster.model_names(leader, true).await.unwrap();
+    assert!(!names.contains(&"model-via-1".to_owned()), "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_leader_is_killed_a_new_leader_accepts_writes_and_the_old_one_catches_up() {
+    let mut cluster = Cluster::start("");
+    let old_leader = cluster.wait_leader().await;
+    let (status, _) = cluster
+        .put_model(old_leader, "before-failover")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    cluster.wait_converged().await;
+
+    cluster.kill(old_leader);
+    let survivor = (1..=3).find(|id| *id != old_leader).unwrap();
+    eventually(&cluster, "a write after the leader died", || async {
+        match cluster.put_model(survivor, "after-failover").await? {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let new_leader = cluster.wait_leader().await;
+    assert_ne!(new_leader, old_leader);
+
+    cluster.spawn(old_leader);
+    cluster.wait_leader().await;
+    let hash = cluster.wait_converged().await;
+    let names = cluster.model_names(old_leader, false).await.unwrap();
+    assert!(names.contains(&"before-failover".to_owned()), "{names:?}");
+    assert!(names.contains(&"after-failover".to_owned()), "{names:?}");
+    assert_eq!(cluster.own_state(old_leader).await.unwrap().1, hash);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
+    let small_snapshots = "raft:\n  snapshot_after_logs: 20\n  keep_logs_after_snapshot: 5\n";
+    let mut cluster = Cluster::start(small_snapshots);
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.kill(follower);
+    for i in 0..80 {
+        let name = format!("m{i:03}");
+        let (status, body) = cluster.put_model(leader, &name).await.unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    // The leader has snapshotted past what the follower holds.
+    let snapshot_index = eventually(&cluster, "leader snapshot", || async {
+        match cluster.metric(leader, "llmgw_raft_snapshot_index").await {
+            Some(index) if index >= 40.0 => Ok(index),
+            other => Err(format!("snapshot index {other:?}")),
+        }
+    })
+    .await;
+    assert!(snapshot_index >= 40.0);
+
+    cluster.spawn(follower);
+    cluster.wait_converged().await;
+    let installed = cluster
+        .metric(follower, "llmgw_raft_snapshots_installed_total")
+        .await
+        .unwrap();
+    assert!(
+        installed >= 1.0,
+        "follower {follower} caught up without a snapshot"
+    );
+    let names = cluster.model_names(follower, false).await.unwrap();
+    assert_eq!(names.len(), 80);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_sigkill_of_all_peers() {
+    let mut cluster = Cluster::start("");
+    cluster.wait_leader().await;
+    let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
+    let cluster_ref = &cluster;
+    let burst_until = Instant::now() + Duration::from_secs(3);
+    let writers = (0..4u64).map(|writer| {
+        let acknowledged = acknowledged.clone();
+        async move {
+            let mut i = 0u32;
+            // Bounded: stops at the deadline or after 500 writes.
+            while Instant::now() < burst_until && i < 500 {
+                let name = format!("w{writer}-{i}");
+                let via = 1 + (u64::from(i) + writer) % 3;
+                if let Ok((200, _)) = cluster_ref.put_model(via, &name).await {
+                    acknowledged.lock().unwrap().push(name);
+                }
+                i += 1;
+            }
+        }
+    });
+    let burst = futures::future::join_all(writers);
+    // Kill everything while the burst is still running.
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    };
+    tokio::select! {
+        _ = burst => {}
+        _ = killer => {}
+    }
+    let acked: Vec<String> = acknowledged.lock().unwrap().clone();
+    for id in 1..=3 {
+        cluster.kill(id);
+    }
+    assert!(
+        acked.len() >= 5,
+        "too few writes were acknowledged: {}",
+        acked.len()
+    );
+
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    let leader = cluster.wait_leader().await;
+    let names: BTreeSet<String> = eventually(&cluster, "catalog after restart", || async {
+        cluster.model_names(leader, true).await
+    })
+    .await
+    .into_iter()
+    .collect();
+    let missing: Vec<&String> = acked.iter().filter(|n| !names.contains(*n)).collect();
+    assert!(missing.is_empty(), "acknowledged writes lost: {missing:?}");
+    cluster.wait_converged().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_damaged_store_refuses_to_start() {
+    let mut cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    for i in 0..20 {
+        let (status, _) = cluster.put_model(leader, &format!("m{i}")).await.unwrap();
+        assert_eq!(status, 200);
+    }
+    cluster.wait_converged().await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+    for id in &followers {
+        cluster.kill(*id);
+    }
+    // One follower's WAL is cut in half; the other's WAL files are gone.
+    let wal_files = |id: u64| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(cluster.raft_dir(id))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+            .collect()
+    };
+    let truncated = followers[0];
+    let wals = wal_files(truncated);
+    assert!(!wals.is_empty());
+    for wal in wals {
+        let len = std::fs::metadata(&wal).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&wal)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+    }
+    let deleted = followers[1];
+    for wal in wal_files(deleted) {
+        std::fs::remove_file(wal).unwrap();
+    }
+
+    for id in &followers {
+        cluster.spawn(*id);
+    }
+    for id in &followers {
+        let started = Instant::now();
+        let status = loop {
+            let child = cluster.peers[(*id - 1) as usize].child.as_mut().unwrap();
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            cluster.fail_if_past(
+                started,
+                &format!("peer {id} with a damaged store is still running"),
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(!status.success(), "peer {id} exited successfully");
+        let log = std::fs::read_to_string(cluster.log_path(*id)).unwrap();
+        assert!(
+            log.contains("corrupt or truncated")
+                && log.contains(&cluster.raft_dir(*id).display().to_string()),
+            "peer {id} must name the damaged directory:\n{log}"
+        );
+        cluster.peers[(*id - 1) as usize].child = None;
+        // It never served: nothing listens on its admin port.
+        assert!(cluster.get(*id, "/healthz").await.is_err());
+    }
+}

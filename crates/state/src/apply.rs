@@ -1,0 +1,276 @@
+//! Deterministic application of commands. No clock, no randomness, no I/O:
+//! the outcome depends only on the state and the command.
+
+use std::collections::BTreeSet;
+
+use crate::command::{Command, Outcome, Rejection};
+use crate::types::{
+    Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState,
+};
+
+impl FleetState {
+    /// Applies one command. A command that contradicts the state is rejected
+    /// and leaves the state untouched.
+    pub fn apply(&mut self, command: &Command) -> Outcome {
+        match command {
+            Command::RegisterNode {
+                id,
+                mgmt_addr,
+                inventory,
+                fabrics,
+                labels,
+                at_ms,
+            } => {
+                if id.is_empty() {
+                    return Rejection::invalid("node id must not be empty");
+                }
+                match self.nodes.get_mut(id) {
+                    Some(node) => {
+                        node.mgmt_addr.clone_from(mgmt_addr);
+                        node.inventory.clone_from(inventory);
+                        node.fabrics.clone_from(fabrics);
+                        node.labels.clone_from(labels);
+                        set_status(node, NodeStatus::Ready, *at_ms);
+                    }
+                    None => {
+                        self.nodes.insert(
+                            id.clone(),
+                            NodeRecord {
+                                id: id.clone(),
+                                mgmt_addr: mgmt_addr.clone(),
+                                inventory: inventory.clone(),
+                                fabrics: fabrics.clone(),
+                                labels: labels.clone(),
+                                status: NodeStatus::Ready,
+                                cordoned: false,
+                                draining: false,
+                                registered_at_ms: *at_ms,
+                                status_changed_at_ms: *at_ms,
+                            },
+                        );
+                    }
+                }
+                Outcome::Applied
+            }
+            Command::SetNodeStatus { id, status, at_ms } => {
+                let Some(node) = self.nodes.get_mut(id) else {
+                    return unknown_node(id);
+                };
+                set_status(node, *status, *at_ms);
+                Outcome::Applied
+            }
+            Command::Cordon { id, .. } => {
+                let Some(node) = self.nodes.get_mut(id) else {
+                    return unknown_node(id);
+                };
+                node.cordoned = true;
+                Outcome::Applied
+            }
+            Command::Uncordon { id, .. } => {
+                let Some(node) = self.nodes.get_mut(id) else {
+                    return unknown_node(id);
+                };
+                if node.draining {
+                    return Rejection::conflict(format!(
+                        "node {id} is draining; it stays cordoned until the drain finishes"
+                    ));
+                }
+                node.cordoned = false;
+                Outcome::Applied
+            }
+            Command::StartDrain {
+                id,
+                deadline_ms,
+                at_ms,
+            } => {
+                let Some(node) = self.nodes.get_mut(id) else {
+                    return unknown_node(id);
+                };
+                if let Some(drain) = self.drains.get(id) {
+                    return Rejection::conflict(format!(
+                        "node {id} is already draining (since {} ms)",
+                        drain.started_at_ms
+                    ));
+                }
+                node.cordoned = true;
+                node.draining = true;
+                self.drains.insert(
+                    id.clone(),
+                    Drain {
+                        node: id.clone(),
+                        started_at_ms: *at_ms,
+                        deadline_ms: *deadline_ms,
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::FinishDrain { id, .. } => {
+                if self.drains.remove(id).is_none() {
+                    return Rejection::not_found(format!("node {id} has no drain in progress"));
+                }
+                if let Some(node) = self.nodes.get_mut(id) {
+                    node.draining = false;
+                }
+                Outcome::Applied
+            }
+            Command::PutModel {
+                name,
+                spec,
+                replicas,
+                at_ms,
+            } => {
+                if name.is_empty() {
+                    return Rejection::invalid("model name must not be empty");
+                }
+                self.models.insert(
+                    name.clone(),
+                    ModelRecord {
+                        name: name.clone(),
+                        spec: spec.clone(),
+                        desired_replicas: *replicas,
+                        updated_at_ms: *at_ms,
+                    },
+                );
+                Outcome::Applied
+            }
+            Command::DeleteModel { name, .. } => {
+                if self.models.remove(name).is_none() {
+                    return Rejection::not_found(format!("model {name} is not in the catalog"));
+                }
+                Outcome::Applied
+            }
+            Command::PlaceReplica {
+                id,
+                model,
+                profile,
+                shards,
+                at_ms,
+            } => self.place_replica(id, model, profile, shards, *at_ms),
+            Command::SetShardState {
+                replica,
+                rank,
+                state,
+                pid,
+                failure,
+                at_ms,
+            } => {
+                let Some(found) = self.replicas.get_mut(replica) else {
+                    return Rejection::not_found(format!("replica {replica} does not exist"));
+                };
+                let Some(shard) = found.shards.iter_mut().find(|s| s.rank == *rank) else {
+                    return Rejection::not_found(format!(
+                        "replica {replica} has no shard with rank {rank}"
+                    ));
+                };
+                if shard.state != *state {
+                    shard.state_changed_at_ms = *at_ms;
+                }
+                shard.state = *state;
+                shard.pid = *pid;
+                if failure.is_some() {
+                    shard.last_failure.clone_from(failure);
+                }
+                Outcome::Applied
+            }
+            Command::RemoveReplica { id, .. } => {
+                if self.replicas.remove(id).is_none() {
+                    return Rejection::not_found(format!("replica {id} does not exist"));
+                }
+                Outcome::Applied
+            }
+            Command::RetirePeer { peer, .. } => {
+                self.removed_peers.insert(*peer);
+                Outcome::Applied
+            }
+            Command::Unknown => Outcome::Applied,
+        }
+    }
+
+    fn place_replica(
+        &mut self,
+        id: &str,
+        model: &str,
+        profile: &str,
+        shards: &[Shard],
+        at_ms: u64,
+    ) -> Outcome {
+        if id.is_empty() {
+            return Rejection::invalid("replica id must not be empty");
+        }
+        if self.replicas.contains_key(id) {
+            return Rejection::conflict(format!("replica {id} already exists"));
+        }
+        if !self.models.contains_key(model) {
+            return Rejection::not_found(format!("model {model} is not in the catalog"));
+        }
+        if shards.is_empty() {
+            return Rejection::invalid(format!("replica {id} has no shards"));
+        }
+        let ranks: BTreeSet<u32> = shards.iter().map(|s| s.rank).collect();
+        if ranks.len() != shards.len() || ranks.iter().copied().ne(0..shards.len() as u32) {
+            return Rejection::invalid(format!(
+                "replica {id}: shard ranks must be 0..{} without gaps",
+                shards.len()
+            ));
+        }
+        for shard in shards {
+            if !self.nodes.contains_key(&shard.node) {
+                return unknown_node(&shard.node);
+            }
+            for gpu in &shard.gpus {
+                if let Some(holder) = self.gpu_holder(&shard.node, *gpu) {
+                    return Rejection::conflict(format!(
+                        "GPU {gpu} on node {} is already used by replica {holder}",
+                        shard.node
+                    ));
+                }
+            }
+        }
+        let shards = shards
+            .iter()
+            .map(|s| Shard {
+                state: ShardState::Pending,
+                pid: None,
+                last_failure: None,
+                state_changed_at_ms: at_ms,
+                ..s.clone()
+            })
+            .collect();
+        self.replicas.insert(
+            id.to_owned(),
+            Replica {
+                id: id.to_owned(),
+                model: model.to_owned(),
+                profile: profile.to_owned(),
+                shards,
+                created_at_ms: at_ms,
+            },
+        );
+        Outcome::Applied
+    }
+
+    /// The replica holding a GPU with a shard that is not stopped.
+    fn gpu_holder(&self, node: &str, gpu: u32) -> Option<&str> {
+        self.replicas.values().find_map(|replica| {
+            replica
+                .shards
+                .iter()
+                .any(|s| s.node == node && s.state != ShardState::Stopped && s.gpus.contains(&gpu))
+                .then_some(replica.id.as_str())
+        })
+    }
+}
+
+fn set_status(node: &mut NodeRecord, status: NodeStatus, at_ms: u64) {
+    if node.status != status {
+        node.status = status;
+        node.status_changed_at_ms = at_ms;
+    }
+}
+
+fn unknown_node(id: &str) -> Outcome {
+    Rejection::not_found(format!("node {id} is not registered"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,363 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use crate::{
+    Command, FleetState, Gpu, NodeInventory, NodeStatus, Outcome, RejectionKind, ReplicaState,
+    Shard, ShardFailure, ShardState,
+};
+
+fn register(id: &str, at_ms: u64) -> Command {
+    Command::RegisterNode {
+        id: id.to_owned(),
+        mgmt_addr: format!("10.0.0.1:{}", 7000 + id.len()),
+        inventory: NodeInventory {
+            hostname: id.to_owned(),
+            gpus: (0..4)
+                .map(|index| Gpu {
+                    index,
+                    model: "H100".to_owned(),
+                    memory_mb: 81_920,
+                    nvlink_peers: vec![],
+                })
+                .collect(),
+            engines: vec!["vllm".to_owned()],
+        },
+        fabrics: vec!["ib-a".to_owned()],
+        labels: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
+        at_ms,
+    }
+}
+
+fn put_model(name: &str, replicas: u32) -> Command {
+    Command::PutModel {
+        name: name.to_owned(),
+        spec: serde_json::json!({"name": name, "replicas": replicas}),
+        replicas,
+        at_ms: 5,
+    }
+}
+
+fn shard(node: &str, gpus: &[u32], rank: u32) -> Shard {
+    Shard {
+        node: node.to_owned(),
+        gpus: gpus.to_vec(),
+        port: 9000,
+        rank,
+        state: ShardState::Running,
+        pid: Some(1),
+        last_failure: None,
+        state_changed_at_ms: 0,
+    }
+}
+
+fn place(id: &str, model: &str, shards: Vec<Shard>) -> Command {
+    Command::PlaceReplica {
+        id: id.to_owned(),
+        model: model.to_owned(),
+        profile: "tp1".to_owned(),
+        shards,
+        at_ms: 10,
+    }
+}
+
+fn rejected_kind(outcome: Outcome) -> RejectionKind {
+    match outcome {
+        Outcome::Rejected(rejection) => rejection.kind,
+        Outcome::Applied => panic!("expected a rejection"),
+    }
+}
+
+#[test]
+fn register_creates_a_ready_node_and_reregistration_keeps_the_cordon() {
+    let mut state = FleetState::default();
+    assert_eq!(state.apply(&register("gpu-1", 1)), Outcome::Applied);
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Ready);
+    state.apply(&Command::Cordon {
+        id: "gpu-1".into(),
+        at_ms: 2,
+    });
+    state.apply(&Command::SetNodeStatus {
+        id: "gpu-1".into(),
+        status: NodeStatus::Lost,
+        at_ms: 3,
+    });
+    state.apply(&register("gpu-1", 4));
+    let node = &state.nodes["gpu-1"];
+    assert!(node.cordoned, "re-registration must not lift a cordon");
+    assert_eq!(node.status, NodeStatus::Ready);
+    assert_eq!(node.status_changed_at_ms, 4);
+    assert_eq!(node.registered_at_ms, 1);
+}
+
+#[test]
+fn commands_on_unknown_nodes_are_rejected_without_change() {
+    let mut state = FleetState::default();
+    let before = state.hash();
+    for command in [
+        Command::Cordon {
+            id: "nope".into(),
+            at_ms: 1,
+        },
+        Command::SetNodeStatus {
+            id: "nope".into(),
+            status: NodeStatus::Unreachable,
+            at_ms: 1,
+        },
+        Command::StartDrain {
+            id: "nope".into(),
+            deadline_ms: 9,
+            at_ms: 1,
+        },
+    ] {
+        assert_eq!(
+            rejected_kind(state.apply(&command)),
+            RejectionKind::NotFound
+        );
+    }
+    assert_eq!(state.hash(), before);
+}
+
+#[test]
+fn drain_cordons_and_blocks_uncordon_until_finished() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let drain = Command::StartDrain {
+        id: "gpu-1".into(),
+        deadline_ms: 100,
+        at_ms: 2,
+    };
+    assert_eq!(state.apply(&drain), Outcome::Applied);
+    assert!(state.nodes["gpu-1"].cordoned && state.nodes["gpu-1"].draining);
+    assert_eq!(rejected_kind(state.apply(&drain)), RejectionKind::Conflict);
+    let uncordon = Command::Uncordon {
+        id: "gpu-1".into(),
+        at_ms: 3,
+    };
+    assert_eq!(
+        rejected_kind(state.apply(&uncordon)),
+        RejectionKind::Conflict
+    );
+    state.apply(&Command::FinishDrain {
+        id: "gpu-1".into(),
+        at_ms: 4,
+    });
+    assert!(state.drains.is_empty());
+    assert!(
+        state.nodes["gpu-1"].cordoned,
+        "a drained node stays cordoned"
+    );
+    assert_eq!(state.apply(&uncordon), Outcome::Applied);
+    assert!(!state.nodes["gpu-1"].cordoned);
+}
+
+#[test]
+fn placement_is_checked_against_catalog_nodes_ranks_and_gpus() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let unknown_model = place("r1", "llama", vec![shard("gpu-1", &[0], 0)]);
+    assert_eq!(
+        rejected_kind(state.apply(&unknown_model)),
+        RejectionKind::NotFound
+    );
+    state.apply(&put_model("llama", 2));
+    assert_eq!(state.apply(&unknown_model), Outcome::Applied);
+    let placed = &state.replicas["r1"];
+    assert_eq!(
+        placed.shards[0].state,
+        ShardState::Pending,
+        "placement starts pending"
+    );
+    assert_eq!(placed.state(), ReplicaState::Starting);
+
+    let same_gpu = place("r2", "llama", vec![shard("gpu-1", &[0, 1], 0)]);
+    assert_eq!(
+        rejected_kind(state.apply(&same_gpu)),
+        RejectionKind::Conflict
+    );
+    let gap = place("r3", "llama", vec![shard("gpu-1", &[2], 1)]);
+    assert_eq!(rejected_kind(state.apply(&gap)), RejectionKind::Invalid);
+    let other_node = place("r4", "llama", vec![shard("gpu-9", &[2], 0)]);
+    assert_eq!(
+        rejected_kind(state.apply(&other_node)),
+        RejectionKind::NotFound
+    );
+    let duplicate = place("r1", "llama", vec![shard("gpu-1", &[3], 0)]);
+    assert_eq!(
+        rejected_kind(state.apply(&duplicate)),
+        RejectionKind::Conflict
+    );
+}
+
+#[test]
+fn shard_transitions_keep_the_last_failure() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    state.apply(&put_model("llama", 1));
+    state.apply(&place("r1", "llama", vec![shard("gpu-1", &[0], 0)]));
+    let failure = ShardFailure {
+        message: "exit status 1".into(),
+        output_tail: vec!["CUDA out of memory".into()],
+        at_ms: 20,
+    };
+    state.apply(&Command::SetShardState {
+        replica: "r1".into(),
+        rank: 0,
+        state: ShardState::Failed,
+        pid: None,
+        failure: Some(failure.clone()),
+        at_ms: 20,
+    });
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Failed);
+    state.apply(&Command::SetShardState {
+        replica: "r1".into(),
+        rank: 0,
+        state: ShardState::Running,
+        pid: Some(42),
+        failure: None,
+        at_ms: 30,
+    });
+    let shard = &state.replicas["r1"].shards[0];
+    assert_eq!(shard.pid, Some(42));
+    assert_eq!(shard.last_failure.as_ref(), Some(&failure));
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Running);
+    let bad_rank = Command::SetShardState {
+        replica: "r1".into(),
+        rank: 7,
+        state: ShardState::Running,
+        pid: None,
+        failure: None,
+        at_ms: 31,
+    };
+    assert_eq!(
+        rejected_kind(state.apply(&bad_rank)),
+        RejectionKind::NotFound
+    );
+}
+
+#[test]
+fn an_unknown_command_from_a_newer_peer_decodes_and_is_a_no_op() {
+    let wire = r#"{"type":"rebalance_fabric","fabric":"ib-a","at_ms":5}"#;
+    let command: Command = serde_json::from_str(wire).expect("unknown tag decodes");
+    assert_eq!(command, Command::Unknown);
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let before = state.hash();
+    assert_eq!(state.apply(&command), Outcome::Applied);
+    assert_eq!(state.hash(), before);
+}
+
+#[test]
+fn retired_peers_are_remembered() {
+    let mut state = FleetState::default();
+    state.apply(&Command::RetirePeer { peer: 3, at_ms: 1 });
+    state.apply(&Command::RetirePeer { peer: 3, at_ms: 2 });
+    assert_eq!(
+        state.removed_peers.iter().copied().collect::<Vec<_>>(),
+        vec![3]
+    );
+}
+
+fn arb_command() -> impl Strategy<Value = Command> {
+    let node = prop::sample::select(vec!["gpu-1", "gpu-2", "gpu-3"]).prop_map(str::to_owned);
+    let model = prop::sample::select(vec!["llama", "qwen"]).prop_map(str::to_owned);
+    let at = 0u64..1_000;
+    prop_oneof![
+        (node.clone(), at.clone()).prop_map(|(id, at)| register(&id, at)),
+        (node.clone(), 0usize..3, at.clone()).prop_map(|(id, s, at_ms)| Command::SetNodeStatus {
+            id,
+            status: [NodeStatus::Ready, NodeStatus::Unreachable, NodeStatus::Lost][s],
+            at_ms,
+        }),
+        (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::Cordon { id, at_ms }),
+        (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::Uncordon { id, at_ms }),
+        (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::StartDrain {
+            id,
+            deadline_ms: at_ms + 10,
+            at_ms
+        }),
+        (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::FinishDrain { id, at_ms }),
+        (model.clone(), 0u32..4).prop_map(|(name, n)| put_model(&name, n)),
+        (model.clone(), at.clone()).prop_map(|(name, at_ms)| Command::DeleteModel { name, at_ms }),
+        (0u8..4, model, node.clone(), 0u32..4).prop_map(|(r, model, node, gpu)| place(
+            &format!("r{r}"),
+            &model,
+            vec![shard(&node, &[gpu], 0)]
+        )),
+        (0u8..4, 0usize..6, at.clone()).prop_map(|(r, s, at_ms)| Command::SetShardState {
+            replica: format!("r{r}"),
+            rank: 0,
+            state: [
+                ShardState::Pending,
+                ShardState::Starting,
+                ShardState::Running,
+                ShardState::Draining,
+                ShardState::Stopped,
+                ShardState::Failed
+            ][s],
+            pid: Some(u32::from(r)),
+            failure: None,
+            at_ms,
+        }),
+        (0u8..4, at.clone()).prop_map(|(r, at_ms)| Command::RemoveReplica {
+            id: format!("r{r}"),
+            at_ms
+        }),
+        (1u64..6, at).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
+    ]
+}
+
+proptest! {
+    /// Two peers applying the same log agree on every outcome and the hash,
+    /// even when the log travelled through its wire encoding.
+    #[test]
+    fn replaying_the_same_log_is_deterministic(log in prop::collection::vec(arb_command(), 0..60)) {
+        let mut leader = FleetState::default();
+        let mut follower = FleetState::default();
+        for command in &log {
+            let wire = serde_json::to_vec(command).unwrap();
+            let decoded: Command = serde_json::from_slice(&wire).unwrap();
+            prop_assert_eq!(&decoded, command);
+            prop_assert_eq!(leader.apply(command), follower.apply(&decoded));
+        }
+        prop_assert_eq!(leader.hash(), follower.hash());
+        prop_assert_eq!(&leader, &follower);
+    }
+
+    /// A peer that restored a snapshot taken mid-log and applied the rest
+    /// ends where a peer that applied the whole log ends.
+    #[test]
+    fn snapshot_then_tail_equals_whole_log(
+        log in prop::collection::vec(arb_command(), 0..60),
+        cut in 0usize..60,
+    ) {
+        let cut = cut.min(log.len());
+        let mut whole = FleetState::default();
+        for command in &log {
+            whole.apply(command);
+        }
+        let mut prefix = FleetState::default();
+        for command in &log[..cut] {
+            prefix.apply(command);
+        }
+        let snapshot = serde_json::to_vec(&prefix).unwrap();
+        let mut restored: FleetState = serde_json::from_slice(&snapshot).unwrap();
+        prop_assert_eq!(restored.hash(), prefix.hash());
+        for command in &log[cut..] {
+            restored.apply(command);
+        }
+        prop_assert_eq!(restored.hash(), whole.hash());
+    }
+
+    /// A rejected command leaves the state exactly as it was.
+    #[test]
+    fn rejections_change_nothing(log in prop::collection::vec(arb_command(), 0..60)) {
+        let mut state = FleetState::default();
+        for command in &log {
+            let before = state.clone();
+            if let Outcome::Rejected(_) = state.apply(command) {
+                prop_assert_eq!(&state, &before);
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The commands that change [`FleetState`](crate::FleetState), and what
+//! applying one produced.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::types::{NodeInventory, NodeStatus, Shard, ShardFailure, ShardState};
+
+/// A change to the replicated state, as it travels in the Raft log.
+///
+/// **Append only.** Variants are only ever added at the end, and an existing
+/// variant's fields never change meaning. Variants are tagged by name on the
+/// wire, and a peer that reads a tag it does not know decodes it as
+/// [`Command::Unknown`] and applies it as a no-op, so an older peer keeps
+/// replicating the log of a newer leader during a rolling upgrade instead of
+/// failing to decode it.
+///
+/// Every variant carries `at_ms`, the proposer's wall clock in milliseconds:
+/// `apply` never reads a clock, so all peers record the same times.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// An agent registered (or re-registered with new inventory).
+    RegisterNode {
+        id: String,
+        mgmt_addr: String,
+        inventory: NodeInventory,
+        fabrics: Vec<String>,
+        labels: BTreeMap<String, String>,
+        at_ms: u64,
+    },
+    /// A liveness transition decided by the leader.
+    SetNodeStatus {
+        id: String,
+        status: NodeStatus,
+        at_ms: u64,
+    },
+    Cordon {
+        id: String,
+        at_ms: u64,
+    },
+    /// Lifts a cordon. Refused while the node drains.
+    Uncordon {
+        id: String,
+        at_ms: u64,
+    },
+    /// Starts draining a node: it is cordoned and its replicas move away.
+    StartDrain {
+        id: String,
+        deadline_ms: u64,
+        at_ms: u64,
+    },
+    /// The drain finished (every replica moved); the node stays cordoned.
+    FinishDrain {
+        id: String,
+        at_ms: u64,
+    },
+    /// Adds or replaces a catalog entry.
+    PutModel {
+        name: String,
+        spec: serde_json::Value,
+        replicas: u32,
+        at_ms: u64,
+    },
+    DeleteModel {
+        name: String,
+        at_ms: u64,
+    },
+    /// A placement decided by the leader's scheduler.
+    PlaceReplica {
+        id: String,
+        model: String,
+        profile: String,
+        shards: Vec<Shard>,
+        at_ms: u64,
+    },
+    /// An observed shard transition reported by an agent.
+    SetShardState {
+        replica: String,
+        rank: u32,
+        state: ShardState,
+        pid: Option<u32>,
+        failure: Option<ShardFailure>,
+        at_ms: u64,
+    },
+    RemoveReplica {
+        id: String,
+        at_ms: u64,
+    },
+    /// A Raft peer left the cluster; its id is retired for good.
+    RetirePeer {
+        peer: u64,
+        at_ms: u64,
+    },
+    /// A command from a newer llmgw this build does not know; applied as a
+    /// no-op. Never proposed by this build.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Command {
+    /// A short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::RegisterNode { .. } => "register_node",
+            Command::SetNodeStatus { .. } => "set_node_status",
+            Command::Cordon { .. } => "cordon",
+            Command::Uncordon { .. } => "uncordon",
+            Command::StartDrain { .. } => "start_drain",
+            Command::FinishDrain { .. } => "finish_drain",
+            Command::PutModel { .. } => "put_model",
+            Command::DeleteModel { .. } => "delete_model",
+            Command::PlaceReplica { .. } => "place_replica",
+            Command::SetShardState { .. } => "set_shard_state",
+            Command::RemoveReplica { .. } => "remove_replica",
+            Command::RetirePeer { .. } => "retire_peer",
+            Command::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let subject = match self {
+            Command::RegisterNode { id, .. }
+            | Command::SetNodeStatus { id, .. }
+            | Command::Cordon { id, .. }
+            | Command::Uncordon { id, .. }
+            | Command::StartDrain { id, .. }
+            | Command::FinishDrain { id, .. }
+            | Command::PlaceReplica { id, .. }
+            | Command::RemoveReplica { id, .. } => id.clone(),
+            Command::PutModel { name, .. } | Command::DeleteModel { name, .. } => name.clone(),
+            Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
+            Command::RetirePeer { peer, .. } => peer.to_string(),
+            Command::Unknown => return f.write_str("unknown"),
+        };
+        write!(f, "{} {subject}", self.kind())
+    }
+}
+
+/// What applying a command did. A rejection is a normal, replicated outcome
+/// (every peer rejects the same command the same way), not an error of the
+/// log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Applied,
+    Rejected(Rejection),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Rejection {
+    pub kind: RejectionKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectionKind {
+    /// The command names something that does not exist.
+    NotFound,
+    /// The command contradicts the current state.
+    Conflict,
+    /// The command is malformed.
+    Invalid,
+}
+
+impl Rejection {
+    pub(crate) fn not_found(message: impl Into<String>) -> Outcome {
+        Outcome::Rejected(Rejection {
+            kind: RejectionKind::NotFound,
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn conflict(message: impl Into<String>) -> Outcome {
+        Outcome::Rejected(Rejection {
+            kind: RejectionKind::Conflict,
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Outcome {
+        Outcome::Rejected(Rejection {
+            kind: RejectionKind::Invalid,
+            message: message.into(),
+        })
+    }
+}

@@ -1,0 +1,19 @@
+//! The replicated state of the llmgw control plane (design section 4) and the
+//! only way to change it: a [`Command`] applied by [`FleetState::apply`].
+//!
+//! Everything here is pure. `apply` reads no clock and no randomness: the
+//! time of a change travels inside the command, so every peer that applies the
+//! same log reaches the same state, which [`FleetState::hash`] lets operators
+//! and tests compare across peers.
+
+mod apply;
+mod command;
+mod hash;
+mod types;
+
+pub use command::{Command, Outcome, Rejection, RejectionKind};
+pub use hash::StateHash;
+pub use types::{
+    Drain, FleetState, Gpu, ModelRecord, NodeInventory, NodeRecord, NodeStatus, Replica,
+    ReplicaState, Shard, ShardFailure, ShardState,
+};

@@ -1,0 +1,160 @@
+//! Opening the database, and the checks that refuse a damaged one.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamilyDescriptor, DB, DBRecoveryMode, IteratorMode, Options};
+
+use crate::error::StoreError;
+use crate::log_store::{self, LogStore};
+use crate::state_machine::{self, StateMachineStore};
+use crate::types::Entry;
+
+pub(crate) const CF_META: &str = "meta";
+pub(crate) const CF_LOGS: &str = "logs";
+pub(crate) const CF_SNAPSHOT: &str = "snapshot";
+const KEY_CREATED: &[u8] = b"created";
+
+/// Both halves of a peer's storage, over one database.
+pub struct Store {
+    pub log: LogStore,
+    pub state_machine: StateMachineStore,
+}
+
+impl Store {
+    /// Nothing was ever stored: no vote, no log, no snapshot. Only such a
+    /// store may take part in bootstrapping a new cluster.
+    pub fn is_pristine(&self) -> bool {
+        self.log.is_pristine() && !self.state_machine.has_snapshot()
+    }
+}
+
+/// Opens (creating if absent) the store in `dir` and verifies it.
+pub fn open(dir: &Path) -> Result<Store, StoreError> {
+    // RocksDB writes CURRENT when it creates a database: if it is there, a
+    // database existed, and it must still hold its creation marker.
+    let existed = dir.join("CURRENT").exists();
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    options.set_paranoid_checks(true);
+    // Every acknowledged write was synced, so a WAL that does not replay
+    // completely means data was lost or damaged after the fact: refuse it
+    // rather than silently start from a shorter log.
+    options.set_wal_recovery_mode(DBRecoveryMode::AbsoluteConsistency);
+    let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
+        .into_iter()
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
+    let db = DB::open_cf_descriptors(&options, dir, families).map_err(|source| {
+        if is_damage(&source) {
+            StoreError::Corrupt {
+                path: dir.to_owned(),
+                detail: source.to_string(),
+            }
+        } else {
+            StoreError::Open {
+                path: dir.to_owned(),
+                source,
+            }
+        }
+    })?;
+    let db = Arc::new(db);
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: dir.to_owned(),
+        detail,
+    };
+    verify_created(&db, existed).map_err(corrupt)?;
+    verify(&db).map_err(corrupt)?;
+    let log = LogStore::new(db.clone());
+    let state_machine = StateMachineStore::load(db).map_err(corrupt)?;
+    let store = Store { log, state_machine };
+    verify_log_covers_snapshot(&store).map_err(corrupt)?;
+    Ok(store)
+}
+
+/// A new database gets a synced creation marker before anything else; an
+/// existing one without it lost writes (for example its WAL files).
+fn verify_created(db: &DB, existed: bool) -> Result<(), String> {
+    let meta = db.cf_handle(CF_META).expect("meta column family exists");
+    let marker = db
+        .get_cf(meta, KEY_CREATED)
+        .map_err(|e| format!("reading the creation marker: {e}"))?;
+    match (marker, existed) {
+        (Some(_), _) => Ok(()),
+        (None, false) => {
+            let mut batch = rocksdb::WriteBatch::default();
+            batch.put_cf(meta, KEY_CREATED, b"llmgw-store-v1");
+            db.write_opt(batch, &log_store::synced())
+                .map_err(|e| format!("writing the creation marker: {e}"))
+        }
+        (None, true) => Err(
+            "the database exists but its creation marker is gone, so writes it had              acknowledged are missing (were WAL or table files deleted?)"
+                .to_owned(),
+        ),
+    }
+}
+
+fn is_damage(error: &rocksdb::Error) -> bool {
+    use rocksdb::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::Corruption | ErrorKind::IOError | ErrorKind::InvalidArgument
+    ) && !error.to_string().contains("lock")
+}
+
+/// Reads everything back once: each log entry decodes, sits under its own
+/// index, and the indices are contiguous; the vote and purge point decode.
+fn verify(db: &DB) -> Result<(), String> {
+    log_store::read_meta(db).map_err(|e| e.to_string())?;
+    let cf = db.cf_handle(CF_LOGS).expect("logs column family exists");
+    let mut previous: Option<u64> = None;
+    for item in db.iterator_cf(cf, IteratorMode::Start) {
+        let (key, value) = item.map_err(|e| format!("reading the log: {e}"))?;
+        let index = log_store::decode_index(&key)
+            .ok_or_else(|| format!("log key of {} bytes, expected 8", key.len()))?;
+        let entry: Entry = serde_json::from_slice(&value)
+            .map_err(|e| format!("log entry {index} does not decode: {e}"))?;
+        if entry.log_id.index != index {
+            return Err(format!(
+                "log entry stored under index {index} says it is entry {}",
+                entry.log_id.index
+            ));
+        }
+        if let Some(previous) = previous
+            && index != previous + 1
+        {
+            return Err(format!(
+                "log entries {} to {} are missing",
+                previous + 1,
+                index - 1
+            ));
+        }
+        previous = Some(index);
+    }
+    state_machine::verify_snapshot(db)
+}
+
+/// Entries the log no longer holds must be inside the snapshot.
+fn verify_log_covers_snapshot(store: &Store) -> Result<(), String> {
+    let purged = store.log.last_purged_index();
+    let snapshot = store.state_machine.snapshot_last_index();
+    if let Some(purged) = purged
+        && snapshot.is_none_or(|snapshot| snapshot < purged)
+    {
+        return Err(format!(
+            "the log was purged up to entry {purged} but the snapshot {} ",
+            match snapshot {
+                Some(index) => format!("only reaches entry {index}"),
+                None => "is missing".to_owned(),
+            }
+        ));
+    }
+    if let (Some(first), Some(purged)) = (store.log.first_index(), purged)
+        && first != purged + 1
+    {
+        return Err(format!(
+            "the log was purged up to entry {purged} but starts at entry {first}"
+        ));
+    }
+    Ok(())
+}
