@@ -5,8 +5,8 @@ use clap::Args;
 /// Run a whole llmgw cluster locally, on 127.0.0.1.
 #[derive(Debug, Clone, Args)]
 pub struct DevArgs {
-    /// Simulated GPU nodes (agents) to start. Only 0 is supported so far:
-    /// the control plane alone.
+    /// Simulated GPU nodes (agents) to start. Only 0 is supported so far (the
+    /// leader's agent service is not built yet): the control plane alone.
     #[arg(long, default_value_t = 0)]
     pub nodes: u32,
     /// Where configs, data, logs and dev.json go.

@@ -46,8 +46,8 @@ struct Running {
 pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
     if args.nodes > 0 {
         return Err(DevError::Usage(format!(
-            "--nodes {}: simulated GPU nodes need `llmgw agent`, which this build does not \
-             include yet; run `llmgw dev --nodes 0` for the control plane alone",
+            "--nodes {}: simulated GPU nodes need the leader's agent service, which this \
+             build does not include yet; run `llmgw dev --nodes 0` for the control plane alone",
             args.nodes
         )));
     }
