@@ -162,33 +162,23 @@ impl Metrics {
     ) -> String {
         let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(model_name));
         let mut out = String::with_capacity(16 * 1024);
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}",
-                float_text(v)
-            );
-        };
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}.0"
-            );
-        };
         gauge(
             &mut out,
+            &labels,
             "vllm:num_requests_running",
             "Number of requests in model execution batches.",
             gauges.running as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "vllm:num_requests_waiting",
             "Number of requests waiting to be processed.",
             gauges.waiting as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "vllm:kv_cache_usage_perc",
             "KV-cache usage. 1 means 100 percent usage.",
             gauges.kv_usage,
@@ -196,6 +186,7 @@ impl Metrics {
         if legacy_names && show_hidden {
             gauge(
                 &mut out,
+                &labels,
                 "vllm:gpu_cache_usage_perc",
                 "GPU KV-cache usage. 1 means 100 percent usage.(Deprecated; use vllm:kv_cache_usage_perc instead.)",
                 gauges.kv_usage,
@@ -203,30 +194,35 @@ impl Metrics {
         }
         counter(
             &mut out,
+            &labels,
             "vllm:prefix_cache_queries_total",
             "Prefix cache queries, in terms of number of queried tokens.",
             self.prefix_queries.load(Ordering::Relaxed),
         );
         counter(
             &mut out,
+            &labels,
             "vllm:prefix_cache_hits_total",
             "Prefix cache hits, in terms of number of cached tokens.",
             self.prefix_hits.load(Ordering::Relaxed),
         );
         counter(
             &mut out,
+            &labels,
             "vllm:num_preemptions_total",
             "Cumulative number of preemption from the engine.",
             0,
         );
         counter(
             &mut out,
+            &labels,
             "vllm:prompt_tokens_total",
             "Number of prefill tokens processed.",
             self.prompt_tokens.load(Ordering::Relaxed),
         );
         counter(
             &mut out,
+            &labels,
             "vllm:generation_tokens_total",
             "Number of generation tokens processed.",
             self.generation_tokens.load(Ordering::Relaxed),
@@ -285,51 +281,44 @@ impl Metrics {
             escape_label(model_name)
         );
         let mut out = String::with_capacity(16 * 1024);
-        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}",
-                float_text(v)
-            );
-        };
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}.0"
-            );
-        };
         gauge(
             &mut out,
+            &labels,
             "sglang:num_running_reqs",
             "The number of running requests.",
             gauges.running as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "sglang:num_queue_reqs",
             "The number of requests in the waiting queue.",
             gauges.waiting as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "sglang:num_used_tokens",
             "The number of used tokens.",
             gauges.kv_tokens_used as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "sglang:token_usage",
             "The token usage.",
             gauges.kv_usage,
         );
         gauge(
             &mut out,
+            &labels,
             "sglang:max_total_num_tokens",
             "Maximum total number of tokens in the KV cache pool.",
             gauges.kv_capacity as f64,
         );
         gauge(
             &mut out,
+            &labels,
             "sglang:gen_throughput",
             "The generation throughput (token/s).",
             gauges.gen_throughput,
@@ -343,30 +332,35 @@ impl Metrics {
         };
         gauge(
             &mut out,
+            &labels,
             "sglang:cache_hit_rate",
             "The prefix cache hit rate.",
             hit_rate,
         );
         counter(
             &mut out,
+            &labels,
             "sglang:prompt_tokens_total",
             "Number of prefill tokens processed.",
             self.prompt_tokens.load(Ordering::Relaxed),
         );
         counter(
             &mut out,
+            &labels,
             "sglang:generation_tokens_total",
             "Number of generation tokens processed.",
             self.generation_tokens.load(Ordering::Relaxed),
         );
         counter(
             &mut out,
+            &labels,
             "sglang:cached_tokens_total",
             "Number of cached prompt tokens.",
             hits,
         );
         counter(
             &mut out,
+            &labels,
             "sglang:num_requests_total",
             "Number of requests processed.",
             self.requests_total.load(Ordering::Relaxed),
@@ -397,6 +391,23 @@ impl Metrics {
         );
         out
     }
+}
+
+/// One gauge series with its HELP and TYPE lines.
+fn gauge(out: &mut String, labels: &str, name: &str, help: &str, v: f64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}",
+        float_text(v)
+    );
+}
+
+/// One counter series with its HELP and TYPE lines.
+fn counter(out: &mut String, labels: &str, name: &str, help: &str, v: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}.0"
+    );
 }
 
 fn escape_label(value: &str) -> String {
