@@ -17,4 +17,4 @@ pub use args::DevArgs;
 pub use demo::demo_catalog;
 pub use layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml};
 pub use nodes::{A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml};
-pub use run::{DevError, run_dev};
+pub use run::{DevError, engine_groups, run_dev};

@@ -425,18 +425,26 @@ fn signal(pid: i32, signal: &str) {
         .status();
 }
 
-/// Engine process groups an agent recorded in its state files. Engines
-/// outlive their agent by design, so `dev` stops them itself.
-fn engine_groups(work_dir: &Path) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir(work_dir.join("shards")) else {
+/// Engine process groups an agent recorded in its state files
+/// (`work_dir/shards/*.json`). Engines outlive their agent by design, so
+/// `dev` (and tests) stop them through these.
+pub fn engine_groups(agent_work_dir: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(agent_work_dir.join("shards")) else {
         return Vec::new();
     };
     entries
         .flatten()
         .filter_map(|e| std::fs::read(e.path()).ok())
         .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .filter_map(|v| v["pid"].as_i64().and_then(|p| i32::try_from(p).ok()))
-        .filter(|pid| *pid > 1)
+        .flat_map(|v| {
+            v["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["pgid"].as_i64().and_then(|g| i32::try_from(g).ok()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|pgid| *pgid > 1)
         .collect()
 }
 

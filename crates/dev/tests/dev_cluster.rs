@@ -79,15 +79,7 @@ fn pids(work_dir: &Path) -> Vec<i32> {
         );
     }
     for entry in std::fs::read_dir(work_dir).into_iter().flatten().flatten() {
-        let shards = entry.path().join("shards");
-        for file in std::fs::read_dir(shards).into_iter().flatten().flatten() {
-            if let Ok(bytes) = std::fs::read(file.path())
-                && let Ok(record) = serde_json::from_slice::<Value>(&bytes)
-                && let Some(pid) = record["pid"].as_i64()
-            {
-                out.push(pid as i32);
-            }
-        }
+        out.extend(llmgw_dev::engine_groups(&entry.path()));
     }
     out
 }

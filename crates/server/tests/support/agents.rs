@@ -98,17 +98,7 @@ impl Agent {
 
     /// Engine process groups the agent recorded in its state files.
     pub fn engine_pids(&self) -> Vec<i32> {
-        let dir = self.layout.work_dir.join("shards");
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| std::fs::read(e.path()).ok())
-            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .filter_map(|v| v["pid"].as_i64())
-            .filter_map(|pid| i32::try_from(pid).ok())
-            .collect()
+        llmgw_dev::engine_groups(&self.layout.work_dir)
     }
 
     pub fn log_text(&self) -> String {
