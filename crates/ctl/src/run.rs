@@ -72,14 +72,11 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
                 .await?,
             |_| "peer removed\n".to_owned(),
         ),
-        CtlCommand::Nodes { node: None } => (
-            client.call(Method::GET, "/api/v1/nodes", None).await?,
-            render_nodes,
-        ),
+        CtlCommand::Nodes { node: None } => {
+            (client.call_leader("/api/v1/nodes").await?, render_nodes)
+        }
         CtlCommand::Nodes { node: Some(node) } => (
-            client
-                .call(Method::GET, &format!("/api/v1/nodes/{node}"), None)
-                .await?,
+            client.call_leader(&format!("/api/v1/nodes/{node}")).await?,
             crate::render::node_detail,
         ),
         CtlCommand::Explain { model } => (

@@ -196,12 +196,50 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
         .find(|p| p["role"] == "server" && p["id"].as_u64() == Some(leader))
         .and_then(|p| p["pid"].as_i64())
         .unwrap() as i32;
-    signal(leader_pid, libc::SIGKILL);
-    // The router talks to engines directly: chat works at once and after.
-    for _ in 0..5 {
-        let answer = stream_chat(&http, &router).await.unwrap();
-        assert!(!answer.is_empty());
+    // A bounded load loop runs through the router while the leader dies:
+    // the router talks to engines directly, so not one request may fail.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (http, router, stop) = (http.clone(), router.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            for _ in 0..400 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                match stream_chat(&http, &router).await {
+                    Ok(answer) if !answer.is_empty() => ok += 1,
+                    Ok(_) => failed.push("empty answer".to_owned()),
+                    Err(why) => failed.push(why),
+                }
+            }
+            (ok, failed)
+        }));
     }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal(leader_pid, libc::SIGKILL);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for worker in workers {
+        let (o, f) = worker.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    println!(
+        "load through the router across the leader kill: {ok} ok, {} failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} requests failed: {failed:?}",
+        failed.len()
+    );
+    assert!(ok >= 20, "the load loop ran: {ok} requests");
+    // And after the new leader took over.
+    let answer = stream_chat(&http, &router).await.unwrap();
+    assert!(!answer.is_empty());
 
     let every = pids(&work_dir);
     assert!(

@@ -35,11 +35,12 @@ pub struct NodeView {
     pub stream: Option<LinkView>,
 }
 
-fn node_view(state: &ApiState, fleet: &FleetState, record: &NodeRecord, leading: bool) -> NodeView {
-    let mut shards = Vec::new();
+/// Every node's shards, in one pass over the replicas.
+fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
+    let mut out: BTreeMap<&str, Vec<NodeShard>> = BTreeMap::new();
     for replica in fleet.replicas.values() {
-        for shard in replica.shards.iter().filter(|s| s.node == record.id) {
-            shards.push(NodeShard {
+        for shard in &replica.shards {
+            out.entry(shard.node.as_str()).or_default().push(NodeShard {
                 shard: replica.shard_id(shard.rank),
                 replica: replica.id.clone(),
                 model: replica.model.clone(),
@@ -49,6 +50,15 @@ fn node_view(state: &ApiState, fleet: &FleetState, record: &NodeRecord, leading:
             });
         }
     }
+    out
+}
+
+fn node_view(
+    state: &ApiState,
+    record: &NodeRecord,
+    shards: Vec<NodeShard>,
+    leading: bool,
+) -> NodeView {
     let gpus_used = shards
         .iter()
         .filter(|s| s.state != "stopped")
@@ -70,10 +80,14 @@ pub async fn nodes(
     state.before_read(&query).await?;
     let leading = state.control.leading_term().is_some();
     Ok(Json(state.control.read(|fleet| {
+        let mut shards = shards_by_node(fleet);
         fleet
             .nodes
             .values()
-            .map(|record| node_view(&state, fleet, record, leading))
+            .map(|record| {
+                let mine = shards.remove(record.id.as_str()).unwrap_or_default();
+                node_view(&state, record, mine, leading)
+            })
             .collect()
     })))
 }
@@ -88,10 +102,12 @@ pub async fn node(
     state
         .control
         .read(|fleet| {
-            fleet
-                .nodes
-                .get(&id)
-                .map(|record| node_view(&state, fleet, record, leading))
+            fleet.nodes.get(&id).map(|record| {
+                let mine = shards_by_node(fleet)
+                    .remove(id.as_str())
+                    .unwrap_or_default();
+                node_view(&state, record, mine, leading)
+            })
         })
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("node {id} is not registered")))
