@@ -235,9 +235,26 @@ impl Round<'_> {
                     format!("model {} left the catalog", replica.model),
                     None,
                 );
-            } else if replica.state() == ReplicaState::Failed {
+            } else if replica.state() == ReplicaState::Failed
+                || replica
+                    .shards
+                    .iter()
+                    .any(|s| s.state == ShardState::Stopped)
+            {
+                // A shard that stopped without being told to is as broken as
+                // one that failed: the replica restarts as a whole.
                 let (shard, failure) = failed.map_or_else(
-                    || (replica.shards[0].node.clone(), "a shard failed".to_owned()),
+                    || {
+                        let stopped = replica
+                            .shards
+                            .iter()
+                            .find(|s| s.state == ShardState::Stopped)
+                            .unwrap_or(&replica.shards[0]);
+                        (
+                            stopped.node.clone(),
+                            "a shard stopped on its own".to_owned(),
+                        )
+                    },
                     |(s, f)| (s.node.clone(), f.message.clone()),
                 );
                 if self.memory.counted.insert(replica.id.clone()) {
