@@ -52,9 +52,15 @@ pub fn single_leader(samples: &[LeaderSample]) -> Checked {
         .map(|(term, leaders)| {
             let named: Vec<String> = leaders
                 .iter()
-                .map(|(leader, reporters)| format!("leader {leader} (reported by peers {reporters:?})"))
+                .map(|(leader, reporters)| {
+                    format!("leader {leader} (reported by peers {reporters:?})")
+                })
                 .collect();
-            format!("term {term} had {} leaders: {}", leaders.len(), named.join(", "))
+            format!(
+                "term {term} had {} leaders: {}",
+                leaders.len(),
+                named.join(", ")
+            )
         })
         .collect();
     Checked::new(
@@ -74,7 +80,9 @@ pub fn acknowledged_writes(
         .iter()
         .filter(|op| op.key.starts_with(unique_key_prefix()))
         .filter_map(|op| match (&op.op, &op.outcome) {
-            (RegOp::Write(value), Outcome::Ok(RegRet::Ok)) => Some((op.key.as_str(), value.as_str())),
+            (RegOp::Write(value), Outcome::Ok(RegRet::Ok)) => {
+                Some((op.key.as_str(), value.as_str()))
+            }
             _ => None,
         })
         .collect();
@@ -95,7 +103,12 @@ pub fn acknowledged_writes(
                         "peer {peer} lacks {} of {} acknowledged writes: {}",
                         missing.len(),
                         acked.len(),
-                        missing.iter().take(5).copied().collect::<Vec<_>>().join(", ")
+                        missing
+                            .iter()
+                            .take(5)
+                            .copied()
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ));
                 }
             }
@@ -103,7 +116,11 @@ pub fn acknowledged_writes(
     }
     Checked::new(
         ACKED_WRITES,
-        format!("{} acknowledged writes x {} peers", acked.len(), catalogs.len()),
+        format!(
+            "{} acknowledged writes x {} peers",
+            acked.len(),
+            catalogs.len()
+        ),
         violations,
     )
 }
@@ -126,11 +143,7 @@ pub fn state_hashes(states: &BTreeMap<u64, Option<(u64, String)>>) -> Checked {
                 .join("; ")
         )]
     };
-    Checked::new(
-        STATE_HASHES,
-        format!("{} peers", states.len()),
-        violations,
-    )
+    Checked::new(STATE_HASHES, format!("{} peers", states.len()), violations)
 }
 
 /// The register histories are linearizable.
@@ -183,7 +196,9 @@ mod tests {
         let checked = single_leader(&samples);
         assert_eq!(
             checked.violations,
-            vec!["term 3 had 2 leaders: leader 1 (reported by peers {1, 2}), leader 2 (reported by peers {2})"]
+            vec![
+                "term 3 had 2 leaders: leader 1 (reported by peers {1, 2}), leader 2 (reported by peers {2})"
+            ]
         );
     }
 

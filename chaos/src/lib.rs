@@ -95,7 +95,10 @@ pub fn summary(reports: &[RunReport]) -> String {
             r.scenario.to_owned(),
             r.seed.to_string(),
             r.faults.len().to_string(),
-            format!("{} ({}/{}/{})", r.ops, r.ops_ok, r.ops_failed, r.ops_unknown),
+            format!(
+                "{} ({}/{}/{})",
+                r.ops, r.ops_ok, r.ops_failed, r.ops_unknown
+            ),
             r.checked.len().to_string(),
             r.violations().to_string(),
             format!("{:.0}", r.seconds),
@@ -192,7 +195,11 @@ fn run_cli(args: RunArgs) -> ExitCode {
         eprintln!("llmgw chaos run: cannot run: {why}");
         return ExitCode::FAILURE;
     }
-    let bin = match args.llmgw_bin.clone().or_else(|| std::env::current_exe().ok()) {
+    let bin = match args
+        .llmgw_bin
+        .clone()
+        .or_else(|| std::env::current_exe().ok())
+    {
         Some(bin) => bin,
         None => {
             eprintln!("llmgw chaos run: cannot tell where the llmgw binary is; pass --llmgw-bin");

@@ -198,7 +198,11 @@ fn describe(event: &RegEvent) -> String {
 fn check_key(ops: &[&RegEvent], budget: usize) -> KeyVerdict {
     // Events in time order; at equal times calls come first, which makes
     // the operations concurrent: the permissive reading.
-    let last = ops.iter().map(|e| e.complete.max(e.invoke)).max().unwrap_or(0);
+    let last = ops
+        .iter()
+        .map(|e| e.complete.max(e.invoke))
+        .max()
+        .unwrap_or(0);
     let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
     for (i, event) in ops.iter().enumerate() {
         events.push((event.invoke, true, i));

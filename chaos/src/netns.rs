@@ -64,16 +64,17 @@ pub fn preflight() -> Result<(), String> {
         ));
     }
     for tool in [["ip", "-V"], ["nft", "--version"], ["tc", "-V"]] {
-        run(tool[0], &tool[1..]).map_err(|e| {
-            format!("{e} (install iproute2 and nftables: scripts/setup does it)")
-        })?;
+        run(tool[0], &tool[1..])
+            .map_err(|e| format!("{e} (install iproute2 and nftables: scripts/setup does it)"))?;
     }
     let probe = format!("llmgw-chaos-probe-{}", std::process::id());
     run("ip", &["netns", "add", &probe])
         .map_err(|e| format!("cannot create a network namespace: {e}"))?;
     let nft = run(
         "ip",
-        &["netns", "exec", &probe, "nft", "add", "table", "inet", "probe"],
+        &[
+            "netns", "exec", &probe, "nft", "add", "table", "inet", "probe",
+        ],
     );
     let _ = run("ip", &["netns", "del", &probe]);
     nft.map_err(|e| format!("nftables does not work inside a namespace: {e}"))?;
@@ -97,7 +98,7 @@ impl Net {
     /// first free `10.77.x.0/24`.
     pub fn create(run_id: &str) -> Result<Net, NetError> {
         let subnet = free_subnet(run_id)?;
-        let mut net = Net {
+        let net = Net {
             run_id: run_id.to_owned(),
             subnet,
             hub: format!("llmgw-chaos-{run_id}-hub"),

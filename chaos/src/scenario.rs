@@ -474,7 +474,12 @@ async fn catalogs(cluster: &Cluster) -> BTreeMap<u64, Result<Catalog, String>> {
     out
 }
 
-fn write_history(dir: &std::path::Path, ops: &[OpRecord], samples: &[LeaderSample], report: &RunReport) {
+fn write_history(
+    dir: &std::path::Path,
+    ops: &[OpRecord],
+    samples: &[LeaderSample],
+    report: &RunReport,
+) {
     let mut text = String::new();
     text.push_str(&format!(
         "# {} seed {} run {}\n# faults\n",
@@ -492,7 +497,10 @@ fn write_history(dir: &std::path::Path, ops: &[OpRecord], samples: &[LeaderSampl
     }
     text.push_str("# leader samples: at_us peer term leader\n");
     for s in samples {
-        text.push_str(&format!("{} {} {} {:?}\n", s.at_us, s.peer, s.term, s.leader));
+        text.push_str(&format!(
+            "{} {} {} {:?}\n",
+            s.at_us, s.peer, s.term, s.leader
+        ));
     }
     let _ = std::fs::write(dir.join("history.txt"), text);
 }
@@ -535,7 +543,9 @@ async fn inject(name: &str, ctx: &mut Ctx) -> Result<(), ScenarioError> {
             for follower in ctx.followers(leader) {
                 ctx.cluster.net.block(leader, follower)?;
             }
-            ctx.fault(format!("drop all traffic from leader {leader} to the followers"));
+            ctx.fault(format!(
+                "drop all traffic from leader {leader} to the followers"
+            ));
             ctx.hold(4000, 7000).await;
             ctx.heal()?;
             ctx.hold(1500, 3000).await;
@@ -547,7 +557,9 @@ async fn inject(name: &str, ctx: &mut Ctx) -> Result<(), ScenarioError> {
                     ctx.cluster.net.block(sender, other)?;
                 }
             }
-            ctx.fault(format!("drop all traffic from follower {sender} to the others"));
+            ctx.fault(format!(
+                "drop all traffic from follower {sender} to the others"
+            ));
             ctx.hold(4000, 7000).await;
             ctx.heal()?;
             ctx.hold(1500, 3000).await;
@@ -749,9 +761,14 @@ async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let leader = ctx.leader().await?;
-        let url = format!("{}/api/v1/cluster/peers/{retiring}", ctx.cluster.admin(leader));
+        let url = format!(
+            "{}/api/v1/cluster/peers/{retiring}",
+            ctx.cluster.admin(leader)
+        );
         let answer = http.delete(url).send().await.map(|r| r.status().as_u16());
-        ctx.fault(format!("ask leader {leader} to remove peer {retiring}: {answer:?}"));
+        ctx.fault(format!(
+            "ask leader {leader} to remove peer {retiring}: {answer:?}"
+        ));
         if matches!(answer, Ok(200)) || ctx.cluster.membership_of(retiring).await == Ok(None) {
             break;
         }

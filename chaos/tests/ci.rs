@@ -92,7 +92,12 @@ fn leader_sigkill_keeps_every_invariant() {
     }
     assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
     assert!(
-        report.faults.iter().filter(|f| f.contains("SIGKILL")).count() >= 2,
+        report
+            .faults
+            .iter()
+            .filter(|f| f.contains("SIGKILL"))
+            .count()
+            >= 2,
         "the leader was killed twice: {:?}",
         report.faults
     );
@@ -105,7 +110,12 @@ fn a_forged_second_leader_is_reported_as_that_exact_violation() {
         return;
     };
     let single = checked(&report, invariants::SINGLE_LEADER);
-    assert_eq!(single.violations.len(), 1, "{}", llmgw_chaos::details(&report));
+    assert_eq!(
+        single.violations.len(),
+        1,
+        "{}",
+        llmgw_chaos::details(&report)
+    );
     let violation = &single.violations[0];
     assert!(
         violation.starts_with("term ") && violation.contains(" had 2 leaders: "),
@@ -113,12 +123,22 @@ fn a_forged_second_leader_is_reported_as_that_exact_violation() {
     );
     // Everything else held: the forged sample is the only violation.
     assert_eq!(report.violations(), 1, "{}", llmgw_chaos::details(&report));
-    let kept = report.kept.as_ref().expect("a run with a violation keeps its logs");
+    let kept = report
+        .kept
+        .as_ref()
+        .expect("a run with a violation keeps its logs");
     assert!(kept.join("history.txt").exists());
     let _ = std::fs::remove_dir_all(kept);
 }
 
-fn op(id: u64, key: &str, op: RegOp, outcome: Outcome, invoke_us: u64, complete_us: u64) -> OpRecord {
+fn op(
+    id: u64,
+    key: &str,
+    op: RegOp,
+    outcome: Outcome,
+    invoke_us: u64,
+    complete_us: u64,
+) -> OpRecord {
     OpRecord {
         id,
         worker: 0,
@@ -136,12 +156,54 @@ fn a_fabricated_lost_write_fails_linearizability_and_presence() {
     // The shape of a write acknowledged by a deposed leader: acked, then
     // read as absent, and missing from a peer's catalog.
     let ops = vec![
-        op(1, "reg-0", RegOp::Write("a".into()), Outcome::Ok(RegRet::Ok), 0, 10),
-        op(2, "reg-0", RegOp::Write("b".into()), Outcome::Ok(RegRet::Ok), 20, 30),
-        op(3, "reg-0", RegOp::Read, Outcome::Ok(RegRet::Value(Some("a".into()))), 40, 50),
-        op(4, "once-x", RegOp::Write("x1".into()), Outcome::Ok(RegRet::Ok), 0, 5),
-        op(5, "reg-1", RegOp::Write("c".into()), Outcome::Unknown("timed out".into()), 0, 5),
-        op(6, "reg-1", RegOp::Read, Outcome::Ok(RegRet::Value(None)), 60, 70),
+        op(
+            1,
+            "reg-0",
+            RegOp::Write("a".into()),
+            Outcome::Ok(RegRet::Ok),
+            0,
+            10,
+        ),
+        op(
+            2,
+            "reg-0",
+            RegOp::Write("b".into()),
+            Outcome::Ok(RegRet::Ok),
+            20,
+            30,
+        ),
+        op(
+            3,
+            "reg-0",
+            RegOp::Read,
+            Outcome::Ok(RegRet::Value(Some("a".into()))),
+            40,
+            50,
+        ),
+        op(
+            4,
+            "once-x",
+            RegOp::Write("x1".into()),
+            Outcome::Ok(RegRet::Ok),
+            0,
+            5,
+        ),
+        op(
+            5,
+            "reg-1",
+            RegOp::Write("c".into()),
+            Outcome::Unknown("timed out".into()),
+            0,
+            5,
+        ),
+        op(
+            6,
+            "reg-1",
+            RegOp::Read,
+            Outcome::Ok(RegRet::Value(None)),
+            60,
+            70,
+        ),
     ];
     let lin = invariants::linearizable(&ops);
     assert_eq!(lin.violations.len(), 1, "{lin:?}");
@@ -149,7 +211,13 @@ fn a_fabricated_lost_write_fails_linearizability_and_presence() {
     assert!(lin.violations[0].contains("op 3"), "{lin:?}");
 
     let mut catalogs = BTreeMap::new();
-    catalogs.insert(1, Ok(BTreeMap::from([("once-x".to_owned(), Some("x1".to_owned()))])));
+    catalogs.insert(
+        1,
+        Ok(BTreeMap::from([(
+            "once-x".to_owned(),
+            Some("x1".to_owned()),
+        )])),
+    );
     catalogs.insert(2, Ok(BTreeMap::new()));
     let present = invariants::acknowledged_writes(&ops, &catalogs);
     assert_eq!(
