@@ -94,6 +94,11 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
     };
     match (op, status) {
         (RegOp::Write(_), 200) => Outcome::Ok(RegRet::Ok),
+        // The server applied the write, then found the model gone when it
+        // read it back for the answer: a concurrent delete came after.
+        (RegOp::Write(_), 404) if body.contains("deleted concurrently") => {
+            Outcome::Ok(RegRet::Ok)
+        }
         (RegOp::Delete, 204) => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 404) => Outcome::Ok(RegRet::NotFound),
         (RegOp::Read, 200) => match serde_json::from_str::<Value>(&body)
