@@ -96,9 +96,7 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
         (RegOp::Write(_), 200) => Outcome::Ok(RegRet::Ok),
         // The server applied the write, then found the model gone when it
         // read it back for the answer: a concurrent delete came after.
-        (RegOp::Write(_), 404) if body.contains("deleted concurrently") => {
-            Outcome::Ok(RegRet::Ok)
-        }
+        (RegOp::Write(_), 404) if body.contains("deleted concurrently") => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 204) => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 404) => Outcome::Ok(RegRet::NotFound),
         (RegOp::Read, 200) => match serde_json::from_str::<Value>(&body)
@@ -227,9 +225,9 @@ pub async fn sampler(
 }
 
 /// Runs the futures concurrently and collects their results in order.
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();

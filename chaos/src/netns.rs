@@ -67,7 +67,12 @@ pub fn preflight() -> Result<(), String> {
         run(tool[0], &tool[1..])
             .map_err(|e| format!("{e} (install iproute2 and nftables: scripts/setup does it)"))?;
     }
-    let probe = format!("llmgw-chaos-probe-{}", std::process::id());
+    // Unique per call: tests in one process probe from several threads.
+    let probe = format!(
+        "llmgw-chaos-probe-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    );
     run("ip", &["netns", "add", &probe])
         .map_err(|e| format!("cannot create a network namespace: {e}"))?;
     let nft = run(

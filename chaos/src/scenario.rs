@@ -205,18 +205,41 @@ impl Ctx {
 
     /// Starts `n` extra workers with no pause between requests.
     fn start_burst(&mut self, n: usize) {
+        self.start_burst_avoiding(n, None);
+    }
+
+    /// Like `start_burst`, with workers that never send to `avoid`.
+    fn start_burst_avoiding(&mut self, n: usize, avoid: Option<u64>) {
+        let targets = crate::cluster::Members::default();
+        {
+            let members = self
+                .cluster
+                .members
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut targets = targets.write().unwrap_or_else(|p| p.into_inner());
+            targets.extend(
+                members
+                    .iter()
+                    .filter(|(id, _)| Some(**id) != avoid)
+                    .map(|(id, url)| (*id, url.clone())),
+            );
+        }
         for i in 0..n {
             self.burst.push(tokio::spawn(load::worker(
                 100 + i,
                 self.seed,
                 self.run_id.clone(),
-                self.cluster.members.clone(),
+                targets.clone(),
                 self.history.clone(),
                 self.burst_stop.clone(),
                 Duration::ZERO,
             )));
         }
-        self.fault(format!("start a burst of {n} writers"));
+        match avoid {
+            Some(peer) => self.fault(format!("start a burst of {n} writers, none to peer {peer}")),
+            None => self.fault(format!("start a burst of {n} writers")),
+        }
     }
 
     async fn stop_burst(&mut self) {
@@ -640,7 +663,7 @@ async fn follower_lag_snapshot(ctx: &mut Ctx) -> Result<(), ScenarioError> {
         .unwrap_or(0);
     ctx.cluster.net.isolate(&[lagging])?;
     ctx.fault(format!("isolate follower {lagging}"));
-    ctx.start_burst(3);
+    ctx.start_burst_avoiding(3, Some(lagging));
     // Until the leader's snapshot is well past what the follower holds
     // (the log behind it purged), bounded.
     let deadline = Instant::now() + Duration::from_secs(45);

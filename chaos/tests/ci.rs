@@ -51,11 +51,11 @@ fn options(forge: bool) -> RunOptions {
 /// Runs one scenario, or `None` (after saying why) where namespaces are
 /// not available.
 fn run(name: &str, seed: u64, forge: bool) -> Option<RunReport> {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(why) = llmgw_chaos::preflight() {
         println!("SKIPPED: {why}");
         return None;
     }
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let scenario = scenario::find(name).expect("scenario in the catalogue");
     let options = options(forge);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
