@@ -6,6 +6,8 @@ use clap::Args;
 use llmgw_config::ServerConfig;
 use llmgw_raft::{PeerNode, PeerSpec, RaftSettings};
 
+use crate::agents::LivenessSettings;
+use crate::reconcile::PlanSettings;
 use crate::serve::{ServerError, ServerOptions, serve, shutdown_signal};
 
 /// Run one control-plane peer.
@@ -84,5 +86,12 @@ pub fn options_from(
         admin_listen: config.admin_listen,
         peers,
         raft,
+        liveness: LivenessSettings {
+            ttl: config.liveness.node_ttl,
+            lost_after: config.liveness.lost_after,
+            grace: config.liveness.leader_grace,
+        },
+        placement: PlanSettings::default(),
+        router_listen: config.router_listen,
     })
 }
