@@ -33,7 +33,7 @@ enum Command {
     /// Create a development CA and certificates.
     Certs(NotBuilt),
     /// Run the fault-injection suite against a real cluster.
-    Chaos(NotBuilt),
+    Chaos(llmgw_chaos::ChaosArgs),
     /// Work with llmgw's config files.
     Config(ConfigArgs),
 }
@@ -117,6 +117,6 @@ fn main() -> ExitCode {
         }),
         Command::Dev(args) => run_async(true, async { Ok(llmgw_dev::run_dev(args).await?) }),
         Command::Certs(_) => not_built("certs"),
-        Command::Chaos(_) => not_built("chaos"),
+        Command::Chaos(args) => llmgw_chaos::main(args),
     }
 }
