@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use time::OffsetDateTime;
 
@@ -133,8 +133,7 @@ pub fn issue(ca_dir: &Path, out_dir: &Path, request: &IssueRequest) -> Result<Tl
     };
     let parsed_ca = webpki::EndEntityCert::try_from(&ca_cert)
         .map_err(|e| not_ours(&format!("does not parse ({e})")))?;
-    if parsed_ca.subject_public_key_info().as_ref() != ca_key.subject_public_key_info().as_slice()
-    {
+    if parsed_ca.subject_public_key_info().as_ref() != ca_key.subject_public_key_info().as_slice() {
         return Err(not_ours(&format!(
             "does not belong to the key in {}",
             ca_key_path.display()

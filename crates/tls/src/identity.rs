@@ -65,7 +65,11 @@ impl Identity {
             _ => Err(TlsError::Identity(format!(
                 "the certificate names {} llmgw identities ({}); it must name one",
                 found.len(),
-                found.iter().map(Identity::uri).collect::<Vec<_>>().join(", ")
+                found
+                    .iter()
+                    .map(Identity::uri)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))),
         }
     }

@@ -23,8 +23,8 @@ mod server;
 
 use std::path::PathBuf;
 
-pub use cli::{CertsArgs, CertsCommand, run_certs};
 pub use check::{check_node_identity, require_peer};
+pub use cli::{CertsArgs, CertsCommand, run_certs};
 pub use client::{TlsConnectorService, connect, connect_lazy, endpoint, probe};
 pub use identity::{Identity, check_node_id};
 pub use material::{RELOAD_INTERVAL, Tls, TlsFiles, read_certificates};
