@@ -31,7 +31,7 @@ enum Command {
     /// Start a whole local cluster with simulated GPUs and engines.
     Dev(llmgw_dev::DevArgs),
     /// Create a development CA and certificates.
-    Certs(NotBuilt),
+    Certs(llmgw_tls::CertsArgs),
     /// Run the fault-injection suite against a real cluster.
     Chaos(NotBuilt),
     /// Work with llmgw's config files.
@@ -116,7 +116,16 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Dev(args) => run_async(true, async { Ok(llmgw_dev::run_dev(args).await?) }),
-        Command::Certs(_) => not_built("certs"),
+        Command::Certs(args) => match llmgw_tls::run_certs(args) {
+            Ok(out) => {
+                print!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("llmgw certs: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Chaos(_) => not_built("chaos"),
     }
 }

@@ -15,6 +15,10 @@ pub struct DevArgs {
     /// Control-plane peers to start.
     #[arg(long, default_value_t = 3)]
     pub peers: u64,
+    /// Plaintext gRPC between the processes (`insecure: true`). By default
+    /// every gRPC link is mTLS with a CA made in `<work-dir>/tls`.
+    #[arg(long)]
+    pub insecure: bool,
     /// Seconds to wait for the cluster to elect a leader before giving up.
     #[arg(long, default_value_t = 60)]
     pub ready_timeout_s: u64,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 use crate::args::DevArgs;
-use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml};
+use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
@@ -26,6 +26,8 @@ pub enum DevError {
         status: String,
         log: PathBuf,
     },
+    #[error("cannot make the development certificates: {0}")]
+    Certs(#[from] llmgw_tls::TlsError),
     #[error("no leader was elected within {0:?}; see the server-*.log files in the work directory")]
     NotReady(Duration),
 }
@@ -68,7 +70,12 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
 
     let mut running = Vec::new();
     for layout in &layouts {
-        let yaml = server_yaml(layout, &layouts, "");
+        let yaml = if args.insecure {
+            server_yaml(layout, &layouts, "")
+        } else {
+            let tls = crate::certs::peer_tls(&work_dir, layout.id)?;
+            server_yaml_tls(layout, &layouts, &tls, "")
+        };
         std::fs::write(&layout.config, yaml).map_err(io("cannot write", &layout.config))?;
         match spawn_server(&exe, layout) {
             Ok(peer) => running.push(peer),
@@ -101,6 +108,15 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
         return Err(error);
     }
     print!("{}", render(&dev, &dev_json));
+    if args.insecure {
+        println!("gRPC: plaintext (--insecure)");
+    } else {
+        println!(
+            "gRPC: mTLS; CA and certificates in {} (node certificates: llmgw certs issue --dir {} --node ID)",
+            crate::certs::tls_dir(&work_dir).display(),
+            crate::certs::tls_dir(&work_dir).display()
+        );
+    }
     println!("Press Ctrl-C to stop everything.");
 
     stop_signal().await;

@@ -7,11 +7,15 @@
 
 mod api;
 mod args;
+mod auth;
+mod security;
 
 mod model_spec;
 mod serve;
 
 pub use api::{ApiState, router};
 pub use args::{ServerArgs, options_from, run_server};
+pub use auth::AdminAuth;
+pub use security::Security;
 
 pub use serve::{ServerError, ServerOptions, serve, shutdown_signal};

@@ -11,6 +11,7 @@ use llmgw_catalog::Catalog;
 use llmgw_state::Command;
 
 use crate::api::{self, ApiState};
+use crate::security::Security;
 
 /// Everything a peer needs to run, resolved from server.yaml.
 #[derive(Debug, Clone)]
@@ -21,6 +22,7 @@ pub struct ServerOptions {
     pub admin_listen: SocketAddr,
     pub peers: Vec<PeerSpec>,
     pub raft: RaftSettings,
+    pub security: Security,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,11 +55,15 @@ pub async fn serve(
             data_dir.display()
         ))
     })?;
+    let tls = options
+        .security
+        .start(options.id, options.grpc_listen, options.admin_listen)?;
     let control = ControlPlane::start(
         options.id,
         &data_dir,
         options.raft.clone(),
         options.peers.clone(),
+        tls.clone(),
     )
     .await?;
     let grpc_listener = TcpListener::bind(options.grpc_listen)
@@ -74,10 +80,6 @@ pub async fn serve(
             addr: options.admin_listen,
             source,
         })?;
-    tracing::warn!(
-        "the peer transport is plaintext gRPC; keep {} on a trusted network",
-        options.grpc_listen
-    );
     tracing::info!(
         id = options.id,
         grpc = %options.grpc_listen,
@@ -97,7 +99,8 @@ pub async fn serve(
     let grpc = tonic::transport::Server::builder()
         .add_service(llmgw_raft::raft_grpc_service(control.clone()))
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // mTLS handshakes here; handlers see the caller's identity.
+            llmgw_tls::incoming(grpc_listener, tls),
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
@@ -113,8 +116,14 @@ pub async fn serve(
 
     let app = api::router(ApiState {
         control: control.clone(),
+        insecure: options.security.insecure(),
     });
-    let admin = axum::serve(admin_listener, app).with_graceful_shutdown(stopped(stop_rx));
+    let app = options.security.admin.protect(app);
+    let admin = axum::serve(
+        admin_listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stopped(stop_rx));
     let admin_result = admin.await;
     control.shutdown().await;
     let grpc_result = grpc.await;

@@ -18,6 +18,8 @@ pub use error::ApiError;
 #[derive(Clone)]
 pub struct ApiState {
     pub control: ControlPlane,
+    /// gRPC links are plaintext (`insecure: true`); shown in /api/v1/cluster.
+    pub insecure: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
