@@ -230,3 +230,103 @@ async fn a_rotated_peer_certificate_is_served_without_a_restart() {
     assert_eq!(status, 200, "{body}");
     cluster.wait_converged().await;
 }
+
+/// `llmgw dev`, stopped with SIGTERM to its process group when dropped.
+struct Dev {
+    child: std::process::Child,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", "--", &group])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
+    use std::os::unix::process::CommandExt;
+    let _serial = support::one_at_a_time();
+    let work = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(work.path().join("dev.out")).unwrap();
+    let _dev = Dev {
+        child: std::process::Command::new(support::llmgw_bin())
+            .args(["dev", "--work-dir"])
+            .arg(work.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start llmgw dev"),
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let dev_json = work.path().join("dev.json");
+    let view = loop {
+        assert!(
+            started.elapsed() < support::DEADLINE,
+            "llmgw dev did not come up: {}",
+            std::fs::read_to_string(work.path().join("dev.out")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Ok(text) = std::fs::read_to_string(&dev_json) else {
+            continue;
+        };
+        let Ok(dev) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let api = dev["api"][0].as_str().unwrap().to_owned();
+        let Ok(response) = http.get(format!("{api}/api/v1/cluster")).send().await else {
+            continue;
+        };
+        let view: serde_json::Value = response.json().await.unwrap();
+        if view["leader_id"].is_u64() {
+            break (dev, view);
+        }
+    };
+    let (dev, cluster) = view;
+    assert_eq!(cluster["insecure"], false, "{cluster}");
+    let processes = dev["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 3);
+    for process in processes {
+        let id = process["id"].as_u64().unwrap();
+        let yaml = std::fs::read_to_string(work.path().join(format!("server-{id}.yaml"))).unwrap();
+        assert!(
+            yaml.contains("tls:") && !yaml.contains("insecure"),
+            "server-{id}.yaml: {yaml}"
+        );
+        // Plaintext HTTP/2 to the gRPC port is refused, and logged.
+        let grpc = process["grpc"].as_str().unwrap();
+        let mut tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+        let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        let mut buf = [0u8; 64];
+        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+        let log_path = work.path().join(format!("server-{id}.log"));
+        let deadline = Instant::now() + support::DEADLINE;
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.contains("mTLS material loaded") && log.contains("mTLS handshake failed") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "server-{id}.log: {log}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

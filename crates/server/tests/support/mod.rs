@@ -19,6 +19,14 @@ use serde_json::Value;
 /// several three-peer clusters with fsync at once makes elections slow.
 static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
 
+/// Holds off other clusters of this test binary (for tests that start
+/// processes without [`Cluster`], such as `llmgw dev`).
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 pub fn llmgw_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("LLMGW_BIN") {
         return PathBuf::from(path);
