@@ -6,6 +6,7 @@ use clap::{Args, Subcommand, ValueEnum};
 pub enum OutputFormat {
     Table,
     Json,
+    Yaml,
 }
 
 /// Operate the control plane through the admin API of any peer.
@@ -28,19 +29,25 @@ pub struct CtlArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+    /// Show the result again every 2 seconds until Ctrl-C.
+    #[arg(short = 'w', long, global = true)]
+    pub watch: bool,
     #[command(subcommand)]
     pub command: CtlCommand,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum CtlCommand {
     /// Raft peers: roles, indexes and state hashes; add or remove peers.
     Cluster {
         #[command(subcommand)]
         action: Option<ClusterAction>,
     },
-    /// GPU nodes and their status.
-    Nodes,
+    /// GPU nodes: status, time since the last heartbeat, GPUs, fabrics and
+    /// shards; with a NODE, its whole inventory.
+    Nodes { node: Option<String> },
+    /// Why each replica of a model is where it is, or why it is pending.
+    Explain { model: String },
     /// Model replicas and their shards.
     Replicas,
     /// The model catalog.
@@ -52,16 +59,21 @@ pub enum CtlCommand {
     Cordon { node: String },
     /// Allow placements on a node again.
     Uncordon { node: String },
-    /// Move every replica off a node, then leave it cordoned.
+    /// Move every replica off a node (each replacement ready before the old
+    /// replica drains), then leave it cordoned. Shows progress until done.
     Drain {
         node: String,
-        /// Seconds in-flight requests get before shards stop anyway.
-        #[arg(long, default_value_t = 300)]
-        deadline_s: u64,
+        /// How long in-flight requests get before shards stop anyway
+        /// (e.g. 90s, 10m).
+        #[arg(long, default_value = "5m", value_parser = parse_deadline)]
+        deadline: std::time::Duration,
+        /// Return once the drain is accepted instead of following it.
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum ClusterAction {
     /// Add a peer: it joins as a learner, catches up, then becomes a voter.
     Add {
@@ -79,7 +91,7 @@ pub enum ClusterAction {
     Remove { id: u64 },
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Debug, Clone, Subcommand)]
 pub enum ModelAction {
     /// Show one model entry.
     Get { name: String },
@@ -92,4 +104,8 @@ pub enum ModelAction {
     },
     /// Remove a model from the catalog.
     Delete { name: String },
+}
+
+fn parse_deadline(text: &str) -> Result<std::time::Duration, String> {
+    llmgw_yaml::parse_duration(text)
 }

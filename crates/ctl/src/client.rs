@@ -110,6 +110,33 @@ impl AdminClient {
     }
 }
 
+impl AdminClient {
+    /// Asks the leader when it can be found: only the leader holds the
+    /// agents' streams, so only it knows heartbeats. Falls back to any peer.
+    pub async fn call_leader(&self, path: &str) -> Result<serde_json::Value, CtlError> {
+        if let Ok(cluster) = self.call(Method::GET, "/api/v1/cluster", None).await
+            && let Some(leader) = cluster["leader_id"].as_u64()
+            && let Some(admin) = cluster["peers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["id"].as_u64() == Some(leader))
+                .and_then(|p| p["admin"].as_str())
+                .filter(|a| !a.is_empty())
+        {
+            let leader_client = AdminClient {
+                bases: vec![admin.trim_end_matches('/').to_owned()],
+                http: self.http.clone(),
+                token: self.token.clone(),
+            };
+            if let Ok(value) = leader_client.call(Method::GET, path, None).await {
+                return Ok(value);
+            }
+        }
+        self.call(Method::GET, path, None).await
+    }
+}
+
 fn describe(error: &reqwest::Error) -> String {
     if error.is_connect() {
         "connection refused or no route".to_owned()

@@ -3,8 +3,11 @@
 
 mod args;
 mod client;
+mod drain;
+mod render;
 mod run;
 mod table;
+mod yaml;
 
 pub use args::{CtlArgs, CtlCommand, OutputFormat};
 pub use client::{AdminClient, CtlError};

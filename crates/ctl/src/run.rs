@@ -1,5 +1,7 @@
 //! Executing one `llmgw ctl` command and printing its result.
 
+use std::io::IsTerminal;
+
 use reqwest::Method;
 use serde_json::Value;
 
@@ -7,11 +9,45 @@ use crate::args::{ClusterAction, CtlArgs, CtlCommand, ModelAction, OutputFormat}
 use crate::client::{AdminClient, CtlError};
 use crate::table::Table;
 
-/// Runs the command and returns what to print.
+/// Runs the command and returns what to print; with `--watch`, prints it
+/// every 2 seconds until interrupted.
 pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
-    let client = AdminClient::new(args.api, args.token)?;
-    let json = args.output == OutputFormat::Json;
-    let (value, render): (Value, fn(&Value) -> String) = match args.command {
+    let client = AdminClient::new(args.api.clone(), args.token.clone())?;
+    crate::table::set_colour(args.output == OutputFormat::Table && std::io::stdout().is_terminal());
+    if !args.watch {
+        return once(&client, &args).await;
+    }
+    loop {
+        let shown = match once(&client, &args).await {
+            Ok(text) => text,
+            Err(error) => format!("error: {error}\n"),
+        };
+        print!(
+            "\x1b[2J\x1b[H{}  (every 2s; Ctrl-C to stop)\n{shown}",
+            chrono_free_now()
+        );
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+            _ = tokio::signal::ctrl_c() => return Ok(String::new()),
+        }
+    }
+}
+
+/// Seconds since the epoch, enough to see the view refresh.
+fn chrono_free_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> {
+    let (value, render): (Value, fn(&Value) -> String) = match args.command.clone() {
         CtlCommand::Cluster { action: None } => (
             client.call(Method::GET, "/api/v1/cluster", None).await?,
             render_cluster,
@@ -36,9 +72,22 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
                 .await?,
             |_| "peer removed\n".to_owned(),
         ),
-        CtlCommand::Nodes => (
-            client.call(Method::GET, "/api/v1/nodes", None).await?,
-            render_nodes,
+        CtlCommand::Nodes { node: None } => {
+            (client.call_leader("/api/v1/nodes").await?, render_nodes)
+        }
+        CtlCommand::Nodes { node: Some(node) } => (
+            client.call_leader(&format!("/api/v1/nodes/{node}")).await?,
+            crate::render::node_detail,
+        ),
+        CtlCommand::Explain { model } => (
+            client
+                .call(
+                    Method::GET,
+                    &format!("/api/v1/models/{model}/explain"),
+                    None,
+                )
+                .await?,
+            crate::render::explanation,
         ),
         CtlCommand::Replicas => (
             client.call(Method::GET, "/api/v1/replicas", None).await?,
@@ -59,6 +108,7 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
         CtlCommand::Models {
             action: Some(ModelAction::Put { file, name }),
         } => {
+            let file = file.clone();
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| CtlError::Usage(format!("cannot read {}: {e}", file.display())))?;
             let name = match name {
@@ -102,25 +152,42 @@ pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
                 .await?,
             |v| render_nodes(&Value::Array(vec![v.clone()])),
         ),
-        CtlCommand::Drain { node, deadline_s } => (
-            client
+        CtlCommand::Drain {
+            node,
+            deadline,
+            no_wait,
+        } => {
+            let started = client
                 .call(
                     Method::POST,
-                    &format!("/api/v1/nodes/{node}/drain?deadline_s={deadline_s}"),
+                    &format!(
+                        "/api/v1/nodes/{node}/drain?deadline_s={}",
+                        deadline.as_secs().max(1)
+                    ),
                     None,
                 )
-                .await?,
-            |v| render_nodes(&Value::Array(vec![v.clone()])),
-        ),
+                .await?;
+            if no_wait || args.output != OutputFormat::Table {
+                (started, |v| render_nodes(&Value::Array(vec![v.clone()])))
+            } else {
+                crate::drain::follow(client, &node).await?;
+                (started, |v| {
+                    format!(
+                        "drained: node {} runs nothing and stays cordoned (uncordon to use it again)\n",
+                        text(&v["id"])
+                    )
+                })
+            }
+        }
     };
-    if json {
-        Ok(format!(
+    Ok(match args.output {
+        OutputFormat::Json => format!(
             "{}\n",
             serde_json::to_string_pretty(&value).unwrap_or_default()
-        ))
-    } else {
-        Ok(render(&value))
-    }
+        ),
+        OutputFormat::Yaml => crate::yaml::to_yaml(&value),
+        OutputFormat::Table => render(&value),
+    })
 }
 
 /// The top-level `name:` of a single YAML or JSON model entry.
@@ -135,7 +202,7 @@ fn name_in(text: &str) -> Option<String> {
     })
 }
 
-fn text(value: &Value) -> String {
+pub(crate) fn text(value: &Value) -> String {
     match value {
         Value::Null => "-".to_owned(),
         Value::String(s) => s.clone(),
@@ -180,7 +247,16 @@ fn render_cluster(value: &Value) -> String {
 }
 
 fn render_nodes(value: &Value) -> String {
-    let mut table = Table::new(&["ID", "STATUS", "FLAGS", "GPUS", "FABRICS", "MGMT"]);
+    let mut table = Table::new(&[
+        "ID",
+        "STATUS",
+        "FLAGS",
+        "HEARTBEAT",
+        "GPUS",
+        "FABRICS",
+        "SHARDS",
+        "MGMT",
+    ]);
     for node in value.as_array().into_iter().flatten() {
         let mut flags = Vec::new();
         if node["cordoned"].as_bool() == Some(true) {
@@ -190,12 +266,19 @@ fn render_nodes(value: &Value) -> String {
             flags.push("draining");
         }
         let gpus = node["inventory"]["gpus"].as_array().map_or(0, Vec::len);
+        let used = node["gpus_used"].as_u64().unwrap_or(0);
         let fabrics: Vec<String> = node["fabrics"]
             .as_array()
             .into_iter()
             .flatten()
             .map(text)
             .collect();
+        let shards = node["shards"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["state"].as_str() != Some("stopped"))
+            .count();
         table.row(vec![
             text(&node["id"]),
             text(&node["status"]),
@@ -204,12 +287,14 @@ fn render_nodes(value: &Value) -> String {
             } else {
                 flags.join(",")
             },
-            gpus.to_string(),
+            crate::render::heartbeat(&node["stream"]),
+            format!("{used}/{gpus}"),
             if fabrics.is_empty() {
                 "-".to_owned()
             } else {
                 fabrics.join(",")
             },
+            shards.to_string(),
             text(&node["mgmt_addr"]),
         ]);
     }
@@ -310,11 +395,11 @@ mod tests {
             out.starts_with("leader: 1  term: 3  transport: mTLS\n"),
             "{out}"
         );
+        assert!(out.contains("127.0.0.1:7443  leader"));
         let insecure = render_cluster(
             &serde_json::json!({"leader_id": 1, "term": 3, "insecure": true, "peers": []}),
         );
         assert!(insecure.contains("transport: INSECURE"), "{insecure}");
-        assert!(out.contains("127.0.0.1:7443  leader"));
     }
 
     #[tokio::test]

@@ -1,4 +1,26 @@
-//! Plain aligned tables for terminal output.
+//! Aligned tables for terminal output; status words are coloured when
+//! stdout is a terminal.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static COLOUR: AtomicBool = AtomicBool::new(false);
+
+pub fn set_colour(on: bool) {
+    COLOUR.store(on, Ordering::Relaxed);
+}
+
+/// ANSI colour for a status word: green when healthy, yellow on the way,
+/// red when something is wrong.
+fn paint(cell: &str, padded: String) -> String {
+    let code = match cell {
+        "ready" | "leader" | "voter" => "32",
+        "placed" | "starting" | "loading" | "draining" | "stopping" | "candidate" | "cordoned"
+        | "learner" => "33",
+        "unreachable" | "lost" | "failed" | "disconnected" => "31",
+        _ => return padded,
+    };
+    format!("\x1b[{code}m{padded}\x1b[0m")
+}
 
 pub struct Table {
     header: Vec<String>,
@@ -29,7 +51,14 @@ impl Table {
             let padded: Vec<String> = cells
                 .iter()
                 .enumerate()
-                .map(|(i, cell)| format!("{cell:<width$}", width = widths[i]))
+                .map(|(i, cell)| {
+                    let padded = format!("{cell:<width$}", width = widths[i]);
+                    if COLOUR.load(Ordering::Relaxed) {
+                        paint(cell, padded)
+                    } else {
+                        padded
+                    }
+                })
                 .collect();
             padded.join("  ").trim_end().to_owned()
         };

@@ -32,12 +32,19 @@ pub struct DevFile {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DevProcess {
+    /// `server`, `agent` or `router`.
     pub role: String,
-    pub id: u64,
+    /// The peer id (a number) for servers, the node id for agents.
+    pub id: serde_json::Value,
     pub pid: u32,
     pub argv: Vec<String>,
     pub api: Option<String>,
     pub grpc: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<String>,
+    /// Where the process writes its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 /// A port free right now on 127.0.0.1. Another process could take it

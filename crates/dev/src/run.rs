@@ -7,7 +7,13 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 use crate::args::DevArgs;
+use crate::demo::demo_catalog;
 use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};
+use crate::nodes::{
+    A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml,
+    agent_yaml_tls,
+};
+use crate::progress::{Progress, wait_serving};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
@@ -20,39 +26,89 @@ pub enum DevError {
         #[source]
         source: std::io::Error,
     },
-    #[error("peer {id} exited during start-up ({status}); see its log {log}")]
-    PeerExited {
-        id: u64,
+    #[error("{role} {id} exited during start-up ({status}); see its log {log}")]
+    Exited {
+        role: String,
+        id: String,
         status: String,
         log: PathBuf,
     },
     #[error("cannot make the development certificates: {0}")]
     Certs(#[from] llmgw_tls::TlsError),
-    #[error("no leader was elected within {0:?}; see the server-*.log files in the work directory")]
-    NotReady(Duration),
+    #[error("{what} within {timeout:?}: {detail}; logs are in {work_dir}")]
+    NotReady {
+        what: &'static str,
+        timeout: Duration,
+        detail: String,
+        work_dir: PathBuf,
+    },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DevError + use<> {
+pub(crate) fn io(
+    what: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> DevError + use<> {
     let path = path.to_owned();
     move |source| DevError::Io { what, path, source }
 }
 
-struct Running {
-    layout: PeerLayout,
-    child: Child,
-    argv: Vec<String>,
+/// One process `llmgw dev` started.
+pub(crate) struct Running {
+    pub(crate) process: DevProcess,
+    pub(crate) child: Child,
+    pub(crate) log: PathBuf,
+    /// An agent's work directory: its engines' state files live there.
+    pub(crate) agent_work_dir: Option<PathBuf>,
+}
+
+/// A work directory may hold an earlier `llmgw dev`: refuse while it still
+/// runs; otherwise start over from its configs' directory, removing only
+/// what `dev` itself created (peer data, agent work directories).
+fn clear_earlier_run(work_dir: &Path) -> Result<(), DevError> {
+    let dev_json = work_dir.join("dev.json");
+    if let Ok(bytes) = std::fs::read(&dev_json)
+        && let Ok(dev) = serde_json::from_slice::<DevFile>(&bytes)
+        && let Some(live) = dev.processes.iter().find(|p| alive(p.pid as i32))
+    {
+        return Err(DevError::Usage(format!(
+            "another `llmgw dev` still runs from {} ({} {} is pid {}); stop it with Ctrl-C,              or pass --work-dir NEW_DIR",
+            work_dir.display(),
+            live.role,
+            live.id,
+            live.pid
+        )));
+    }
+    let Ok(entries) = std::fs::read_dir(work_dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("server-") || name.starts_with("agent-");
+        if ours && entry.path().is_dir() {
+            std::fs::remove_dir_all(entry.path()).map_err(io("cannot clear", &entry.path()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The simulated nodes for `--nodes N`.
+fn node_plan(work_dir: &Path, count: u32) -> Vec<AgentLayout> {
+    const KINDS: [NodeKind; 4] = [H100_IB_A, H100_IB_A, L40S_PCIE, A100_ROCE_B];
+    let mut seen = std::collections::BTreeMap::<&str, u32>::new();
+    (0..count as usize)
+        .map(|i| {
+            let kind = KINDS[i % KINDS.len()];
+            let n = seen.entry(kind.name).or_default();
+            *n += 1;
+            let rack = format!("r{}", i / 2 + 1);
+            AgentLayout::new(work_dir, &format!("{}-{n}", kind.name), kind, &rack)
+        })
+        .collect()
 }
 
 /// Runs the local cluster until SIGINT or SIGTERM, then stops every process
-/// it started.
+/// it started, engines included.
 pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
-    if args.nodes > 0 {
-        return Err(DevError::Usage(format!(
-            "--nodes {}: simulated GPU nodes need the leader's agent service, which this \
-             build does not include yet; run `llmgw dev --nodes 0` for the control plane alone",
-            args.nodes
-        )));
-    }
     if args.peers == 0 {
         return Err(DevError::Usage("--peers must be at least 1".to_owned()));
     }
@@ -61,168 +117,309 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
     let work_dir = work_dir
         .canonicalize()
         .map_err(io("cannot resolve the work directory", work_dir))?;
+    clear_earlier_run(&work_dir)?;
     let exe = std::env::current_exe().map_err(io(
         "cannot find the llmgw binary",
         Path::new("/proc/self/exe"),
     ))?;
+    let sim = exe.with_file_name("llmgw-engine-sim");
+    if args.nodes > 0 && !sim.exists() {
+        return Err(DevError::Usage(format!(
+            "{} is missing: simulated nodes run it as their engine; build it with \
+             `cargo build -p llmgw-engine-sim` (scripts/llmgw builds everything)",
+            sim.display()
+        )));
+    }
+    let router_addr = format!("127.0.0.1:{}", args.port);
+    if let Err(e) = std::net::TcpListener::bind(&router_addr) {
+        return Err(DevError::Usage(format!(
+            "cannot use {router_addr} for the router ({e}); pass --port with a free port"
+        )));
+    }
     let layouts = plan_peers(&work_dir, args.peers)
         .map_err(io("cannot find free ports on", Path::new("127.0.0.1")))?;
 
+    let mut extra =
+        String::from("liveness:\n  node_ttl: 5s\n  lost_after: 30s\n  leader_grace: 5s\n");
+    if !args.no_demo {
+        let catalog = work_dir.join("models.yaml");
+        std::fs::write(&catalog, demo_catalog(args.nodes)).map_err(io("cannot write", &catalog))?;
+        extra.push_str(&format!("catalog: {}\n", catalog.display()));
+    }
     let mut running = Vec::new();
-    for layout in &layouts {
-        let yaml = if args.insecure {
-            server_yaml(layout, &layouts, "")
-        } else {
-            let tls = crate::certs::peer_tls(&work_dir, layout.id)?;
-            server_yaml_tls(layout, &layouts, &tls, "")
-        };
-        std::fs::write(&layout.config, yaml).map_err(io("cannot write", &layout.config))?;
-        match spawn_server(&exe, layout) {
-            Ok(peer) => running.push(peer),
-            Err(error) => {
-                stop_all(&mut running).await;
-                return Err(error);
-            }
-        }
-    }
-    let dev = dev_file(&running);
-    let dev_json = work_dir.join("dev.json");
-    let written = serde_json::to_vec_pretty(&dev)
-        .map_err(std::io::Error::other)
-        .and_then(|bytes| std::fs::write(&dev_json, bytes));
-    if let Err(source) = written {
-        stop_all(&mut running).await;
-        return Err(DevError::Io {
-            what: "cannot write",
-            path: dev_json,
-            source,
-        });
-    }
-
-    let ready = tokio::select! {
-        ready = wait_ready(&mut running, Duration::from_secs(args.ready_timeout_s)) => ready,
-        _ = stop_signal() => Ok(()),
-    };
-    if let Err(error) = ready {
+    let started = start_all(&args, &exe, &sim, &work_dir, &layouts, &extra, &mut running).await;
+    if let Err(error) = started {
         stop_all(&mut running).await;
         return Err(error);
     }
-    print!("{}", render(&dev, &dev_json));
+    print!("{}", render(&running, &work_dir, &router_addr));
     if args.insecure {
         println!("gRPC: plaintext (--insecure)");
     } else {
         println!(
-            "gRPC: mTLS; CA and certificates in {} (node certificates: llmgw certs issue --dir {} --node ID)",
-            crate::certs::tls_dir(&work_dir).display(),
+            "gRPC: mTLS on every link; CA and certificates in {}",
             crate::certs::tls_dir(&work_dir).display()
         );
     }
     println!("Press Ctrl-C to stop everything.");
 
-    stop_signal().await;
-    println!("stopping {} processes", running.len());
+    tokio::select! {
+        _ = stop_signal() => {}
+        _ = report_exits(&mut running) => {}
+    }
+    println!("stopping {} processes and their engines", running.len());
     stop_all(&mut running).await;
     Ok(())
 }
 
-fn spawn_server(exe: &Path, layout: &PeerLayout) -> Result<Running, DevError> {
-    std::fs::create_dir_all(&layout.data_dir).map_err(io("cannot create", &layout.data_dir))?;
-    let log = std::fs::File::create(&layout.log).map_err(io("cannot create", &layout.log))?;
-    let log_err = log.try_clone().map_err(io("cannot open", &layout.log))?;
-    let argv = vec![
+async fn start_all(
+    args: &DevArgs,
+    exe: &Path,
+    sim: &Path,
+    work_dir: &Path,
+    layouts: &[PeerLayout],
+    extra: &str,
+    running: &mut Vec<Running>,
+) -> Result<(), DevError> {
+    let timeout = Duration::from_secs(args.ready_timeout_s);
+    for layout in layouts {
+        let yaml = if args.insecure {
+            server_yaml(layout, layouts, extra)
+        } else {
+            let tls = crate::certs::peer_tls(work_dir, layout.id)?;
+            server_yaml_tls(layout, layouts, &tls, extra)
+        };
+        std::fs::write(&layout.config, yaml).map_err(io("cannot write", &layout.config))?;
+        std::fs::create_dir_all(&layout.data_dir).map_err(io("cannot create", &layout.data_dir))?;
+        let mut process = DevProcess {
+            role: "server".to_owned(),
+            id: layout.id.into(),
+            pid: 0,
+            argv: argv(exe, "server", &layout.config),
+            api: Some(layout.admin_url()),
+            grpc: Some(layout.grpc.to_string()),
+            router: None,
+            log: None,
+        };
+        running.push(spawn(&mut process, &layout.log, None)?);
+    }
+    let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
+    let mut progress = Progress::new(apis.clone());
+    write_dev_json(running, work_dir, &apis, None)?;
+    progress.wait_leader(running, timeout, work_dir).await?;
+
+    let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
+    let engines = SimEngines {
+        bin: sim.to_owned(),
+        env: vec![
+            ("LLMGW_SIM_LOAD_TIME".into(), "3s".into()),
+            ("LLMGW_SIM_TTFT".into(), "30ms".into()),
+            ("LLMGW_SIM_ITL".into(), "15ms".into()),
+        ],
+    };
+    let fixtures = fixtures_dir(exe);
+    let nodes = node_plan(work_dir, args.nodes);
+    for (i, agent) in nodes.iter().enumerate() {
+        let mut order = servers.clone();
+        let len = order.len();
+        order.rotate_left(i % len);
+        let yaml = if args.insecure {
+            agent_yaml(agent, &order, &fixtures, &engines, "")
+        } else {
+            let tls = crate::certs::node_tls(work_dir, &agent.node_id)?;
+            agent_yaml_tls(agent, &order, &fixtures, &engines, &tls, "")
+        };
+        std::fs::write(&agent.config, yaml).map_err(io("cannot write", &agent.config))?;
+        let mut process = DevProcess {
+            role: "agent".to_owned(),
+            id: agent.node_id.clone().into(),
+            pid: 0,
+            argv: argv(exe, "agent", &agent.config),
+            api: None,
+            grpc: None,
+            router: None,
+            log: None,
+        };
+        running.push(spawn(
+            &mut process,
+            &agent.log,
+            Some(agent.work_dir.clone()),
+        )?);
+    }
+
+    let router_yaml = work_dir.join("router.yaml");
+    let router_url = format!("http://127.0.0.1:{}", args.port);
+    let text = format!(
+        "# Written by `llmgw dev`: a standalone router that follows the control plane.\n\
+         listen: 127.0.0.1:{}\ncontrol_plane: [{}]\n",
+        args.port,
+        apis.iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    std::fs::write(&router_yaml, text).map_err(io("cannot write", &router_yaml))?;
+    let mut process = DevProcess {
+        role: "router".to_owned(),
+        id: "router".into(),
+        pid: 0,
+        argv: argv(exe, "router", &router_yaml),
+        api: None,
+        grpc: None,
+        router: Some(router_url.clone()),
+        log: None,
+    };
+    running.push(spawn(&mut process, &work_dir.join("router.log"), None)?);
+    write_dev_json(running, work_dir, &apis, Some(router_url.clone()))?;
+
+    progress
+        .wait_nodes(running, args.nodes as usize, timeout, work_dir)
+        .await?;
+    if !args.no_demo {
+        wait_serving(&mut progress, running, &router_url, timeout, work_dir).await?;
+    }
+    Ok(())
+}
+
+/// `deploy/fixtures/nodes` of the source tree this binary was built from,
+/// or next to an installed binary.
+fn fixtures_dir(exe: &Path) -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/nodes");
+    if built.is_dir() {
+        return built;
+    }
+    exe.parent().map_or_else(
+        || PathBuf::from("fixtures"),
+        |dir| dir.join("fixtures/nodes"),
+    )
+}
+
+fn argv(exe: &Path, command: &str, config: &Path) -> Vec<String> {
+    vec![
         exe.display().to_string(),
-        "server".to_owned(),
+        command.to_owned(),
         "--config".to_owned(),
-        layout.config.display().to_string(),
-    ];
-    let child = Command::new(exe)
-        .args(&argv[1..])
+        config.display().to_string(),
+    ]
+}
+
+fn spawn(
+    process: &mut DevProcess,
+    log_path: &Path,
+    agent_work_dir: Option<PathBuf>,
+) -> Result<Running, DevError> {
+    let log = std::fs::File::create(log_path).map_err(io("cannot create", log_path))?;
+    let log_err = log.try_clone().map_err(io("cannot open", log_path))?;
+    let child = Command::new(&process.argv[0])
+        .args(&process.argv[1..])
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
         .kill_on_drop(true)
         .spawn()
-        .map_err(io("cannot start", exe))?;
+        .map_err(io("cannot start", Path::new(&process.argv[0])))?;
+    process.pid = child.id().unwrap_or(0);
+    process.log = Some(log_path.display().to_string());
     Ok(Running {
-        layout: layout.clone(),
+        process: process.clone(),
         child,
-        argv,
+        log: log_path.to_owned(),
+        agent_work_dir,
     })
 }
 
-fn dev_file(running: &[Running]) -> DevFile {
-    DevFile {
-        processes: running
-            .iter()
-            .map(|peer| DevProcess {
-                role: "server".to_owned(),
-                id: peer.layout.id,
-                pid: peer.child.id().unwrap_or(0),
-                argv: peer.argv.clone(),
-                api: Some(peer.layout.admin_url()),
-                grpc: Some(peer.layout.grpc.to_string()),
-            })
-            .collect(),
-        router: None,
-        api: running.iter().map(|peer| peer.layout.admin_url()).collect(),
+fn write_dev_json(
+    running: &[Running],
+    work_dir: &Path,
+    apis: &[String],
+    router: Option<String>,
+) -> Result<(), DevError> {
+    let dev = DevFile {
+        processes: running.iter().map(|r| r.process.clone()).collect(),
+        router,
+        api: apis.to_vec(),
+    };
+    let path = work_dir.join("dev.json");
+    serde_json::to_vec_pretty(&dev)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(&path, bytes))
+        .map_err(io("cannot write", &path))
+}
+
+/// Fails when a child exited: start-up cannot go on without it.
+pub(crate) fn check_children(running: &mut [Running]) -> Result<(), DevError> {
+    for r in running.iter_mut() {
+        if let Ok(Some(status)) = r.child.try_wait() {
+            return Err(DevError::Exited {
+                role: r.process.role.clone(),
+                id: r.process.id.to_string(),
+                status: status.to_string(),
+                log: r.log.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Says when a process exits on its own (a killed peer, say) and keeps
+/// the rest running: that is what the cluster is for. Never resolves.
+async fn report_exits(running: &mut [Running]) {
+    let mut reported = std::collections::BTreeSet::new();
+    loop {
+        for (i, r) in running.iter_mut().enumerate() {
+            if !reported.contains(&i)
+                && let Ok(Some(status)) = r.child.try_wait()
+            {
+                reported.insert(i);
+                println!(
+                    "{} {} exited ({status}); the rest keeps running. Its command line is in dev.json",
+                    r.process.role, r.process.id
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
-fn render(dev: &DevFile, dev_json: &Path) -> String {
+fn render(running: &[Running], work_dir: &Path, router_addr: &str) -> String {
     let mut out = format!(
-        "{:<8} {:<4} {:<8} {:<28} {}\n",
-        "ROLE", "ID", "PID", "API", "GRPC"
+        "\n{:<8} {:<10} {:<8} {:<28} {}\n",
+        "ROLE", "ID", "PID", "API", "GRPC / ROUTER"
     );
-    for process in &dev.processes {
+    for r in running {
+        let p = &r.process;
+        let id = match &p.id {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
         out.push_str(&format!(
-            "{:<8} {:<4} {:<8} {:<28} {}\n",
-            process.role,
-            process.id,
-            process.pid,
-            process.api.as_deref().unwrap_or("-"),
-            process.grpc.as_deref().unwrap_or("-"),
+            "{:<8} {:<10} {:<8} {:<28} {}\n",
+            p.role,
+            id,
+            p.pid,
+            p.api.as_deref().unwrap_or("-"),
+            p.grpc.as_deref().or(p.router.as_deref()).unwrap_or("-"),
         ));
     }
+    let apis: Vec<&str> = running
+        .iter()
+        .filter_map(|r| r.process.api.as_deref())
+        .collect();
     out.push_str(&format!(
-        "router: none (this build runs the control plane only)\nwritten: {}\ntry: llmgw ctl --api {} cluster\n",
-        dev_json.display(),
-        dev.api.join(",")
+        "\nOpenAI base URL: http://{router_addr}/v1\n\
+         try:\n  curl -N http://{router_addr}/v1/chat/completions -H 'content-type: application/json' \\\n\
+         \x20   -d '{{\"model\": \"qwen-0.5b\", \"stream\": true, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n\
+         \x20 export LLMGW_API={apis}\n\
+         \x20 llmgw ctl nodes; llmgw ctl replicas; llmgw ctl explain llama-70b\n\
+         configs, logs and dev.json: {dir}\n",
+        apis = apis.join(","),
+        dir = work_dir.display(),
     ));
     out
-}
-
-/// Waits until every peer reports a leader on /readyz.
-async fn wait_ready(running: &mut [Running], timeout: Duration) -> Result<(), DevError> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .map_err(|e| DevError::Usage(format!("cannot build an HTTP client: {e}")))?;
-    let started = Instant::now();
-    loop {
-        let mut ready = 0;
-        for peer in running.iter_mut() {
-            if let Ok(Some(status)) = peer.child.try_wait() {
-                return Err(DevError::PeerExited {
-                    id: peer.layout.id,
-                    status: status.to_string(),
-                    log: peer.layout.log.clone(),
-                });
-            }
-            let url = format!("{}/readyz", peer.layout.admin_url());
-            if let Ok(response) = http.get(&url).send().await
-                && response.status().is_success()
-            {
-                ready += 1;
-            }
-        }
-        if ready == running.len() {
-            return Ok(());
-        }
-        if started.elapsed() > timeout {
-            return Err(DevError::NotReady(timeout));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn stop_signal() {
@@ -240,25 +437,94 @@ async fn stop_signal() {
     }
 }
 
-/// SIGTERM to each child, then SIGKILL to whatever is still running after
-/// a grace period; returns when every child has been reaped.
+fn signal(pid: i32, signal: &str) {
+    // `kill` keeps this crate free of unsafe code for a few signals.
+    let _ = std::process::Command::new("kill")
+        .args([signal, "--", &pid.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Engine process groups an agent recorded in its state files
+/// (`work_dir/shards/*.json`). Engines outlive their agent by design, so
+/// `dev` (and tests) stop them through these.
+pub fn engine_groups(agent_work_dir: &Path) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir(agent_work_dir.join("shards")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .flat_map(|v| {
+            v["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p["pgid"].as_i64().and_then(|g| i32::try_from(g).ok()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|pgid| *pgid > 1)
+        .collect()
+}
+
+/// Running and not a zombie waiting to be reaped.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_owned();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+/// Router and agents first, then the engines they leave behind, then the
+/// peers: SIGTERM, and SIGKILL to whatever still runs after a grace period.
 async fn stop_all(running: &mut [Running]) {
-    for peer in running.iter() {
-        if let Some(pid) = peer.child.id() {
-            // `kill` keeps this crate free of unsafe code for one signal.
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
-        }
-    }
-    let grace = Instant::now() + Duration::from_secs(10);
-    for peer in running.iter_mut() {
-        let remaining = grace.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(remaining, peer.child.wait())
-            .await
-            .is_err()
+    let mut engines = Vec::new();
+    for order in [["router", "agent"], ["server", "server"]] {
+        for r in running
+            .iter()
+            .filter(|r| order.contains(&r.process.role.as_str()))
         {
-            let _ = peer.child.kill().await;
+            if let Some(pid) = r.child.id() {
+                signal(pid as i32, "-TERM");
+            }
+        }
+        let grace = Instant::now() + Duration::from_secs(10);
+        for r in running
+            .iter_mut()
+            .filter(|r| order.contains(&r.process.role.as_str()))
+        {
+            let remaining = grace.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(remaining, r.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = r.child.kill().await;
+            }
+            if let Some(dir) = &r.agent_work_dir {
+                engines.extend(engine_groups(dir));
+            }
+        }
+        if order[0] == "router" {
+            for pid in &engines {
+                signal(-pid, "-TERM");
+            }
+            let grace = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < grace && engines.iter().any(|pid| alive(*pid)) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            for pid in &engines {
+                signal(-pid, "-KILL");
+            }
         }
     }
 }

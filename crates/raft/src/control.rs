@@ -159,6 +159,15 @@ impl ControlPlane {
         read(&applied.fleet)
     }
 
+    /// This peer's Raft term while it leads, `None` otherwise. Everything
+    /// the leader sends to agents carries this term (fencing).
+    pub fn leading_term(&self) -> Option<u64> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id))
+            .then_some(metrics.current_term)
+    }
+
     /// The known leader and how to reach it.
     pub fn leader(&self) -> Option<(u64, PeerNode)> {
         let metrics = self.inner.raft.metrics();
@@ -177,7 +186,7 @@ impl ControlPlane {
     /// Returns the log index it was committed at.
     pub async fn write(&self, command: Command) -> Result<u64, ControlError> {
         match self
-            .submit(ForwardRequest::Write(command), WRITE_DEADLINE)
+            .submit(ForwardRequest::Write(Box::new(command)), WRITE_DEADLINE)
             .await?
         {
             ForwardResponse::Written {
@@ -257,8 +266,18 @@ impl ControlPlane {
                 Some((id, _)) if id == self.inner.id => self.handle_locally(request.clone()).await,
                 Some((id, node)) => match self.forward_to(&node, &request, deadline).await {
                     Ok(response) => response,
-                    Err(why) => {
+                    Err(Undelivered::Certainly(why)) => {
                         last_problem = format!("leader {id} at {}: {why}", node.grpc);
+                        ForwardResponse::NotLeader { leader: None }
+                    }
+                    Err(Undelivered::Maybe(why)) => {
+                        let why = format!("leader {id} at {}: {why}", node.grpc);
+                        // Sending a write again after the leader may have
+                        // appended it would apply it twice once it commits.
+                        if let ForwardRequest::Write(_) = request {
+                            return Err(ControlError::Ambiguous(why));
+                        }
+                        last_problem = why;
                         ForwardResponse::NotLeader { leader: None }
                     }
                 },
@@ -289,8 +308,12 @@ impl ControlPlane {
         node: &PeerNode,
         request: &ForwardRequest,
         deadline: Duration,
-    ) -> Result<ForwardResponse, String> {
-        let mut client = self.inner.peers.client(&node.grpc)?;
+    ) -> Result<ForwardResponse, Undelivered> {
+        let mut client = self
+            .inner
+            .peers
+            .client(&node.grpc)
+            .map_err(Undelivered::Certainly)?;
         let payload = RaftPayload {
             data: network::encode(request),
             error: String::new(),
@@ -301,12 +324,13 @@ impl ControlPlane {
         )
         .await
         .and_then(network::decode::<ForwardResponse>);
-        if let Err(Failure::Unreachable(_)) = &answer {
+        if let Err(Failure::Unreachable(_) | Failure::Refused(_)) = &answer {
             self.inner.peers.forget(&node.grpc);
         }
         answer.map_err(|failure| match failure {
-            Failure::Timeout => format!("no answer within {deadline:?}"),
-            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
+            Failure::Skipped(why) | Failure::Refused(why) => Undelivered::Certainly(why),
+            Failure::Unreachable(why) | Failure::Network(why) => Undelivered::Maybe(why),
+            Failure::Timeout => Undelivered::Maybe(format!("no answer within {deadline:?}")),
         })
     }
 
@@ -318,7 +342,7 @@ impl ControlPlane {
     async fn handle_locally(&self, request: ForwardRequest) -> ForwardResponse {
         let raft = &self.inner.raft;
         match request {
-            ForwardRequest::Write(command) => match raft.client_write(command).await {
+            ForwardRequest::Write(command) => match raft.client_write(*command).await {
                 Ok(response) => ForwardResponse::Written {
                     outcome: response.data,
                     log_index: response.log_id.index,
@@ -450,13 +474,16 @@ impl ControlPlane {
         .await
         .and_then(network::decode::<PeerStatus>)
         .inspect_err(|failure| {
-            if let Failure::Unreachable(_) = failure {
+            if let Failure::Unreachable(_) | Failure::Refused(_) = failure {
                 self.inner.peers.forget(&node.grpc);
             }
         })
         .map_err(|failure| match failure {
             Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
-            Failure::Unreachable(why) | Failure::Skipped(why) | Failure::Network(why) => why,
+            Failure::Unreachable(why)
+            | Failure::Refused(why)
+            | Failure::Skipped(why)
+            | Failure::Network(why) => why,
         })
     }
 
@@ -526,6 +553,15 @@ impl ControlPlane {
             tracing::warn!(%error, "Raft shutdown");
         }
     }
+}
+
+/// Why a forwarded request got no answer, and whether the leader may have
+/// acted on it anyway.
+enum Undelivered {
+    /// The request never left this peer (no connection could be made).
+    Certainly(String),
+    /// The connection broke or timed out after the request was sent.
+    Maybe(String),
 }
 
 fn unexpected(response: ForwardResponse) -> ControlError {

@@ -8,7 +8,8 @@ use crate::error::ControlError;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum ForwardRequest {
-    Write(Command),
+    /// Boxed: a command is far larger than the other requests.
+    Write(Box<Command>),
     AddPeer {
         id: u64,
         node: PeerNode,

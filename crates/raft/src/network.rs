@@ -100,6 +100,8 @@ pub(crate) enum Failure {
     Unreachable(String),
     /// Not dialled at all (the target is this peer, or was just found down).
     Skipped(String),
+    /// The dial failed, so the request never left this peer.
+    Refused(String),
     Network(String),
 }
 
@@ -120,10 +122,25 @@ pub(crate) fn decode<T: DeserializeOwned>(payload: RaftPayload) -> Result<T, Fai
 
 pub(crate) fn classify(status: &tonic::Status) -> Failure {
     match status.code() {
+        tonic::Code::Unavailable if never_connected(status) => {
+            Failure::Refused(status.message().to_owned())
+        }
         tonic::Code::Unavailable => Failure::Unreachable(status.message().to_owned()),
         tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => Failure::Timeout,
         _ => Failure::Network(format!("{}: {}", status.code(), status.message())),
     }
+}
+
+/// Whether the call failed while dialling, so the request never left.
+fn never_connected(status: &tonic::Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if error.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Runs `call` under `deadline`, enforced both here and, through the
@@ -182,7 +199,7 @@ impl PeerClient {
                 target: self.target,
                 timeout: deadline,
             }),
-            Failure::Unreachable(why) => {
+            Failure::Unreachable(why) | Failure::Refused(why) => {
                 self.peers.mark(self.target, false);
                 self.peers.forget(&self.addr);
                 RPCError::Unreachable(Unreachable::from_string(format!(

@@ -56,6 +56,9 @@ pub struct ProfileExplanation {
     pub nodes_evaluated: u32,
     /// Nodes that could host one shard of this profile.
     pub nodes_fit: u32,
+    /// JSON has string keys only: on the wire this is a list of
+    /// `{reason, ..., count, text}`.
+    #[serde(with = "reason_counts")]
     pub reasons: BTreeMap<Reason, u32>,
     /// Multi-node: per fabric, how many nodes could host a shard, when no
     /// fabric had enough.
@@ -131,5 +134,70 @@ impl fmt::Display for Explanation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let lines: Vec<String> = self.profiles.iter().map(ToString::to_string).collect();
         f.write_str(&lines.join("; "))
+    }
+}
+
+mod reason_counts {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Reason;
+
+    #[derive(Serialize, Deserialize)]
+    struct Count {
+        #[serde(flatten)]
+        reason: Reason,
+        count: u32,
+        /// The reason as the one-line explanation says it.
+        #[serde(default, skip_deserializing)]
+        text: String,
+    }
+
+    pub fn serialize<S: Serializer>(map: &BTreeMap<Reason, u32>, s: S) -> Result<S::Ok, S::Error> {
+        let list: Vec<Count> = map
+            .iter()
+            .map(|(reason, count)| Count {
+                text: reason.to_string(),
+                reason: reason.clone(),
+                count: *count,
+            })
+            .collect();
+        list.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<Reason, u32>, D::Error> {
+        let list = Vec::<Count>::deserialize(d)?;
+        Ok(list.into_iter().map(|c| (c.reason, c.count)).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_explanation_travels_as_json_with_each_reason_and_its_text() {
+        let explanation = Explanation {
+            profiles: vec![ProfileExplanation {
+                model: "m".into(),
+                profile: "p".into(),
+                nodes_evaluated: 5,
+                nodes_fit: 0,
+                reasons: BTreeMap::from([
+                    (Reason::Unreachable, 2),
+                    (Reason::NotEnoughFreeGpus { free: 4, need: 8 }, 3),
+                ]),
+                fabric_shortfall: None,
+            }],
+        };
+        let json = serde_json::to_value(&explanation).unwrap();
+        let reasons = &json["profiles"][0]["reasons"];
+        assert_eq!(reasons[0]["reason"], "unreachable");
+        assert_eq!(reasons[0]["count"], 2);
+        assert_eq!(reasons[1]["need"], 8);
+        assert_eq!(reasons[1]["text"], "have 4 free GPUs (need 8)");
+        let back: Explanation = serde_json::from_value(json).unwrap();
+        assert_eq!(back, explanation);
     }
 }

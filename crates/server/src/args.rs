@@ -8,7 +8,9 @@ use llmgw_raft::{PeerNode, PeerSpec, RaftSettings};
 
 use llmgw_tls::TlsFiles;
 
+use crate::agents::LivenessSettings;
 use crate::auth::AdminAuth;
+use crate::reconcile::PlanSettings;
 use crate::security::Security;
 use crate::serve::{ServerError, ServerOptions, serve, shutdown_signal};
 
@@ -98,5 +100,12 @@ pub fn options_from(
         peers,
         raft,
         security,
+        liveness: LivenessSettings {
+            ttl: config.liveness.node_ttl,
+            lost_after: config.liveness.lost_after,
+            grace: config.liveness.leader_grace,
+        },
+        placement: PlanSettings::default(),
+        router_listen: config.router_listen,
     })
 }

@@ -1,16 +1,22 @@
 //! `llmgw server`: one control-plane peer. It runs the Raft node over its
-//! RocksDB store, the peer transport on its gRPC listener, and the admin
-//! HTTP API (cluster, nodes, replicas, models; health and metrics).
+//! RocksDB store; on its gRPC listener the peer transport and the agent
+//! stream service ([`agents`]); while it leads, node liveness and the
+//! reconciler ([`reconcile`]); the admin HTTP API (cluster, nodes,
+//! replicas, models, explain; health and metrics); and optionally an
+//! OpenAI router fed from its own applied state ([`routes`]).
 //!
 //! The CLI calls [`run_server`] with [`ServerArgs`]; tests and `llmgw dev`
 //! start the real binary.
 
+pub mod agents;
 mod api;
 mod args;
 mod auth;
 mod security;
 
 mod model_spec;
+pub mod reconcile;
+pub mod routes;
 mod serve;
 
 pub use api::{ApiState, router};

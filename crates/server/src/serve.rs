@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use llmgw_raft::{ControlPlane, PeerSpec, RaftSettings, StartError};
 use tokio::net::TcpListener;
@@ -10,7 +11,9 @@ use tokio::net::TcpListener;
 use llmgw_catalog::Catalog;
 use llmgw_state::Command;
 
+use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
 use crate::api::{self, ApiState};
+use crate::reconcile::{PlanSettings, run_reconciler};
 use crate::security::Security;
 
 /// Everything a peer needs to run, resolved from server.yaml.
@@ -23,6 +26,10 @@ pub struct ServerOptions {
     pub peers: Vec<PeerSpec>,
     pub raft: RaftSettings,
     pub security: Security,
+    pub liveness: LivenessSettings,
+    pub placement: PlanSettings,
+    /// The OpenAI router inside this peer; `None` runs none.
+    pub router_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +103,46 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    let hub = Arc::new(Hub::default());
+    let (reports, report_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(write_reports(control.clone(), report_rx));
+    tokio::spawn(run_liveness(
+        control.clone(),
+        hub.clone(),
+        options.liveness,
+        stop_rx.clone(),
+    ));
+    tokio::spawn(run_reconciler(
+        control.clone(),
+        hub.clone(),
+        options.placement.clone(),
+        stop_rx.clone(),
+    ));
+    let agents = AgentStreams {
+        control: control.clone(),
+        hub: hub.clone(),
+        reports,
+        heartbeat_interval: std::time::Duration::ZERO,
+    };
+    let router = match options.router_listen {
+        Some(addr) => {
+            let table = crate::routes::publish(control.clone());
+            let router = llmgw_router::Router::new(llmgw_router::Settings::default(), &table)
+                .bind(addr)
+                .await
+                .map_err(|e| ServerError::Serve {
+                    what: "router",
+                    message: e.to_string(),
+                })?;
+            tracing::info!(addr = %router.local_addr(), "OpenAI router serving from this peer's applied state");
+            Some(router)
+        }
+        None => None,
+    };
+
     let grpc = tonic::transport::Server::builder()
         .add_service(llmgw_raft::raft_grpc_service(control.clone()))
+        .add_service(agents.into_service())
         .serve_with_incoming_shutdown(
             // mTLS handshakes here; handlers see the caller's identity.
             llmgw_tls::incoming(grpc_listener, tls),
@@ -117,6 +162,8 @@ pub async fn serve(
     let app = api::router(ApiState {
         control: control.clone(),
         insecure: options.security.insecure(),
+        hub,
+        placement: options.placement.clone(),
     });
     let app = options.security.admin.protect(app);
     let admin = axum::serve(
@@ -125,6 +172,7 @@ pub async fn serve(
     )
     .with_graceful_shutdown(stopped(stop_rx));
     let admin_result = admin.await;
+    drop(router);
     control.shutdown().await;
     let grpc_result = grpc.await;
     admin_result.map_err(|e| ServerError::Serve {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::command::{Command, Outcome, Rejection};
 use crate::types::{
-    Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState,
+    Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState, StopOrder,
 };
 
 impl FleetState {
@@ -129,6 +129,7 @@ impl FleetState {
                         spec: spec.clone(),
                         desired_replicas: *replicas,
                         updated_at_ms: *at_ms,
+                        last_failure: self.models.get(name).and_then(|m| m.last_failure.clone()),
                     },
                 );
                 Outcome::Applied
@@ -144,8 +145,19 @@ impl FleetState {
                 model,
                 profile,
                 shards,
+                fabric,
+                rendezvous_port,
+                replaces,
                 at_ms,
-            } => self.place_replica(id, model, profile, shards, *at_ms),
+            } => {
+                let outcome = self.place_replica(id, model, profile, shards, *at_ms);
+                if let (Outcome::Applied, Some(replica)) = (&outcome, self.replicas.get_mut(id)) {
+                    replica.fabric.clone_from(fabric);
+                    replica.rendezvous_port = *rendezvous_port;
+                    replica.replaces.clone_from(replaces);
+                }
+                outcome
+            }
             Command::SetShardState {
                 replica,
                 rank,
@@ -172,9 +184,33 @@ impl FleetState {
                 }
                 Outcome::Applied
             }
-            Command::RemoveReplica { id, .. } => {
-                if self.replicas.remove(id).is_none() {
+            Command::RemoveReplica { id, failure, .. } => {
+                let Some(replica) = self.replicas.remove(id) else {
                     return Rejection::not_found(format!("replica {id} does not exist"));
+                };
+                if let (Some(failure), Some(model)) = (failure, self.models.get_mut(&replica.model))
+                {
+                    model.last_failure = Some(failure.clone());
+                }
+                Outcome::Applied
+            }
+            Command::StopReplica {
+                id,
+                reason,
+                drain_deadline_ms,
+                at_ms,
+            } => {
+                let Some(replica) = self.replicas.get_mut(id) else {
+                    return Rejection::not_found(format!("replica {id} does not exist"));
+                };
+                // The first order stands: a later one must not turn a stop
+                // back into a drain or move its deadline.
+                if replica.stop.is_none() {
+                    replica.stop = Some(StopOrder {
+                        reason: reason.clone(),
+                        drain_deadline_ms: *drain_deadline_ms,
+                        at_ms: *at_ms,
+                    });
                 }
                 Outcome::Applied
             }
@@ -244,20 +280,21 @@ impl FleetState {
                 profile: profile.to_owned(),
                 shards,
                 created_at_ms: at_ms,
+                fabric: None,
+                rendezvous_port: None,
+                replaces: None,
+                stop: None,
             },
         );
         Outcome::Applied
     }
 
     /// The replica holding a GPU with a shard that is not stopped.
-    fn gpu_holder(&self, node: &str, gpu: u32) -> Option<&str> {
-        self.replicas.values().find_map(|replica| {
-            replica
-                .shards
-                .iter()
-                .any(|s| s.node == node && s.state != ShardState::Stopped && s.gpus.contains(&gpu))
-                .then_some(replica.id.as_str())
-        })
+    pub fn gpu_holder(&self, node: &str, gpu: u32) -> Option<&str> {
+        self.replicas
+            .values()
+            .find(|replica| replica.holds_gpu(node, gpu))
+            .map(|replica| replica.id.as_str())
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{NodeInventory, NodeStatus, Shard, ShardFailure, ShardState};
+use crate::types::{NodeInventory, NodeStatus, ReplicaFailure, Shard, ShardFailure, ShardState};
 
 /// A change to the replicated state, as it travels in the Raft log.
 ///
@@ -73,6 +73,13 @@ pub enum Command {
         model: String,
         profile: String,
         shards: Vec<Shard>,
+        #[serde(default)]
+        fabric: Option<String>,
+        #[serde(default)]
+        rendezvous_port: Option<u16>,
+        /// The replica this one replaces once it is ready (drain).
+        #[serde(default)]
+        replaces: Option<String>,
         at_ms: u64,
     },
     /// An observed shard transition reported by an agent.
@@ -84,13 +91,25 @@ pub enum Command {
         failure: Option<ShardFailure>,
         at_ms: u64,
     },
+    /// Forgets a replica whose shards are all stopped or whose node is
+    /// gone. A failure, when given, stays on the model for `explain`.
     RemoveReplica {
         id: String,
+        #[serde(default)]
+        failure: Option<ReplicaFailure>,
         at_ms: u64,
     },
     /// A Raft peer left the cluster; its id is retired for good.
     RetirePeer {
         peer: u64,
+        at_ms: u64,
+    },
+    /// Orders a replica away: drained first when a deadline is given, then
+    /// stopped. Agents are told by the leader; a new leader carries it on.
+    StopReplica {
+        id: String,
+        reason: String,
+        drain_deadline_ms: Option<u64>,
         at_ms: u64,
     },
     /// A command from a newer llmgw this build does not know; applied as a
@@ -115,6 +134,7 @@ impl Command {
             Command::SetShardState { .. } => "set_shard_state",
             Command::RemoveReplica { .. } => "remove_replica",
             Command::RetirePeer { .. } => "retire_peer",
+            Command::StopReplica { .. } => "stop_replica",
             Command::Unknown => "unknown",
         }
     }
@@ -130,7 +150,8 @@ impl std::fmt::Display for Command {
             | Command::StartDrain { id, .. }
             | Command::FinishDrain { id, .. }
             | Command::PlaceReplica { id, .. }
-            | Command::RemoveReplica { id, .. } => id.clone(),
+            | Command::RemoveReplica { id, .. }
+            | Command::StopReplica { id, .. } => id.clone(),
             Command::PutModel { name, .. } | Command::DeleteModel { name, .. } => name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),

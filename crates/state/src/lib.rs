@@ -14,6 +14,6 @@ mod types;
 pub use command::{Command, Outcome, Rejection, RejectionKind};
 pub use hash::StateHash;
 pub use types::{
-    Drain, FleetState, Gpu, ModelRecord, NodeInventory, NodeRecord, NodeStatus, Replica,
-    ReplicaState, Shard, ShardFailure, ShardState,
+    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
+    NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,
 };

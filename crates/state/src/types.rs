@@ -48,6 +48,43 @@ pub struct Gpu {
     /// Indices of the GPUs this one reaches over NVLink.
     #[serde(default)]
     pub nvlink_peers: Vec<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pci_bus_id: String,
+}
+
+/// How two GPUs of a node reach each other, as `nvidia-smi topo -m` names
+/// it: `nvlink`, `pix`, `pxb`, `phb`, `node` or `sys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLink {
+    pub a: u32,
+    pub b: u32,
+    pub kind: String,
+    /// Bonded NVLinks when `kind` is `nvlink`.
+    #[serde(default)]
+    pub nvlinks: u32,
+}
+
+/// One InfiniBand or RoCE port the agent found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HcaPort {
+    pub name: String,
+    pub port: u32,
+    pub state: String,
+    pub rate_gbps: u32,
+    pub link_layer: String,
+}
+
+/// A fabric named in agent.yaml, checked against what discovery found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricReport {
+    pub name: String,
+    pub hcas: Vec<String>,
+    pub active_hcas: Vec<String>,
+    /// Configured HCAs that are missing or down, with the reason.
+    #[serde(default)]
+    pub problems: Vec<String>,
 }
 
 /// What an agent reported about its hardware at registration.
@@ -58,6 +95,22 @@ pub struct NodeInventory {
     /// Engines the agent can launch (`vllm`, `sglang`).
     #[serde(default)]
     pub engines: Vec<String>,
+    /// Where the GPU facts came from: `nvml`, `nvidia-smi`, `fixture`, `none`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub gpu_source: String,
+    /// Every GPU pair's link; absent pairs are `sys`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<GpuLink>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hcas: Vec<HcaPort>,
+    /// Every configured fabric, including those with no active HCA.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fabric_reports: Vec<FabricReport>,
+    /// Problems discovery found (a configured HCA missing or down, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub agent_version: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,17 +137,38 @@ pub struct ModelRecord {
     pub spec: serde_json::Value,
     pub desired_replicas: u32,
     pub updated_at_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<ReplicaFailure>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardState {
+    /// Placed; the agent has not reported it yet.
     Pending,
     Starting,
-    Running,
+    /// The engine runs and loads weights; not serving yet.
+    Loading,
+    /// Serving (health answers, every rank joined).
+    #[serde(alias = "running")]
+    Ready,
     Draining,
     Stopped,
     Failed,
+}
+
+impl ShardState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShardState::Pending => "pending",
+            ShardState::Starting => "starting",
+            ShardState::Loading => "loading",
+            ShardState::Ready => "ready",
+            ShardState::Draining => "draining",
+            ShardState::Stopped => "stopped",
+            ShardState::Failed => "failed",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,17 +191,49 @@ pub struct Shard {
     pub state_changed_at_ms: u64,
 }
 
+/// A replica's state, derived from its shards and its stop order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReplicaState {
-    /// Some shard is not running yet.
+    /// Placed on GPUs; no agent has started a shard yet.
+    Placed,
     Starting,
-    /// Every shard is running.
-    Running,
-    /// Some shard failed.
-    Failed,
-    /// Being drained or stopped.
+    Loading,
+    /// Every shard is ready: the head serves.
+    Ready,
+    /// Ordered to drain: no new requests, in-flight ones finish.
+    Draining,
+    /// Ordered to stop; some shard still runs.
     Stopping,
+    /// Every shard stopped.
+    Stopped,
+    /// Some shard failed; the whole replica is restarted.
+    Failed,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::Placed => "placed",
+            ReplicaState::Starting => "starting",
+            ReplicaState::Loading => "loading",
+            ReplicaState::Ready => "ready",
+            ReplicaState::Draining => "draining",
+            ReplicaState::Stopping => "stopping",
+            ReplicaState::Stopped => "stopped",
+            ReplicaState::Failed => "failed",
+        }
+    }
+}
+
+/// The leader's order to take a replica away, replicated so that a new
+/// leader carries it on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopOrder {
+    pub reason: String,
+    /// Drain first: in-flight requests get until this time.
+    pub drain_deadline_ms: Option<u64>,
+    pub at_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,37 +243,72 @@ pub struct Replica {
     pub profile: String,
     pub shards: Vec<Shard>,
     pub created_at_ms: u64,
+    /// The fabric a multi-node replica's ranks share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<String>,
+    /// Rank 0's rendezvous port, for multi-node replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendezvous_port: Option<u16>,
+    /// The replica this one replaces (make-before-break during a drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopOrder>,
 }
 
 impl Replica {
+    /// The shard id agents know a shard by.
+    pub fn shard_id(&self, rank: u32) -> String {
+        format!("{}-r{rank}", self.id)
+    }
+
     /// The replica's state, derived from its shards so it can never disagree
     /// with them.
     pub fn state(&self) -> ReplicaState {
-        let states = self.shards.iter().map(|s| s.state);
-        let mut any_failed = false;
-        let mut any_stopping = false;
-        let mut all_running = true;
-        for state in states {
-            match state {
-                ShardState::Failed => any_failed = true,
-                ShardState::Draining | ShardState::Stopped => any_stopping = true,
-                ShardState::Running => {}
-                ShardState::Pending | ShardState::Starting => all_running = false,
-            }
-            if state != ShardState::Running {
-                all_running = false;
-            }
+        let all = |wanted: &[ShardState]| self.shards.iter().all(|s| wanted.contains(&s.state));
+        let any = |wanted: ShardState| self.shards.iter().any(|s| s.state == wanted);
+        if self.shards.is_empty() || all(&[ShardState::Stopped]) {
+            return ReplicaState::Stopped;
         }
-        if any_failed {
-            ReplicaState::Failed
-        } else if any_stopping {
-            ReplicaState::Stopping
-        } else if all_running && !self.shards.is_empty() {
-            ReplicaState::Running
+        if any(ShardState::Failed) {
+            return ReplicaState::Failed;
+        }
+        if let Some(stop) = &self.stop {
+            return if stop.drain_deadline_ms.is_some() && !any(ShardState::Stopped) {
+                ReplicaState::Draining
+            } else {
+                ReplicaState::Stopping
+            };
+        }
+        if any(ShardState::Draining) || any(ShardState::Stopped) {
+            return ReplicaState::Stopping;
+        }
+        if all(&[ShardState::Ready]) {
+            ReplicaState::Ready
+        } else if all(&[ShardState::Pending]) {
+            ReplicaState::Placed
+        } else if any(ShardState::Loading) || any(ShardState::Ready) {
+            ReplicaState::Loading
         } else {
             ReplicaState::Starting
         }
     }
+
+    /// Whether this replica holds GPU `gpu` on `node`.
+    pub fn holds_gpu(&self, node: &str, gpu: u32) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.node == node && s.state != ShardState::Stopped && s.gpus.contains(&gpu))
+    }
+}
+
+/// Why a model's last replica was taken away after a failure, kept on the
+/// model so `explain` can show it after the replica is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaFailure {
+    pub replica: String,
+    pub node: String,
+    pub failure: ShardFailure,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

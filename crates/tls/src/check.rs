@@ -15,6 +15,12 @@ fn conn_info(extensions: &Extensions) -> Result<&ConnInfo, Status> {
     })
 }
 
+/// The caller's address, on a server fed by [`crate::incoming`] (tonic's
+/// own `remote_addr` does not know llmgw's connections).
+pub fn remote_addr(extensions: &Extensions) -> Option<std::net::SocketAddr> {
+    extensions.get::<ConnInfo>().and_then(|info| info.remote)
+}
+
 /// A tonic interceptor for the Raft service: the caller's certificate must
 /// be a peer's. Plaintext connections (`insecure: true`) carry no identity
 /// and pass.

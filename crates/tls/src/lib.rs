@@ -23,7 +23,7 @@ mod server;
 
 use std::path::PathBuf;
 
-pub use check::{check_node_identity, require_peer};
+pub use check::{check_node_identity, remote_addr, require_peer};
 pub use cli::{CertsArgs, CertsCommand, run_certs};
 pub use client::{TlsConnectorService, connect, connect_lazy, endpoint, probe};
 pub use identity::{Identity, check_node_id};

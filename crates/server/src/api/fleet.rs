@@ -1,28 +1,123 @@
 //! Nodes and replicas.
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use llmgw_raft::now_ms;
-use llmgw_state::{Command, NodeRecord, Replica, ReplicaState};
+use llmgw_state::{Command, FleetState, NodeRecord, Replica, ReplicaState};
 use serde::{Deserialize, Serialize};
 
 use super::{ApiError, ApiState, ReadQuery};
+use crate::agents::LinkView;
+use crate::reconcile::specs::endpoint;
+
+/// One shard as a node's listing shows it.
+#[derive(Debug, Serialize)]
+pub struct NodeShard {
+    pub shard: String,
+    pub replica: String,
+    pub model: String,
+    pub gpus: Vec<u32>,
+    pub port: u16,
+    pub state: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    #[serde(flatten)]
+    pub record: NodeRecord,
+    pub gpus_total: usize,
+    pub gpus_used: usize,
+    pub shards: Vec<NodeShard>,
+    /// The agent's stream as this peer sees it: only the leader holds
+    /// streams, so followers answer `null`.
+    pub stream: Option<LinkView>,
+}
+
+/// Every node's shards, in one pass over the replicas.
+fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
+    let mut out: BTreeMap<&str, Vec<NodeShard>> = BTreeMap::new();
+    for replica in fleet.replicas.values() {
+        for shard in &replica.shards {
+            out.entry(shard.node.as_str()).or_default().push(NodeShard {
+                shard: replica.shard_id(shard.rank),
+                replica: replica.id.clone(),
+                model: replica.model.clone(),
+                gpus: shard.gpus.clone(),
+                port: shard.port,
+                state: shard.state.as_str(),
+            });
+        }
+    }
+    out
+}
+
+fn node_view(
+    state: &ApiState,
+    record: &NodeRecord,
+    shards: Vec<NodeShard>,
+    leading: bool,
+) -> NodeView {
+    let gpus_used = shards
+        .iter()
+        .filter(|s| s.state != "stopped")
+        .map(|s| s.gpus.len())
+        .sum();
+    NodeView {
+        record: record.clone(),
+        gpus_total: record.inventory.gpus.len(),
+        gpus_used,
+        shards,
+        stream: leading.then(|| state.hub.view(&record.id)),
+    }
+}
 
 pub async fn nodes(
     State(state): State<ApiState>,
     Query(query): Query<ReadQuery>,
-) -> Result<Json<Vec<NodeRecord>>, ApiError> {
+) -> Result<Json<Vec<NodeView>>, ApiError> {
     state.before_read(&query).await?;
-    Ok(Json(
-        state
-            .control
-            .read(|fleet| fleet.nodes.values().cloned().collect()),
-    ))
+    let leading = state.control.leading_term().is_some();
+    Ok(Json(state.control.read(|fleet| {
+        let mut shards = shards_by_node(fleet);
+        fleet
+            .nodes
+            .values()
+            .map(|record| {
+                let mine = shards.remove(record.id.as_str()).unwrap_or_default();
+                node_view(&state, record, mine, leading)
+            })
+            .collect()
+    })))
+}
+
+pub async fn node(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+    Query(query): Query<ReadQuery>,
+) -> Result<Json<NodeView>, ApiError> {
+    state.before_read(&query).await?;
+    let leading = state.control.leading_term().is_some();
+    state
+        .control
+        .read(|fleet| {
+            fleet.nodes.get(&id).map(|record| {
+                let mine = shards_by_node(fleet)
+                    .remove(id.as_str())
+                    .unwrap_or_default();
+                node_view(&state, record, mine, leading)
+            })
+        })
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("node {id} is not registered")))
 }
 
 #[derive(Debug, Serialize)]
 pub struct ReplicaView {
     pub state: ReplicaState,
+    /// The head shard's HTTP address, where the router sends requests.
+    pub endpoint: Option<String>,
     #[serde(flatten)]
     pub replica: Replica,
 }
@@ -38,10 +133,26 @@ pub async fn replicas(
             .values()
             .map(|replica| ReplicaView {
                 state: replica.state(),
+                endpoint: endpoint(fleet, replica),
                 replica: replica.clone(),
             })
             .collect()
     })))
+}
+
+/// Counts for `/metrics`.
+pub fn counts(
+    fleet: &FleetState,
+) -> (BTreeMap<&'static str, usize>, BTreeMap<&'static str, usize>) {
+    let mut nodes = BTreeMap::new();
+    for node in fleet.nodes.values() {
+        *nodes.entry(node.status.as_str()).or_default() += 1;
+    }
+    let mut replicas = BTreeMap::new();
+    for replica in fleet.replicas.values() {
+        *replicas.entry(replica.state().as_str()).or_default() += 1;
+    }
+    (nodes, replicas)
 }
 
 async fn node_after(

@@ -99,6 +99,24 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "counter",
         apply.snapshots_installed.load(Ordering::Relaxed) as f64,
     );
+    gauge(
+        "llmgw_agent_streams",
+        "Agent streams open on this peer (the leader holds them all).",
+        "gauge",
+        state.hub.connected() as f64,
+    );
+    gauge(
+        "llmgw_agent_commands_sent_total",
+        "Start, stop and drain commands sent to agents by this peer.",
+        "counter",
+        state.hub.commands_sent.load(Ordering::Relaxed) as f64,
+    );
+    gauge(
+        "llmgw_agent_command_refusals_total",
+        "Commands agents refused (stale leader term, validation).",
+        "counter",
+        state.hub.refusals_total.load(Ordering::Relaxed) as f64,
+    );
     let _ = writeln!(
         out,
         "# HELP llmgw_raft_apply_seconds Time spent applying batches of committed entries."
@@ -124,5 +142,17 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "llmgw_raft_apply_seconds_max {}",
         nanos(apply.nanos_max.load(Ordering::Relaxed))
     );
+    let (nodes, replicas) = state.control.read(super::fleet::counts);
+    let _ = writeln!(out, "# HELP llmgw_nodes Registered GPU nodes by status.");
+    let _ = writeln!(out, "# TYPE llmgw_nodes gauge");
+    for status in ["ready", "unreachable", "lost"] {
+        let n = nodes.get(status).copied().unwrap_or(0);
+        let _ = writeln!(out, "llmgw_nodes{{status=\"{status}\"}} {n}");
+    }
+    let _ = writeln!(out, "# HELP llmgw_replicas Model replicas by state.");
+    let _ = writeln!(out, "# TYPE llmgw_replicas gauge");
+    for (replica_state, n) in &replicas {
+        let _ = writeln!(out, "llmgw_replicas{{state=\"{replica_state}\"}} {n}");
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }

@@ -3,21 +3,30 @@
 //! go through the Raft leader, wherever they arrive.
 
 mod error;
+mod explain;
 mod fleet;
 mod health;
 mod models;
 mod peers;
+
+use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::{get, post};
 use llmgw_raft::ControlPlane;
 use serde::Deserialize;
 
+use crate::agents::Hub;
+use crate::reconcile::PlanSettings;
+
 pub use error::ApiError;
 
 #[derive(Clone)]
 pub struct ApiState {
     pub control: ControlPlane,
+    /// Agent sessions; populated on the leader only.
+    pub hub: Arc<Hub>,
+    pub placement: PlanSettings,
     /// gRPC links are plaintext (`insecure: true`); shown in /api/v1/cluster.
     pub insecure: bool,
 }
@@ -52,6 +61,7 @@ pub fn router(state: ApiState) -> Router {
             axum::routing::delete(peers::remove_peer),
         )
         .route("/api/v1/nodes", get(fleet::nodes))
+        .route("/api/v1/nodes/{id}", get(fleet::node))
         .route("/api/v1/nodes/{id}/cordon", post(fleet::cordon))
         .route("/api/v1/nodes/{id}/uncordon", post(fleet::uncordon))
         .route("/api/v1/nodes/{id}/drain", post(fleet::drain))
@@ -61,6 +71,7 @@ pub fn router(state: ApiState) -> Router {
             "/api/v1/models/{name}",
             get(models::get_one).put(models::put).delete(models::delete),
         )
+        .route("/api/v1/models/{name}/explain", get(explain::explain))
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })

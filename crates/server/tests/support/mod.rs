@@ -7,6 +7,8 @@
 
 #![allow(dead_code)]
 
+pub mod agents;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};

@@ -19,9 +19,11 @@ fn register(id: &str, at_ms: u64) -> Command {
                     model: "H100".to_owned(),
                     memory_mb: 81_920,
                     nvlink_peers: vec![],
+                    ..Gpu::default()
                 })
                 .collect(),
             engines: vec!["vllm".to_owned()],
+            ..NodeInventory::default()
         },
         fabrics: vec!["ib-a".to_owned()],
         labels: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
@@ -44,7 +46,7 @@ fn shard(node: &str, gpus: &[u32], rank: u32) -> Shard {
         gpus: gpus.to_vec(),
         port: 9000,
         rank,
-        state: ShardState::Running,
+        state: ShardState::Ready,
         pid: Some(1),
         last_failure: None,
         state_changed_at_ms: 0,
@@ -57,6 +59,9 @@ fn place(id: &str, model: &str, shards: Vec<Shard>) -> Command {
         model: model.to_owned(),
         profile: "tp1".to_owned(),
         shards,
+        fabric: None,
+        rendezvous_port: None,
+        replaces: None,
         at_ms: 10,
     }
 }
@@ -168,7 +173,7 @@ fn placement_is_checked_against_catalog_nodes_ranks_and_gpus() {
         ShardState::Pending,
         "placement starts pending"
     );
-    assert_eq!(placed.state(), ReplicaState::Starting);
+    assert_eq!(placed.state(), ReplicaState::Placed);
 
     let same_gpu = place("r2", "llama", vec![shard("gpu-1", &[0, 1], 0)]);
     assert_eq!(
@@ -212,7 +217,7 @@ fn shard_transitions_keep_the_last_failure() {
     state.apply(&Command::SetShardState {
         replica: "r1".into(),
         rank: 0,
-        state: ShardState::Running,
+        state: ShardState::Ready,
         pid: Some(42),
         failure: None,
         at_ms: 30,
@@ -220,11 +225,11 @@ fn shard_transitions_keep_the_last_failure() {
     let shard = &state.replicas["r1"].shards[0];
     assert_eq!(shard.pid, Some(42));
     assert_eq!(shard.last_failure.as_ref(), Some(&failure));
-    assert_eq!(state.replicas["r1"].state(), ReplicaState::Running);
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Ready);
     let bad_rank = Command::SetShardState {
         replica: "r1".into(),
         rank: 7,
-        state: ShardState::Running,
+        state: ShardState::Ready,
         pid: None,
         failure: None,
         at_ms: 31,
@@ -233,6 +238,85 @@ fn shard_transitions_keep_the_last_failure() {
         rejected_kind(state.apply(&bad_rank)),
         RejectionKind::NotFound
     );
+}
+
+#[test]
+fn a_stop_order_drains_then_stops_and_the_first_order_stands() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    state.apply(&put_model("llama", 1));
+    state.apply(&place("r1", "llama", vec![shard("gpu-1", &[0], 0)]));
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Placed);
+    set_shard(&mut state, ShardState::Ready);
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Ready);
+    let drain = Command::StopReplica {
+        id: "r1".into(),
+        reason: "node gpu-1 drains".into(),
+        drain_deadline_ms: Some(500),
+        at_ms: 40,
+    };
+    assert_eq!(state.apply(&drain), Outcome::Applied);
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Draining);
+    let stop = Command::StopReplica {
+        id: "r1".into(),
+        reason: "scaled down".into(),
+        drain_deadline_ms: None,
+        at_ms: 50,
+    };
+    assert_eq!(state.apply(&stop), Outcome::Applied);
+    let order = state.replicas["r1"].stop.clone().unwrap();
+    assert_eq!(order.reason, "node gpu-1 drains");
+    assert_eq!(order.drain_deadline_ms, Some(500));
+    set_shard(&mut state, ShardState::Stopped);
+    assert_eq!(state.replicas["r1"].state(), ReplicaState::Stopped);
+    assert_eq!(
+        state.gpu_holder("gpu-1", 0),
+        None,
+        "a stopped shard frees its GPUs"
+    );
+}
+
+#[test]
+fn removing_a_failed_replica_keeps_its_failure_on_the_model() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    state.apply(&put_model("llama", 1));
+    state.apply(&place("r1", "llama", vec![shard("gpu-1", &[0], 0)]));
+    let failure = crate::ReplicaFailure {
+        replica: "r1".into(),
+        node: "gpu-1".into(),
+        failure: ShardFailure {
+            message: "exit status 1".into(),
+            output_tail: vec!["torch.OutOfMemoryError: CUDA out of memory".into()],
+            at_ms: 60,
+        },
+    };
+    let remove = Command::RemoveReplica {
+        id: "r1".into(),
+        failure: Some(failure.clone()),
+        at_ms: 60,
+    };
+    assert_eq!(state.apply(&remove), Outcome::Applied);
+    assert!(state.replicas.is_empty());
+    assert_eq!(state.models["llama"].last_failure.as_ref(), Some(&failure));
+    state.apply(&put_model("llama", 3));
+    assert_eq!(
+        state.models["llama"].last_failure.as_ref(),
+        Some(&failure),
+        "scaling keeps the failure"
+    );
+}
+
+fn set_shard(state: &mut FleetState, shard_state: ShardState) {
+    let command = Command::SetShardState {
+        replica: "r1".into(),
+        rank: 0,
+        state: shard_state,
+        pid: Some(7),
+        failure: None,
+        at_ms: 30,
+    };
+    assert_eq!(state.apply(&command), Outcome::Applied);
 }
 
 #[test]
@@ -284,13 +368,14 @@ fn arb_command() -> impl Strategy<Value = Command> {
             &model,
             vec![shard(&node, &[gpu], 0)]
         )),
-        (0u8..4, 0usize..6, at.clone()).prop_map(|(r, s, at_ms)| Command::SetShardState {
+        (0u8..4, 0usize..7, at.clone()).prop_map(|(r, s, at_ms)| Command::SetShardState {
             replica: format!("r{r}"),
             rank: 0,
             state: [
                 ShardState::Pending,
                 ShardState::Starting,
-                ShardState::Running,
+                ShardState::Loading,
+                ShardState::Ready,
                 ShardState::Draining,
                 ShardState::Stopped,
                 ShardState::Failed
@@ -301,6 +386,13 @@ fn arb_command() -> impl Strategy<Value = Command> {
         }),
         (0u8..4, at.clone()).prop_map(|(r, at_ms)| Command::RemoveReplica {
             id: format!("r{r}"),
+            failure: None,
+            at_ms
+        }),
+        (0u8..4, any::<bool>(), at.clone()).prop_map(|(r, drain, at_ms)| Command::StopReplica {
+            id: format!("r{r}"),
+            reason: "test".into(),
+            drain_deadline_ms: drain.then_some(at_ms + 1000),
             at_ms
         }),
         (1u64..6, at).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),

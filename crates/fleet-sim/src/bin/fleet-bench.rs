@@ -1,0 +1,353 @@
+//! The fleet benchmark: a 3-peer control plane of real `llmgw server`
+//! processes on this machine and thousands of simulated agents. Prints:
+//! time to register the fleet, the leader's CPU and memory at steady state,
+//! the time for the whole fleet to re-home after the leader is SIGKILLed
+//! (and how many nodes were marked unreachable meanwhile), and placement:
+//! replicas committed per second, in-process decision rate included.
+//!
+//!     cargo build --release -p llmgw-cli -p llmgw-fleet-sim
+//!     target/release/fleet-bench --nodes 5000 --replicas 2000
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use llmgw_fleet_sim::Fleet;
+use serde_json::Value;
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 5000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 5000)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 2000)]
+    replicas: u32,
+    /// Seconds of steady state over which the leader's CPU is measured.
+    #[arg(long, default_value_t = 20)]
+    steady_s: u64,
+}
+
+struct Peer {
+    id: u64,
+    admin: String,
+    child: Option<Child>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn llmgw_bin() -> Result<PathBuf> {
+    let bin = std::env::current_exe()?.with_file_name("llmgw");
+    if !bin.exists() {
+        bail!(
+            "{} is missing: cargo build -p llmgw-cli (same profile)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+async fn get(http: &reqwest::Client, url: &str) -> Result<Value> {
+    Ok(http.get(url).send().await?.json().await?)
+}
+
+async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Option<u64> {
+    for peer in peers.iter().filter(|p| p.child.is_some()) {
+        if let Ok(view) = get(http, &format!("{}/api/v1/cluster", peer.admin)).await
+            && let Some(id) = view["leader_id"].as_u64()
+            && peers.iter().any(|p| p.id == id && p.child.is_some())
+        {
+            return Some(id);
+        }
+    }
+    None
+}
+
+async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return Ok(value);
+        }
+        if started.elapsed() > limit {
+            bail!("{what}: not within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// (CPU seconds, RSS in MiB) of a process.
+fn usage(pid: u32) -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some((ticks / 100.0, rss_kb / 1024.0))
+}
+
+async fn unhealthy_nodes(http: &reqwest::Client, admin: &str) -> Option<usize> {
+    let nodes = get(http, &format!("{admin}/api/v1/nodes")).await.ok()?;
+    Some(
+        nodes
+            .as_array()?
+            .iter()
+            .filter(|n| n["status"] != "ready")
+            .count(),
+    )
+}
+
+/// The leader's pure placement round on an in-memory fleet: how fast
+/// decisions are made, before any Raft write.
+fn decide_in_process(nodes: usize, replicas: u32) -> Result<()> {
+    use llmgw_state::{Command, FleetState, Gpu, NodeInventory};
+    let mut fleet = FleetState::default();
+    for i in 0..nodes {
+        fleet.apply(&Command::RegisterNode {
+            id: format!("sim-{i:05}"),
+            mgmt_addr: format!("10.{}.{}.{}", 100 + i / 65_536, (i / 256) % 256, i % 256),
+            inventory: NodeInventory {
+                hostname: format!("sim-{i:05}"),
+                gpus: (0..8)
+                    .map(|index| Gpu {
+                        index,
+                        model: "NVIDIA H100 80GB HBM3".into(),
+                        memory_mb: 81_559,
+                        nvlink_peers: (0..8).filter(|p| *p != index).collect(),
+                        ..Gpu::default()
+                    })
+                    .collect(),
+                engines: vec!["vllm".into()],
+                ..NodeInventory::default()
+            },
+            fabrics: vec![format!("ib-{}", i % 4)],
+            labels: [("rack".to_owned(), format!("r{}", i % 50))].into(),
+            at_ms: 1,
+        });
+    }
+    fleet.apply(&Command::PutModel {
+        name: "bench-1gpu".into(),
+        spec: serde_json::json!({
+            "name": "bench-1gpu", "source": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": replicas,
+            "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                          "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+        }),
+        replicas,
+        at_ms: 1,
+    });
+    let mut memory = llmgw_server::reconcile::Memory::default();
+    let settings = llmgw_server::reconcile::PlanSettings::default();
+    let started = Instant::now();
+    let commands = llmgw_server::reconcile::decide(&fleet, &mut memory, &settings, 2);
+    let took = started.elapsed().as_secs_f64();
+    if commands.len() != replicas as usize {
+        bail!("decide placed {} of {replicas}", commands.len());
+    }
+    println!(
+        "decide (in process): {replicas} placements on {nodes} nodes in {:.1} ms ({:.0} decisions/s)",
+        took * 1000.0,
+        f64::from(replicas) / took
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    decide_in_process(args.nodes, args.replicas)?;
+    let bin = llmgw_bin()?;
+    let dir = tempfile::tempdir()?;
+    let layouts = llmgw_dev::plan_peers(dir.path(), 3)?;
+    let mut peers = Vec::new();
+    for layout in &layouts {
+        std::fs::write(&layout.config, llmgw_dev::server_yaml(layout, &layouts, ""))?;
+        let log = std::fs::File::create(&layout.log)?;
+        let child = Command::new(&bin)
+            .args(["server", "--config"])
+            .arg(&layout.config)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start llmgw server")?;
+        peers.push(Peer {
+            id: layout.id,
+            admin: layout.admin_url(),
+            child: Some(child),
+        });
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let first = wait_for("a leader", Duration::from_secs(60), || {
+        leader(&http, &peers)
+    })
+    .await?;
+    let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
+    println!(
+        "fleet-bench: {} nodes, heartbeat {} ms, 3 peers, leader {first}",
+        args.nodes, args.heartbeat_ms
+    );
+
+    let started = Instant::now();
+    let fleet = Fleet::spawn(
+        "sim",
+        args.nodes,
+        &servers,
+        Duration::from_millis(args.heartbeat_ms),
+    );
+    let admin = peers[(first - 1) as usize].admin.clone();
+    let want = args.nodes as f64;
+    wait_for(
+        "the whole fleet registered",
+        Duration::from_secs(600),
+        || async {
+            let streams = metric(&http, &admin, "llmgw_agent_streams").await?;
+            let ready = metric(&http, &admin, "llmgw_nodes{status=\"ready\"}").await?;
+            (streams >= want && ready >= want).then_some(())
+        },
+    )
+    .await?;
+    println!(
+        "register: {} nodes ready with open streams in {:.2} s",
+        args.nodes,
+        started.elapsed().as_secs_f64()
+    );
+
+    let pid = peers[(first - 1) as usize]
+        .child
+        .as_ref()
+        .map(Child::id)
+        .unwrap_or_default();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (cpu0, _) = usage(pid).context("leader /proc")?;
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
+    let (cpu1, rss) = usage(pid).context("leader /proc")?;
+    println!(
+        "steady state: leader CPU {:.1}% of one core, RSS {:.0} MiB ({} heartbeats/s)",
+        100.0 * (cpu1 - cpu0) / t0.elapsed().as_secs_f64(),
+        rss,
+        (want * 1000.0 / args.heartbeat_ms as f64) as u64
+    );
+
+    // Placement: desired replicas of a one-GPU model.
+    let model = serde_json::json!({
+        "name": "bench-1gpu",
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": args.replicas,
+        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+    });
+    let placed_at = Instant::now();
+    let response = http
+        .put(format!("{admin}/api/v1/models/bench-1gpu"))
+        .json(&model)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("PUT model: {}", response.text().await?);
+    }
+    let replicas = f64::from(args.replicas);
+    wait_for(
+        "every replica committed",
+        Duration::from_secs(600),
+        || async {
+            let mut placed = 0.0;
+            for state in ["placed", "starting", "loading", "ready"] {
+                let name = format!("llmgw_replicas{{state=\"{state}\"}}");
+                placed += metric(&http, &admin, &name).await.unwrap_or(0.0);
+            }
+            (placed >= replicas).then_some(())
+        },
+    )
+    .await?;
+    let committed = placed_at.elapsed().as_secs_f64();
+    wait_for("every replica ready", Duration::from_secs(600), || async {
+        let ready = metric(&http, &admin, "llmgw_replicas{state=\"ready\"}").await?;
+        (ready >= replicas).then_some(())
+    })
+    .await?;
+    println!(
+        "placement: {} replicas committed in {:.2} s ({:.0} shard placements/s), all ready after {:.2} s",
+        args.replicas,
+        committed,
+        replicas / committed,
+        placed_at.elapsed().as_secs_f64()
+    );
+
+    // Failover: SIGKILL the leader with the whole fleet connected.
+    let killed_at = Instant::now();
+    if let Some(mut child) = peers[(first - 1) as usize].child.take() {
+        child.kill()?;
+        child.wait()?;
+    }
+    let next = wait_for("a new leader", Duration::from_secs(60), || {
+        leader(&http, &peers)
+    })
+    .await?;
+    let elected = killed_at.elapsed().as_secs_f64();
+    let admin = peers[(next - 1) as usize].admin.clone();
+    wait_for("the fleet re-homed", Duration::from_secs(600), || async {
+        let streams = metric(&http, &admin, "llmgw_agent_streams").await?;
+        (streams >= want).then_some(())
+    })
+    .await?;
+    let rehomed = killed_at.elapsed().as_secs_f64();
+    // Watch through the grace period and a TTL: nobody may go unreachable.
+    let mut worst = 0;
+    let watch_until = Instant::now() + Duration::from_secs(35);
+    while Instant::now() < watch_until {
+        if let Some(down) = unhealthy_nodes(&http, &admin).await {
+            worst = worst.max(down);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "failover: new leader {next} after {elected:.2} s, all {} streams re-homed after {rehomed:.2} s, \
+         nodes marked not ready during the next 35 s: {worst}",
+        args.nodes
+    );
+    let stats = fleet.stats();
+    println!(
+        "fleet: {} registered, {} reconnects, {} commands, {} refused",
+        stats.registered, stats.reconnects, stats.commands, stats.refused
+    );
+    fleet.stop();
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! One simulated agent: the same protocol as `llmgw agent`, without
+//! discovery or engines.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use llmgw_proto::agent::agent_message::Body as Up;
+use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+use llmgw_proto::agent::control_message::Body as Down;
+use llmgw_proto::agent::{
+    AgentMessage, CommandAck, FabricStatus, Gpu, GpuLink, Heartbeat, Inventory, LinkKind, Register,
+    ShardState, ShardStatus,
+};
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    pub id: String,
+    pub servers: Vec<String>,
+    pub heartbeat: Duration,
+    pub fabric: String,
+    pub rack: String,
+}
+
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    pub registered: AtomicBool,
+    pub reconnects: AtomicU64,
+    pub commands: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+fn register(spec: &NodeSpec, highest_term: u64) -> Register {
+    let gpus = (0..8)
+        .map(|index| Gpu {
+            index,
+            uuid: format!("GPU-{}-{index}", spec.id),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            memory_total_mib: 81_559,
+            pci_bus_id: format!("00000000:{:02X}:00.0", 0x18 + index),
+            numa_node: -1,
+        })
+        .collect();
+    let links = (0..8u32)
+        .flat_map(|a| (a + 1..8).map(move |b| (a, b)))
+        .map(|(a, b)| GpuLink {
+            a,
+            b,
+            kind: LinkKind::Nvlink as i32,
+            nvlinks: 18,
+        })
+        .collect();
+    Register {
+        node_id: spec.id.clone(),
+        inventory: Some(Inventory {
+            gpu_source: "fixture".into(),
+            gpus,
+            links,
+            hostname: spec.id.clone(),
+            ..Inventory::default()
+        }),
+        fabrics: vec![FabricStatus {
+            name: spec.fabric.clone(),
+            hcas: vec!["mlx5_0".into()],
+            rate_gbps: 400,
+            active_hcas: vec!["mlx5_0".into()],
+            problems: vec![],
+        }],
+        labels: [("rack".to_owned(), spec.rack.clone())].into(),
+        engines: vec![llmgw_proto::agent::EngineAvailable {
+            engine: "vllm".into(),
+            version: "0.11.1".into(),
+            launch_mode: "mp".into(),
+        }],
+        mgmt_addr: mgmt_addr(&spec.id),
+        mgmt_interface: "eth0".into(),
+        running: vec![],
+        highest_term,
+        agent_version: "fleet-sim".into(),
+    }
+}
+
+/// A distinct address per node index, as on a real fleet.
+fn mgmt_addr(id: &str) -> String {
+    let n: u32 = id
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    format!("10.{}.{}.{}", 100 + n / 65_536, (n / 256) % 256, n % 256)
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let cap = Duration::from_millis(200 * (1u64 << attempt.min(5))).min(Duration::from_secs(5));
+    cap.mul_f64(rand::rng().random_range(0.1..=1.0))
+}
+
+/// Runs the node forever.
+pub async fn run_node(spec: NodeSpec, stats: Arc<NodeStats>) {
+    let mut highest_term = 0u64;
+    let mut next = 0usize;
+    let mut redirect: Option<String> = None;
+    let mut attempt = 0u32;
+    loop {
+        let target = redirect.take().unwrap_or_else(|| {
+            let peer = spec.servers[next % spec.servers.len()].clone();
+            next += 1;
+            peer
+        });
+        match session(&spec, &target, &stats, &mut highest_term).await {
+            Ok(Some(leader)) if !leader.is_empty() => {
+                redirect = Some(leader);
+                continue;
+            }
+            Ok(_) => attempt = 0,
+            Err(_) => attempt += 1,
+        }
+        stats.registered.store(false, Ordering::Relaxed);
+        stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(backoff(attempt)).await;
+    }
+}
+
+/// One stream; `Ok(Some(addr))` is a redirect.
+async fn session(
+    spec: &NodeSpec,
+    addr: &str,
+    stats: &NodeStats,
+    highest_term: &mut u64,
+) -> Result<Option<String>, String> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let (tx, rx) = mpsc::channel::<AgentMessage>(64);
+    let _ = tx
+        .send(AgentMessage {
+            body: Some(Up::Register(register(spec, *highest_term))),
+        })
+        .await;
+    let mut inbound = AgentServiceClient::new(channel)
+        .connect(ReceiverStream::new(rx))
+        .await
+        .map_err(|e| e.to_string())?
+        .into_inner();
+    // Heartbeats start at a random offset so the fleet does not beat in step.
+    let offset = spec.heartbeat.mul_f64(rand::rng().random_range(0.0..1.0));
+    let mut beat = tokio::time::interval_at(tokio::time::Instant::now() + offset, spec.heartbeat);
+    let mut seq = 0;
+    loop {
+        tokio::select! {
+            message = inbound.message() => {
+                let Some(message) = message.map_err(|e| e.to_string())? else {
+                    return Ok(None);
+                };
+                let Some(body) = message.body else { continue };
+                if let Down::Redirect(r) = body {
+                    return Ok(Some(r.leader_addr));
+                }
+                if message.term < *highest_term {
+                    stats.refused.fetch_add(1, Ordering::Relaxed);
+                    let _ = tx.try_send(ack(message.command_id, false, "stale term".into()));
+                    continue;
+                }
+                *highest_term = message.term;
+                stats.commands.fetch_add(1, Ordering::Relaxed);
+                for reply in answer(body) {
+                    let _ = tx.try_send(reply);
+                }
+                let _ = tx.try_send(ack(message.command_id, true, String::new()));
+                stats.registered.store(true, Ordering::Relaxed);
+            }
+            _ = beat.tick() => {
+                seq += 1;
+                let heartbeat = AgentMessage {
+                    body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: 0 })),
+                };
+                if tx.send(heartbeat).await.is_err() {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+fn ack(command_id: u64, accepted: bool, message: String) -> AgentMessage {
+    AgentMessage {
+        body: Some(Up::Ack(CommandAck {
+            command_id,
+            accepted,
+            message,
+        })),
+    }
+}
+
+fn status(shard_id: &str, replica_id: &str, state: ShardState, port: u32) -> AgentMessage {
+    AgentMessage {
+        body: Some(Up::ShardStatus(ShardStatus {
+            shard_id: shard_id.into(),
+            replica_id: replica_id.into(),
+            state: state as i32,
+            pid: 1,
+            port,
+            ..ShardStatus::default()
+        })),
+    }
+}
+
+/// Engines "start" at once: every start is reported ready, every stop and
+/// drain stopped.
+fn answer(body: Down) -> Vec<AgentMessage> {
+    match body {
+        Down::Registered(registered) => registered
+            .shards
+            .iter()
+            .map(|s| status(&s.shard_id, &s.replica_id, ShardState::Ready, s.port))
+            .collect(),
+        Down::Start(start) => start
+            .spec
+            .map(|s| {
+                vec![status(
+                    &s.shard_id,
+                    &s.replica_id,
+                    ShardState::Ready,
+                    s.port,
+                )]
+            })
+            .unwrap_or_default(),
+        Down::Stop(stop) => vec![status(
+            &stop.shard_id,
+            &replica_of(&stop.shard_id),
+            ShardState::Stopped,
+            0,
+        )],
+        Down::Drain(drain) => vec![status(
+            &drain.shard_id,
+            &replica_of(&drain.shard_id),
+            ShardState::Stopped,
+            0,
+        )],
+        Down::Redirect(_) => vec![],
+    }
+}
+
+/// Shard ids are `{replica}-r{rank}`.
+fn replica_of(shard_id: &str) -> String {
+    shard_id
+        .rsplit_once("-r")
+        .map_or(shard_id, |(replica, _)| replica)
+        .to_owned()
+}

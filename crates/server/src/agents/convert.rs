@@ -1,0 +1,296 @@
+//! Translating between the agent protocol and the replicated records.
+
+use std::collections::BTreeMap;
+
+use llmgw_proto::agent as pb;
+use llmgw_state::{
+    Command, FabricReport, Gpu, GpuLink, HcaPort, NodeInventory, NodeRecord, NodeStatus,
+    ShardFailure, ShardState,
+};
+
+/// What a `Register` says about the node, in the replicated shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub id: String,
+    pub mgmt_addr: String,
+    pub inventory: NodeInventory,
+    /// Fabrics with at least one active HCA: only those can carry a
+    /// multi-node replica. The rest stay visible in `fabric_reports`.
+    pub fabrics: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A node id travels into shard ids, file names and URLs.
+pub fn check_node_id(id: &str) -> Result<(), String> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && !id.starts_with(['.', '-'])
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "node id {id:?} is not valid: use 1 to 63 letters, digits, '.', '_' or '-'"
+        ))
+    }
+}
+
+pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
+    check_node_id(&register.node_id)?;
+    if register.mgmt_addr.trim().is_empty() {
+        return Err(format!(
+            "node {}: Register has no mgmt_addr, so engines on it cannot be reached",
+            register.node_id
+        ));
+    }
+    let inventory = register.inventory.clone().unwrap_or_default();
+    let nvlink_peers = |index: u32| -> Vec<u32> {
+        let mut peers: Vec<u32> = inventory
+            .links
+            .iter()
+            .filter(|l| l.kind == pb::LinkKind::Nvlink as i32)
+            .filter_map(|l| match (l.a == index, l.b == index) {
+                (true, _) => Some(l.b),
+                (_, true) => Some(l.a),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    };
+    let gpus = inventory
+        .gpus
+        .iter()
+        .map(|g| Gpu {
+            index: g.index,
+            model: g.name.clone(),
+            memory_mb: g.memory_total_mib,
+            nvlink_peers: nvlink_peers(g.index),
+            uuid: g.uuid.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+        })
+        .collect();
+    let links = inventory
+        .links
+        .iter()
+        .map(|l| GpuLink {
+            a: l.a,
+            b: l.b,
+            kind: link_kind_name(l.kind).to_owned(),
+            nvlinks: l.nvlinks,
+        })
+        .collect();
+    let hcas = inventory
+        .hcas
+        .iter()
+        .map(|h| HcaPort {
+            name: h.name.clone(),
+            port: h.port,
+            state: h.state.clone(),
+            rate_gbps: h.rate_gbps,
+            link_layer: h.link_layer.clone(),
+        })
+        .collect();
+    let fabric_reports: Vec<FabricReport> = register
+        .fabrics
+        .iter()
+        .map(|f| FabricReport {
+            name: f.name.clone(),
+            hcas: f.hcas.clone(),
+            active_hcas: f.active_hcas.clone(),
+            problems: f.problems.clone(),
+        })
+        .collect();
+    let mut fabrics: Vec<String> = fabric_reports
+        .iter()
+        .filter(|f| !f.active_hcas.is_empty())
+        .map(|f| f.name.clone())
+        .collect();
+    fabrics.sort();
+    fabrics.dedup();
+    let mut engines: Vec<String> = register.engines.iter().map(|e| e.engine.clone()).collect();
+    engines.sort();
+    engines.dedup();
+    Ok(NodeFacts {
+        id: register.node_id.clone(),
+        mgmt_addr: register.mgmt_addr.trim().to_owned(),
+        inventory: NodeInventory {
+            hostname: inventory.hostname.clone(),
+            gpus,
+            engines,
+            gpu_source: inventory.gpu_source.clone(),
+            links,
+            hcas,
+            fabric_reports,
+            warnings: inventory.warnings.clone(),
+            agent_version: register.agent_version.clone(),
+        },
+        fabrics,
+        labels: register
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    })
+}
+
+impl NodeFacts {
+    /// Whether registering would change the replicated record; a node
+    /// that reconnects unchanged costs no Raft write.
+    pub fn differs_from(&self, record: Option<&NodeRecord>) -> bool {
+        match record {
+            None => true,
+            Some(r) => {
+                r.status != NodeStatus::Ready
+                    || r.mgmt_addr != self.mgmt_addr
+                    || r.inventory != self.inventory
+                    || r.fabrics != self.fabrics
+                    || r.labels != self.labels
+            }
+        }
+    }
+
+    pub fn into_command(self, at_ms: u64) -> Command {
+        Command::RegisterNode {
+            id: self.id,
+            mgmt_addr: self.mgmt_addr,
+            inventory: self.inventory,
+            fabrics: self.fabrics,
+            labels: self.labels,
+            at_ms,
+        }
+    }
+}
+
+pub fn link_kind_name(kind: i32) -> &'static str {
+    match pb::LinkKind::try_from(kind).unwrap_or(pb::LinkKind::Unspecified) {
+        pb::LinkKind::Nvlink => "nvlink",
+        pb::LinkKind::Pix => "pix",
+        pb::LinkKind::Pxb => "pxb",
+        pb::LinkKind::Phb => "phb",
+        pb::LinkKind::Node => "node",
+        pb::LinkKind::Sys | pb::LinkKind::Unspecified => "sys",
+    }
+}
+
+/// The replicated state an agent's shard status maps to; `None` for a
+/// status that carries no state.
+pub fn shard_state(state: i32) -> Option<ShardState> {
+    match pb::ShardState::try_from(state).ok()? {
+        pb::ShardState::Unspecified => None,
+        pb::ShardState::Starting => Some(ShardState::Starting),
+        pb::ShardState::Loading => Some(ShardState::Loading),
+        pb::ShardState::Ready => Some(ShardState::Ready),
+        pb::ShardState::Draining => Some(ShardState::Draining),
+        pb::ShardState::Stopped => Some(ShardState::Stopped),
+        pb::ShardState::Failed => Some(ShardState::Failed),
+    }
+}
+
+/// The failure a status carries: its message with the exit code or signal,
+/// and the engine's output tail.
+pub fn failure(status: &pb::ShardStatus, at_ms: u64) -> Option<ShardFailure> {
+    if status.state != pb::ShardState::Failed as i32 {
+        return None;
+    }
+    let mut message = status.message.clone();
+    if let Some(code) = status.exit_code {
+        message.push_str(&format!(" (exit code {code})"));
+    }
+    if let Some(signal) = status.signal {
+        message.push_str(&format!(" (signal {signal})"));
+    }
+    Some(ShardFailure {
+        message,
+        output_tail: status.output_tail.clone(),
+        at_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn register() -> pb::Register {
+        pb::Register {
+            node_id: "gpu-a-01".into(),
+            mgmt_addr: "10.0.0.11".into(),
+            inventory: Some(pb::Inventory {
+                gpu_source: "fixture".into(),
+                gpus: (0..2)
+                    .map(|index| pb::Gpu {
+                        index,
+                        name: "NVIDIA H100 80GB HBM3".into(),
+                        memory_total_mib: 81_559,
+                        ..pb::Gpu::default()
+                    })
+                    .collect(),
+                links: vec![pb::GpuLink {
+                    a: 0,
+                    b: 1,
+                    kind: pb::LinkKind::Nvlink as i32,
+                    nvlinks: 18,
+                }],
+                ..pb::Inventory::default()
+            }),
+            fabrics: vec![
+                pb::FabricStatus {
+                    name: "ib-a".into(),
+                    hcas: vec!["mlx5_0".into()],
+                    active_hcas: vec!["mlx5_0".into()],
+                    ..pb::FabricStatus::default()
+                },
+                pb::FabricStatus {
+                    name: "ib-b".into(),
+                    hcas: vec!["mlx5_1".into()],
+                    problems: vec!["mlx5_1 port 1 is DOWN".into()],
+                    ..pb::FabricStatus::default()
+                },
+            ],
+            ..pb::Register::default()
+        }
+    }
+
+    #[test]
+    fn only_fabrics_with_an_active_hca_can_carry_replicas_but_all_are_reported() {
+        let facts = node_facts(&register()).unwrap();
+        assert_eq!(facts.fabrics, vec!["ib-a".to_string()]);
+        assert_eq!(facts.inventory.fabric_reports.len(), 2);
+        assert_eq!(
+            facts.inventory.fabric_reports[1].problems,
+            vec!["mlx5_1 port 1 is DOWN".to_string()]
+        );
+        assert_eq!(facts.inventory.gpus[0].nvlink_peers, vec![1]);
+        assert_eq!(facts.inventory.links[0].kind, "nvlink");
+    }
+
+    #[test]
+    fn an_unchanged_ready_node_needs_no_write() {
+        let facts = node_facts(&register()).unwrap();
+        let mut state = llmgw_state::FleetState::default();
+        state.apply(&facts.clone().into_command(5));
+        assert!(!facts.differs_from(state.nodes.get("gpu-a-01")));
+        let mut changed = facts.clone();
+        changed.labels.insert("rack".into(), "r2".into());
+        assert!(changed.differs_from(state.nodes.get("gpu-a-01")));
+        state.apply(&Command::SetNodeStatus {
+            id: "gpu-a-01".into(),
+            status: NodeStatus::Unreachable,
+            at_ms: 6,
+        });
+        assert!(facts.differs_from(state.nodes.get("gpu-a-01")));
+    }
+
+    #[test]
+    fn bad_node_ids_and_missing_addresses_are_refused_with_the_reason() {
+        let mut bad = register();
+        bad.node_id = "../etc".into();
+        assert!(node_facts(&bad).unwrap_err().contains("not valid"));
+        let mut no_addr = register();
+        no_addr.mgmt_addr.clear();
+        assert!(node_facts(&no_addr).unwrap_err().contains("mgmt_addr"));
+    }
+}

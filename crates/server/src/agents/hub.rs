@@ -1,0 +1,382 @@
+//! The leader's live connections to agents: one session per node, the
+//! commands already sent on it, heartbeats and refusals. Nothing here is
+//! replicated; a new leader starts with no sessions and every agent
+//! reconnects to it.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use llmgw_proto::agent::control_message::Body;
+use llmgw_proto::agent::{
+    ControlMessage, DrainShard, Registered, ShardSpec, StartShard, StopShard,
+};
+use prost::Message;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// What the leader wants a node to do with one shard.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Order {
+    Run(Box<ShardSpec>),
+    /// Finish in-flight requests until the deadline (unix ms), then stop.
+    Drain {
+        deadline_ms: u64,
+        reason: String,
+    },
+    Stop {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub shard_id: String,
+    pub order: Order,
+}
+
+/// A command the agent refused, kept for `ctl nodes NODE`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub command_id: u64,
+    pub message: String,
+    pub at_ms: u64,
+}
+
+/// What the API shows about a node's stream on this peer.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkView {
+    pub connected: bool,
+    pub last_heartbeat_ms_ago: Option<u64>,
+    pub connected_for_ms: Option<u64>,
+    pub refusals: Vec<Refusal>,
+}
+
+const REFUSALS_KEPT: usize = 10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    Run(u64),
+    Drain,
+    Stop,
+}
+
+pub type Outbox = mpsc::Sender<Result<ControlMessage, Status>>;
+
+struct Session {
+    id: u64,
+    term: u64,
+    tx: Outbox,
+    opened: Instant,
+    last_heard: Instant,
+    sent: HashMap<String, Sent>,
+}
+
+#[derive(Default)]
+struct State {
+    sessions: HashMap<String, Session>,
+    refusals: HashMap<String, VecDeque<Refusal>>,
+}
+
+#[derive(Default)]
+pub struct Hub {
+    state: Mutex<State>,
+    next_id: AtomicU64,
+    next_command: AtomicU64,
+    pub commands_sent: AtomicU64,
+    pub refusals_total: AtomicU64,
+}
+
+impl Hub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn command_id(&self) -> u64 {
+        self.next_command.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Opens a node's session and sends `Registered` with the shards it
+    /// should run. A previous session of the same node is closed: its
+    /// agent reconnected.
+    pub fn open(
+        &self,
+        node: &str,
+        term: u64,
+        tx: Outbox,
+        desired: &[Desired],
+        heartbeat_interval: Duration,
+    ) -> Result<u64, String> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut sent = HashMap::new();
+        let mut shards = Vec::new();
+        for want in desired {
+            // Draining shards stay in the set (the agent adopts them) and get
+            // their drain order right after.
+            match &want.order {
+                Order::Run(spec) => {
+                    sent.insert(want.shard_id.clone(), Sent::Run(fingerprint(spec)));
+                    shards.push(spec.as_ref().clone());
+                }
+                Order::Drain { .. } | Order::Stop { .. } => {}
+            }
+        }
+        let registered = ControlMessage {
+            term,
+            command_id: self.command_id(),
+            body: Some(Body::Registered(Registered {
+                shards,
+                heartbeat_interval_ms: u64::try_from(heartbeat_interval.as_millis()).unwrap_or(0),
+            })),
+        };
+        tx.try_send(Ok(registered))
+            .map_err(|e| format!("cannot answer node {node}: {e}"))?;
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.sessions.insert(
+            node.to_owned(),
+            Session {
+                id,
+                term,
+                tx,
+                opened: now,
+                last_heard: now,
+                sent,
+            },
+        );
+        drop(state);
+        self.sync(node, desired);
+        Ok(id)
+    }
+
+    /// Ends a session, unless the node has opened a newer one since.
+    pub fn close(&self, node: &str, session: u64) {
+        let mut state = self.lock();
+        if state.sessions.get(node).is_some_and(|s| s.id == session) {
+            state.sessions.remove(node);
+        }
+    }
+
+    /// Closes every stream: this peer stopped leading, and the agents must
+    /// find the new leader.
+    pub fn close_all(&self) -> usize {
+        let mut state = self.lock();
+        let count = state.sessions.len();
+        state.sessions.clear();
+        count
+    }
+
+    pub fn heard(&self, node: &str, session: u64) {
+        let mut state = self.lock();
+        if let Some(s) = state.sessions.get_mut(node)
+            && s.id == session
+        {
+            s.last_heard = Instant::now();
+        }
+    }
+
+    pub fn refused(&self, node: &str, refusal: Refusal) {
+        self.refusals_total.fetch_add(1, Ordering::Relaxed);
+        let mut state = self.lock();
+        let list = state.refusals.entry(node.to_owned()).or_default();
+        list.push_back(refusal);
+        while list.len() > REFUSALS_KEPT {
+            list.pop_front();
+        }
+    }
+
+    /// When the node was last heard from on an open stream.
+    pub fn last_heard(&self, node: &str) -> Option<Instant> {
+        self.lock().sessions.get(node).map(|s| s.last_heard)
+    }
+
+    pub fn connected(&self) -> usize {
+        self.lock().sessions.len()
+    }
+
+    pub fn view(&self, node: &str) -> LinkView {
+        let state = self.lock();
+        let session = state.sessions.get(node);
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        LinkView {
+            connected: session.is_some(),
+            last_heartbeat_ms_ago: session.map(|s| ms(s.last_heard.elapsed())),
+            connected_for_ms: session.map(|s| ms(s.opened.elapsed())),
+            refusals: state
+                .refusals
+                .get(node)
+                .map(|r| r.iter().cloned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Sends what changed between the desired orders and what this session
+    /// was already told. Level-triggered: calling it again with the same
+    /// input sends nothing. A shard that is no longer desired at all is
+    /// told to stop.
+    pub fn sync(&self, node: &str, desired: &[Desired]) {
+        let mut state = self.lock();
+        let Some(session) = state.sessions.get_mut(node) else {
+            return;
+        };
+        let mut messages = Vec::new();
+        for want in desired {
+            let (mark, body) = match &want.order {
+                Order::Run(spec) => (
+                    Sent::Run(fingerprint(spec)),
+                    Body::Start(StartShard {
+                        spec: Some(spec.as_ref().clone()),
+                    }),
+                ),
+                Order::Drain {
+                    deadline_ms,
+                    reason,
+                } => (
+                    Sent::Drain,
+                    Body::Drain(DrainShard {
+                        shard_id: want.shard_id.clone(),
+                        deadline_ms: deadline_ms.saturating_sub(llmgw_raft::now_ms()).max(1_000),
+                        reason: reason.clone(),
+                    }),
+                ),
+                Order::Stop { reason } => (
+                    Sent::Stop,
+                    Body::Stop(StopShard {
+                        shard_id: want.shard_id.clone(),
+                        reason: reason.clone(),
+                    }),
+                ),
+            };
+            if session.sent.get(&want.shard_id) != Some(&mark) {
+                session.sent.insert(want.shard_id.clone(), mark);
+                messages.push(body);
+            }
+        }
+        let forgotten: Vec<String> = session
+            .sent
+            .iter()
+            .filter(|(id, sent)| {
+                matches!(sent, Sent::Run(_) | Sent::Drain)
+                    && !desired.iter().any(|d| &d.shard_id == *id)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for shard_id in forgotten {
+            session.sent.insert(shard_id.clone(), Sent::Stop);
+            messages.push(Body::Stop(StopShard {
+                shard_id,
+                reason: "no longer assigned to this node".into(),
+            }));
+        }
+        for body in messages {
+            let message = ControlMessage {
+                term: session.term,
+                command_id: self.command_id(),
+                body: Some(body),
+            };
+            self.commands_sent.fetch_add(1, Ordering::Relaxed);
+            if let Err(error) = session.tx.try_send(Ok(message)) {
+                // An agent this far behind gets a fresh start: it reconnects
+                // and `Registered` tells it everything again.
+                tracing::warn!(node, %error, "agent stream is not keeping up; closing it");
+                state.sessions.remove(node);
+                return;
+            }
+        }
+    }
+
+    /// Nodes with an open session.
+    pub fn nodes(&self) -> Vec<String> {
+        self.lock().sessions.keys().cloned().collect()
+    }
+}
+
+fn fingerprint(spec: &ShardSpec) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    spec.encode_to_vec().hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str, port: u32) -> Desired {
+        Desired {
+            shard_id: id.into(),
+            order: Order::Run(Box::new(ShardSpec {
+                shard_id: id.into(),
+                port,
+                ..ShardSpec::default()
+            })),
+        }
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Result<ControlMessage, Status>>) -> Vec<Body> {
+        let mut out = Vec::new();
+        while let Ok(message) = rx.try_recv() {
+            out.push(message.unwrap().body.unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn registered_carries_the_whole_set_and_sync_sends_only_changes() {
+        let hub = Hub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        let session = hub
+            .open("n1", 7, tx, &[spec("a-r0", 20000)], Duration::ZERO)
+            .unwrap();
+        let sent = drain(&mut rx);
+        assert!(matches!(&sent[..], [Body::Registered(r)] if r.shards.len() == 1));
+
+        hub.sync("n1", &[spec("a-r0", 20000)]);
+        assert!(drain(&mut rx).is_empty(), "nothing changed, nothing sent");
+
+        hub.sync("n1", &[spec("a-r0", 20000), spec("b-r0", 20001)]);
+        assert!(
+            matches!(&drain(&mut rx)[..], [Body::Start(s)] if s.spec.as_ref().unwrap().shard_id == "b-r0")
+        );
+
+        let stop_a = Desired {
+            shard_id: "a-r0".into(),
+            order: Order::Stop {
+                reason: "scaled down".into(),
+            },
+        };
+        hub.sync("n1", &[stop_a.clone(), spec("b-r0", 20001)]);
+        assert!(matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "a-r0"));
+        hub.sync("n1", &[stop_a]);
+        assert!(
+            matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "b-r0"),
+            "a shard no longer desired is stopped"
+        );
+        hub.close("n1", session);
+        assert!(!hub.view("n1").connected);
+    }
+
+    #[test]
+    fn every_message_carries_the_session_term() {
+        let hub = Hub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        hub.open("n1", 42, tx, &[], Duration::ZERO).unwrap();
+        hub.sync("n1", &[spec("a-r0", 1)]);
+        while let Ok(message) = rx.try_recv() {
+            assert_eq!(message.unwrap().term, 42);
+        }
+    }
+
+    #[test]
+    fn a_newer_session_survives_the_close_of_an_older_one() {
+        let hub = Hub::default();
+        let (tx1, _rx1) = mpsc::channel(16);
+        let (tx2, _rx2) = mpsc::channel(16);
+        let old = hub.open("n1", 1, tx1, &[], Duration::ZERO).unwrap();
+        hub.open("n1", 1, tx2, &[], Duration::ZERO).unwrap();
+        hub.close("n1", old);
+        assert!(hub.view("n1").connected);
+    }
+}

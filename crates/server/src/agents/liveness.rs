@@ -1,0 +1,196 @@
+//! Node liveness on the leader. Heartbeats stay in memory; only the
+//! transitions ready -> unreachable -> lost (and back) are committed. A new
+//! leader first gives every node a grace period to reconnect, so a
+//! failover never marks a healthy fleet down.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llmgw_raft::{ControlPlane, now_ms};
+use llmgw_state::{Command, NodeRecord, NodeStatus};
+use tokio::sync::watch;
+
+use super::hub::Hub;
+
+#[derive(Debug, Clone, Copy)]
+pub struct LivenessSettings {
+    /// No heartbeat for this long: unreachable.
+    pub ttl: Duration,
+    /// Unreachable for this long: lost.
+    pub lost_after: Duration,
+    /// After this peer starts leading, no node is marked down before this.
+    pub grace: Duration,
+}
+
+/// The status a node should move to, if any.
+pub fn next_status(
+    node: &NodeRecord,
+    last_heard: Option<Instant>,
+    now: Instant,
+    now_ms: u64,
+    in_grace: bool,
+    settings: &LivenessSettings,
+) -> Option<NodeStatus> {
+    let alive = last_heard.is_some_and(|at| now.saturating_duration_since(at) < settings.ttl);
+    if alive {
+        return (node.status != NodeStatus::Ready).then_some(NodeStatus::Ready);
+    }
+    if in_grace {
+        return None;
+    }
+    match node.status {
+        NodeStatus::Ready => Some(NodeStatus::Unreachable),
+        NodeStatus::Unreachable => {
+            let down_for = now_ms.saturating_sub(node.status_changed_at_ms);
+            (u128::from(down_for) >= settings.lost_after.as_millis()).then_some(NodeStatus::Lost)
+        }
+        NodeStatus::Lost => None,
+    }
+}
+
+/// Runs until `stop` turns true.
+pub async fn run_liveness(
+    control: ControlPlane,
+    hub: Arc<Hub>,
+    settings: LivenessSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    let period = (settings.ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leading: Option<(u64, Instant)> = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let term = control.leading_term();
+        match (term, leading) {
+            (Some(term), Some((led, _))) if term == led => {}
+            (Some(term), _) => {
+                tracing::info!(
+                    term,
+                    "leading: every node gets {:?} to reconnect before it can be marked unreachable",
+                    settings.grace
+                );
+                leading = Some((term, Instant::now()));
+            }
+            (None, Some((led, _))) => {
+                let closed = hub.close_all();
+                tracing::info!(
+                    term = led,
+                    closed,
+                    "no longer leading; closed the agent streams so agents find the new leader"
+                );
+                leading = None;
+                continue;
+            }
+            (None, None) => continue,
+        }
+        let Some((_, since)) = leading else { continue };
+        let now = Instant::now();
+        let in_grace = now.duration_since(since) < settings.grace;
+        let heard: HashMap<String, Instant> = hub
+            .nodes()
+            .into_iter()
+            .filter_map(|node| hub.last_heard(&node).map(|at| (node, at)))
+            .collect();
+        let at_ms = now_ms();
+        let changes: Vec<(String, NodeStatus, NodeStatus)> = control.read(|fleet| {
+            fleet
+                .nodes
+                .values()
+                .filter_map(|node| {
+                    let last = heard.get(&node.id).copied();
+                    next_status(node, last, now, at_ms, in_grace, &settings)
+                        .map(|status| (node.id.clone(), node.status, status))
+                })
+                .collect()
+        });
+        for (id, from, to) in changes {
+            let command = Command::SetNodeStatus {
+                id: id.clone(),
+                status: to,
+                at_ms,
+            };
+            match control.write(command).await {
+                Ok(_) => {
+                    tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed")
+                }
+                Err(error) => {
+                    tracing::warn!(node = %id, %error, "cannot commit a node status change");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(status: NodeStatus, changed_at_ms: u64) -> NodeRecord {
+        NodeRecord {
+            id: "n1".into(),
+            mgmt_addr: "10.0.0.1".into(),
+            inventory: Default::default(),
+            fabrics: vec![],
+            labels: BTreeMap::new(),
+            status,
+            cordoned: false,
+            draining: false,
+            registered_at_ms: 0,
+            status_changed_at_ms: changed_at_ms,
+        }
+    }
+
+    const SETTINGS: LivenessSettings = LivenessSettings {
+        ttl: Duration::from_secs(3),
+        lost_after: Duration::from_secs(10),
+        grace: Duration::from_secs(5),
+    };
+
+    #[test]
+    fn ready_goes_unreachable_after_the_ttl_then_lost_after_lost_after() {
+        let now = Instant::now();
+        let stale = now - Duration::from_secs(4);
+        let ready = node(NodeStatus::Ready, 0);
+        assert_eq!(
+            next_status(&ready, Some(now), now, 0, false, &SETTINGS),
+            None
+        );
+        assert_eq!(
+            next_status(&ready, Some(stale), now, 0, false, &SETTINGS),
+            Some(NodeStatus::Unreachable)
+        );
+        let unreachable = node(NodeStatus::Unreachable, 1_000);
+        assert_eq!(
+            next_status(&unreachable, None, now, 5_000, false, &SETTINGS),
+            None
+        );
+        assert_eq!(
+            next_status(&unreachable, None, now, 11_000, false, &SETTINGS),
+            Some(NodeStatus::Lost)
+        );
+    }
+
+    #[test]
+    fn nothing_goes_down_during_the_grace_period_but_nodes_come_back() {
+        let now = Instant::now();
+        let ready = node(NodeStatus::Ready, 0);
+        assert_eq!(next_status(&ready, None, now, 0, true, &SETTINGS), None);
+        let unreachable = node(NodeStatus::Unreachable, 0);
+        assert_eq!(
+            next_status(&unreachable, None, now, 60_000, true, &SETTINGS),
+            None
+        );
+        let lost = node(NodeStatus::Lost, 0);
+        assert_eq!(
+            next_status(&lost, Some(now), now, 0, true, &SETTINGS),
+            Some(NodeStatus::Ready)
+        );
+    }
+}

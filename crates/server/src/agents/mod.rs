@@ -1,0 +1,16 @@
+//! Agents and the control plane (design sections 5 and 6): the
+//! `AgentService` every peer serves, the leader's live sessions and the
+//! commands sent on them ([`Hub`]), shard statuses written to Raft, and
+//! node liveness.
+
+mod convert;
+mod hub;
+mod liveness;
+mod reports;
+mod service;
+
+pub use convert::{NodeFacts, check_node_id, node_facts};
+pub use hub::{Desired, Hub, LinkView, Order, Refusal};
+pub use liveness::{LivenessSettings, next_status, run_liveness};
+pub use reports::write_reports;
+pub use service::{AgentStreams, Report};

@@ -1,0 +1,221 @@
+//! `AgentService.Connect` on every peer: a follower redirects the agent to
+//! the leader; the leader registers the node (a Raft write only when
+//! something changed), answers with `Registered`, and then reads
+//! heartbeats, shard statuses and acks until the stream ends.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use llmgw_proto::agent::agent_message::Body as Up;
+use llmgw_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
+use llmgw_proto::agent::control_message::Body as Down;
+use llmgw_proto::agent::{AgentMessage, ControlMessage, Redirect, ShardStatus};
+use llmgw_raft::{ControlPlane, now_ms};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::node_facts;
+use super::hub::{Hub, Refusal};
+use crate::reconcile::specs::{desired_by_node, managed_models};
+
+/// How long a new stream may take to send its `Register`.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Commands queued for one agent before it counts as stuck.
+const OUTBOX: usize = 1024;
+
+/// A shard status from the node that sent it.
+#[derive(Debug)]
+pub struct Report {
+    pub node: String,
+    pub status: ShardStatus,
+}
+
+#[derive(Clone)]
+pub struct AgentStreams {
+    pub control: ControlPlane,
+    pub hub: Arc<Hub>,
+    pub reports: mpsc::UnboundedSender<Report>,
+    /// Sent to agents in `Registered`; zero keeps each agent's own.
+    pub heartbeat_interval: Duration,
+}
+
+impl AgentStreams {
+    pub fn into_service(self) -> AgentServiceServer<Self> {
+        AgentServiceServer::new(self)
+    }
+
+    fn redirect(&self, node: &str, tx: &mpsc::Sender<Result<ControlMessage, Status>>) {
+        let (leader_id, leader_addr, reason) = match self.control.leader() {
+            Some((id, peer)) => (
+                id.to_string(),
+                peer.grpc,
+                format!("peer {} is a follower; peer {id} leads", self.control.id()),
+            ),
+            None => (
+                String::new(),
+                String::new(),
+                "no leader is elected yet".to_owned(),
+            ),
+        };
+        tracing::debug!(node, leader = %leader_addr, "redirecting an agent to the leader");
+        let _ = tx.try_send(Ok(ControlMessage {
+            term: 0,
+            command_id: 0,
+            body: Some(Down::Redirect(Redirect {
+                leader_addr,
+                leader_id,
+                reason,
+            })),
+        }));
+    }
+}
+
+type ControlStream = Pin<Box<dyn Stream<Item = Result<ControlMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentStreams {
+    type ConnectStream = ControlStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let (_, extensions, mut inbound) = request.into_parts();
+        let remote = llmgw_tls::remote_addr(&extensions)
+            .map_or_else(|| "unknown address".to_owned(), |a| a.to_string());
+        let first = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
+            Err(_) => {
+                tracing::warn!(%remote, "agent stream sent no Register within {REGISTER_TIMEOUT:?}");
+                return Err(Status::deadline_exceeded("send Register first"));
+            }
+            Ok(Err(status)) => {
+                tracing::warn!(%remote, %status, "agent stream broke before registering");
+                return Err(status);
+            }
+            Ok(Ok(None)) => return Err(Status::cancelled("the stream ended before Register")),
+            Ok(Ok(Some(message))) => message,
+        };
+        let Some(Up::Register(register)) = first.body else {
+            tracing::warn!(%remote, "agent stream did not start with Register; closing it");
+            return Err(Status::invalid_argument(
+                "the first message on the stream must be Register",
+            ));
+        };
+        // With mTLS, only the node the certificate names may register.
+        llmgw_tls::check_node_identity(&extensions, &register.node_id)?;
+        let facts = node_facts(&register).map_err(|why| {
+            tracing::warn!(%remote, "refused a registration: {why}");
+            Status::invalid_argument(why)
+        })?;
+        let node = facts.id.clone();
+        let (tx, rx) = mpsc::channel(OUTBOX);
+        let Some(term) = self.control.leading_term() else {
+            self.redirect(&node, &tx);
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        };
+        if register.highest_term > term {
+            tracing::warn!(
+                node,
+                agent_term = register.highest_term,
+                term,
+                "agent has seen a newer leader term than this leader's; it will refuse our commands"
+            );
+        }
+        let needs_write = self
+            .control
+            .read(|fleet| facts.differs_from(fleet.nodes.get(&node)));
+        if needs_write {
+            let command = facts.into_command(now_ms());
+            if let Err(error) = self.control.write(command).await {
+                tracing::warn!(node, %error, "cannot register the node now");
+                return Err(Status::unavailable(format!(
+                    "registration of node {node} was not committed: {error}"
+                )));
+            }
+            tracing::info!(node, %remote, "node registered");
+        }
+        if self.control.leading_term() != Some(term) {
+            self.redirect(&node, &tx);
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        }
+        let desired = self.control.read(|fleet| {
+            let models = managed_models(fleet);
+            desired_by_node(fleet, &models)
+                .remove(&node)
+                .unwrap_or_default()
+        });
+        let session = self
+            .hub
+            .open(&node, term, tx, &desired, self.heartbeat_interval)
+            .map_err(Status::internal)?;
+        tracing::info!(node, %remote, term, shards = desired.len(), running = register.running.len(), "agent stream open");
+        tokio::spawn(read_agent(
+            inbound,
+            node,
+            session,
+            self.hub.clone(),
+            self.reports.clone(),
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// Reads one agent's messages until its stream ends. A broken or garbled
+/// stream ends this session only; every other agent is unaffected.
+async fn read_agent(
+    mut inbound: Streaming<AgentMessage>,
+    node: String,
+    session: u64,
+    hub: Arc<Hub>,
+    reports: mpsc::UnboundedSender<Report>,
+) {
+    loop {
+        match inbound.message().await {
+            Ok(Some(message)) => {
+                hub.heard(&node, session);
+                match message.body {
+                    Some(Up::Heartbeat(_)) => {}
+                    Some(Up::ShardStatus(status)) => {
+                        let _ = reports.send(Report {
+                            node: node.clone(),
+                            status,
+                        });
+                    }
+                    Some(Up::Ack(ack)) if !ack.accepted => {
+                        tracing::warn!(
+                            node,
+                            command_id = ack.command_id,
+                            "agent refused a command: {}",
+                            ack.message
+                        );
+                        hub.refused(
+                            &node,
+                            Refusal {
+                                command_id: ack.command_id,
+                                message: ack.message,
+                                at_ms: now_ms(),
+                            },
+                        );
+                    }
+                    Some(Up::Ack(_)) => {}
+                    Some(Up::Register(_)) => {
+                        tracing::warn!(node, "ignoring a second Register on an open stream");
+                    }
+                    None => tracing::warn!(node, "ignoring an empty message from the agent"),
+                }
+            }
+            Ok(None) => {
+                tracing::info!(node, "agent closed its stream");
+                break;
+            }
+            Err(status) => {
+                tracing::warn!(node, %status, "agent stream broke; closing it");
+                break;
+            }
+        }
+    }
+    hub.close(&node, session);
+}

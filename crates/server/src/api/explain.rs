@@ -1,0 +1,173 @@
+//! `GET /api/v1/models/{name}/explain`: why each replica is where it is,
+//! and why the rest are pending, with the scheduler's counts per reason.
+//! Any peer answers from its applied state by running the same pure
+//! placement function the leader runs.
+
+use std::collections::BTreeSet;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use llmgw_catalog::Model;
+use llmgw_scheduler::{Explanation, Request, Siblings};
+use llmgw_state::{FleetState, ReplicaFailure};
+use serde::Serialize;
+
+use super::{ApiError, ApiState, ReadQuery};
+use crate::reconcile::node_views;
+
+#[derive(Debug, Serialize)]
+pub struct ReplicaWhy {
+    pub id: String,
+    pub state: &'static str,
+    pub why: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelExplanation {
+    pub model: String,
+    pub desired: u32,
+    pub replicas: Vec<ReplicaWhy>,
+    /// Desired replicas with no placement.
+    pub pending: u32,
+    /// Why a pending replica does not fit, as operators read it.
+    pub explanation: Option<String>,
+    /// The same, with a count per reason for every profile tried.
+    pub detail: Option<Explanation>,
+    pub last_failure: Option<ReplicaFailure>,
+}
+
+pub async fn explain(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    Query(query): Query<ReadQuery>,
+) -> Result<Json<ModelExplanation>, ApiError> {
+    state.before_read(&query).await?;
+    let strategy = state.placement.strategy;
+    state
+        .control
+        .read(|fleet| explain_model(fleet, &name, strategy))
+        .map(Json)
+}
+
+pub fn explain_model(
+    fleet: &FleetState,
+    name: &str,
+    strategy: llmgw_scheduler::Strategy,
+) -> Result<ModelExplanation, ApiError> {
+    let record = fleet
+        .models
+        .get(name)
+        .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))?;
+    let model: Model = serde_json::from_value(record.spec.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "model {name}: its stored entry does not decode: {e}"
+        ))
+    })?;
+    let Some(managed) = model.managed() else {
+        return Ok(ModelExplanation {
+            model: name.to_owned(),
+            desired: 0,
+            replicas: Vec::new(),
+            pending: 0,
+            explanation: Some(format!(
+                "{name} is served by static endpoints ({}); llmgw places no replicas for it",
+                model.static_endpoints().join(", ")
+            )),
+            detail: None,
+            last_failure: None,
+        });
+    };
+    let mut replicas = Vec::new();
+    let mut serving = 0u32;
+    let views = node_views(fleet);
+    let mut siblings = Siblings::default();
+    for replica in fleet.replicas.values().filter(|r| r.model == name) {
+        let state = replica.state();
+        let profile = managed.profiles.iter().find(|p| p.name == replica.profile);
+        let mut why = match profile {
+            Some(p) => format!(
+                "profile {} ({} node(s) x {} GPU(s), {})",
+                p.name, p.nodes, p.gpus_per_node, p.engine
+            ),
+            None => format!("profile {} (no longer in the catalog)", replica.profile),
+        };
+        if let Some(fabric) = &replica.fabric {
+            why.push_str(&format!(" on fabric {fabric}"));
+        }
+        let placed: Vec<String> = replica
+            .shards
+            .iter()
+            .map(|s| {
+                format!(
+                    "rank {} on {} GPUs {:?} port {}",
+                    s.rank, s.node, s.gpus, s.port
+                )
+            })
+            .collect();
+        why.push_str(&format!(": {}", placed.join("; ")));
+        if let Some(old) = &replica.replaces {
+            why.push_str(&format!("; replaces {old} (node drain)"));
+        }
+        if let Some(stop) = &replica.stop {
+            why.push_str(&format!("; ordered away: {}", stop.reason));
+        } else {
+            serving += 1;
+            for shard in &replica.shards {
+                if let Some(view) = views.iter().find(|v| v.id == shard.node) {
+                    siblings.add(view);
+                }
+            }
+        }
+        for shard in &replica.shards {
+            if let Some(failure) = &shard.last_failure {
+                why.push_str(&format!(
+                    "; rank {} last failed: {}",
+                    shard.rank, failure.message
+                ));
+            }
+        }
+        replicas.push(ReplicaWhy {
+            id: replica.id.clone(),
+            state: state.as_str(),
+            why,
+        });
+    }
+    let pending = record.desired_replicas.saturating_sub(serving);
+    let (explanation, detail) = if pending == 0 {
+        (None, None)
+    } else {
+        let request = Request {
+            model: name,
+            profiles: &managed.profiles,
+            siblings,
+            avoid: BTreeSet::new(),
+            strategy,
+        };
+        match llmgw_scheduler::place(&views, &request) {
+            Ok(placement) => (
+                Some(format!(
+                    "a replica fits now (profile {} on {}); the leader places it on its next round, \
+                     after any backoff from an earlier failure",
+                    placement.profile,
+                    placement
+                        .shards
+                        .iter()
+                        .map(|s| s.node.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                None,
+            ),
+            Err(explanation) => (Some(explanation.to_string()), Some(explanation)),
+        }
+    };
+    Ok(ModelExplanation {
+        model: name.to_owned(),
+        desired: record.desired_replicas,
+        replicas,
+        pending,
+        explanation,
+        detail,
+        last_failure: record.last_failure.clone(),
+    })
+}

@@ -1,0 +1,86 @@
+//! The leader's reconciler (design sections 6 and 7): each round turns the
+//! catalog's desired replicas, node health and drains into commands
+//! ([`plan::decide`], pure), proposes them, and then tells every connected
+//! agent what it should run ([`specs::desired_by_node`]).
+
+mod fleet_view;
+pub mod plan;
+pub mod specs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use llmgw_raft::{ControlError, ControlPlane, now_ms};
+use tokio::sync::watch;
+
+pub use fleet_view::{held_gpus, node_views};
+pub use plan::{Memory, PlanSettings, decide};
+
+use crate::agents::Hub;
+
+const ROUND: Duration = Duration::from_millis(250);
+/// Proposals in flight at once; openraft batches concurrent proposals.
+const CONCURRENT_WRITES: usize = 256;
+
+/// Runs rounds while this peer leads, until `stop` turns true.
+pub async fn run_reconciler(
+    control: ControlPlane,
+    hub: Arc<Hub>,
+    settings: PlanSettings,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut memory = Memory::default();
+    let mut led_term = None;
+    let mut tick = tokio::time::interval(ROUND);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let Some(term) = control.leading_term() else {
+            led_term = None;
+            continue;
+        };
+        if led_term != Some(term) {
+            // Retry memory belongs to one term; the replicated state carries
+            // everything that matters.
+            memory = Memory::default();
+            led_term = Some(term);
+        }
+        let commands = control.read(|fleet| decide(fleet, &mut memory, &settings, now_ms()));
+        futures::stream::iter(commands)
+            .map(|command| {
+                let control = control.clone();
+                async move {
+                    let what = command.to_string();
+                    match control.write(command).await {
+                        Ok(_) => {}
+                        Err(ControlError::Rejected(rejection)) => {
+                            tracing::debug!(%rejection, "{what} was refused; the next round decides again");
+                        }
+                        Err(error) => tracing::warn!(%error, "{what} did not commit"),
+                    }
+                }
+            })
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect::<()>()
+            .await;
+        dispatch(&control, &hub);
+    }
+}
+
+/// Tells every connected agent what it should run now.
+pub fn dispatch(control: &ControlPlane, hub: &Hub) {
+    let desired = control.read(|fleet| {
+        let models = specs::managed_models(fleet);
+        specs::desired_by_node(fleet, &models)
+    });
+    for node in hub.nodes() {
+        hub.sync(&node, desired.get(&node).map_or(&[][..], Vec::as_slice));
+    }
+}
+
+#[cfg(test)]
+mod tests;

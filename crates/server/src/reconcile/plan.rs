@@ -1,0 +1,538 @@
+//! One reconciliation round as a pure function: the replicated state and
+//! the leader's short memory in, the commands to propose out. The leader
+//! proposes them in order; the next round sees their effect.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::RangeInclusive;
+
+use llmgw_catalog::Model;
+use llmgw_scheduler::{NodeView, Placement, Request, Siblings, Strategy};
+use llmgw_state::{
+    Command, FleetState, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure,
+    ShardState,
+};
+
+use super::fleet_view::node_views;
+use super::specs::{managed_models, mgmt_host};
+
+/// How the leader places and retries.
+#[derive(Debug, Clone)]
+pub struct PlanSettings {
+    pub strategy: Strategy,
+    /// Engine HTTP and rendezvous ports are taken from this range, unique
+    /// per host.
+    pub ports: RangeInclusive<u16>,
+    /// Failures of one model on one node before placement avoids the node.
+    pub avoid_after_failures: u32,
+    pub retry_base_ms: u64,
+    pub retry_max_ms: u64,
+    /// How long a scaled-down replica finishes in-flight requests.
+    pub scale_down_drain_ms: u64,
+    /// Replicas of one model replaced at a time during drains.
+    pub moves_per_model: usize,
+}
+
+impl Default for PlanSettings {
+    fn default() -> Self {
+        PlanSettings {
+            strategy: Strategy::Spread,
+            ports: 20000..=29999,
+            avoid_after_failures: 2,
+            retry_base_ms: 1_000,
+            retry_max_ms: 60_000,
+            scale_down_drain_ms: 30_000,
+            moves_per_model: 1,
+        }
+    }
+}
+
+/// What the leader remembers between rounds and forgets on failover: it
+/// only shapes retries, never correctness.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// Consecutive failures per (model, node).
+    pub failures: HashMap<(String, String), u32>,
+    /// Per model: no new placement before this time (unix ms).
+    pub retry_at: HashMap<String, u64>,
+    /// Consecutive failed rounds per model, for the backoff.
+    pub retries: HashMap<String, u32>,
+    /// (host, port) pairs an engine failed on; not reused for a while.
+    pub bad_ports: HashSet<(String, u16)>,
+    /// Per model: why the last placement attempt found no fit.
+    pub unplaced: BTreeMap<String, String>,
+    /// Failed replicas already counted, so one failure counts once.
+    pub counted: HashSet<String>,
+    /// Per host, the last port handed out. Ports rotate through the range
+    /// rather than being reused at once: an engine left running on a lost
+    /// node may still hold its old port.
+    pub port_cursor: HashMap<String, u16>,
+    /// Replicas placed by this leader, for unique ids within one ms.
+    pub placed: u32,
+}
+
+impl Memory {
+    fn backoff(&mut self, model: &str, now_ms: u64, settings: &PlanSettings) {
+        let tries = self.retries.entry(model.to_owned()).or_default();
+        *tries = tries.saturating_add(1);
+        let delay = settings
+            .retry_base_ms
+            .saturating_mul(1u64 << (*tries - 1).min(16))
+            .min(settings.retry_max_ms);
+        self.retry_at.insert(model.to_owned(), now_ms + delay);
+    }
+}
+
+/// The replicas of `model` that count toward its desired number: not
+/// ordered away, and not already replaced by a live replica.
+fn serving<'a>(fleet: &'a FleetState, model: &str) -> Vec<&'a Replica> {
+    let replaced: HashSet<&str> = fleet
+        .replicas
+        .values()
+        .filter(|r| r.stop.is_none())
+        .filter_map(|r| r.replaces.as_deref())
+        .collect();
+    fleet
+        .replicas
+        .values()
+        .filter(|r| r.model == model && r.stop.is_none() && !replaced.contains(r.id.as_str()))
+        .collect()
+}
+
+fn first_failure(replica: &Replica) -> Option<(&Shard, &ShardFailure)> {
+    replica
+        .shards
+        .iter()
+        .filter(|s| s.state == ShardState::Failed)
+        .find_map(|s| s.last_failure.as_ref().map(|f| (s, f)))
+}
+
+/// Ports in use per host: engine ports and rendezvous ports.
+fn used_ports(fleet: &FleetState) -> HashMap<String, BTreeSet<u16>> {
+    let mut used: HashMap<String, BTreeSet<u16>> = HashMap::new();
+    let host_of = |node: &str| {
+        fleet
+            .nodes
+            .get(node)
+            .map_or(node.to_owned(), |n| mgmt_host(&n.mgmt_addr).to_owned())
+    };
+    for replica in fleet.replicas.values() {
+        for shard in &replica.shards {
+            if shard.state != ShardState::Stopped {
+                used.entry(host_of(&shard.node))
+                    .or_default()
+                    .insert(shard.port);
+            }
+        }
+        if let (Some(port), Some(head)) = (replica.rendezvous_port, replica.shards.first()) {
+            used.entry(host_of(&head.node)).or_default().insert(port);
+        }
+    }
+    used
+}
+
+struct Round<'a> {
+    fleet: &'a FleetState,
+    memory: &'a mut Memory,
+    settings: &'a PlanSettings,
+    now_ms: u64,
+    views: Vec<NodeView>,
+    ports: HashMap<String, BTreeSet<u16>>,
+    commands: Vec<Command>,
+}
+
+/// Decides one round.
+pub fn decide(
+    fleet: &FleetState,
+    memory: &mut Memory,
+    settings: &PlanSettings,
+    now_ms: u64,
+) -> Vec<Command> {
+    let models = managed_models(fleet);
+    let mut round = Round {
+        fleet,
+        memory,
+        settings,
+        now_ms,
+        views: node_views(fleet),
+        ports: used_ports(fleet),
+        commands: Vec::new(),
+    };
+    round.retire_replicas(&models);
+    round.drain_nodes(&models);
+    round.scale_models(&models);
+    round.commands
+}
+
+impl Round<'_> {
+    fn node_status(&self, node: &str) -> Option<NodeStatus> {
+        self.fleet.nodes.get(node).map(|n| n.status)
+    }
+
+    /// Stops failed replicas and replicas of deleted models; removes the
+    /// ones that are gone (every shard stopped, or a node lost).
+    fn retire_replicas(&mut self, models: &HashMap<String, Model>) {
+        for replica in self.fleet.replicas.values() {
+            let lost = replica.shards.iter().find(|s| {
+                self.node_status(&s.node)
+                    .is_none_or(|st| st == NodeStatus::Lost)
+            });
+            if let Some(shard) = lost {
+                let failure = ReplicaFailure {
+                    replica: replica.id.clone(),
+                    node: shard.node.clone(),
+                    failure: ShardFailure {
+                        message: format!("node {} was lost", shard.node),
+                        output_tail: Vec::new(),
+                        at_ms: self.now_ms,
+                    },
+                };
+                self.commands.push(Command::RemoveReplica {
+                    id: replica.id.clone(),
+                    failure: Some(failure),
+                    at_ms: self.now_ms,
+                });
+                continue;
+            }
+            let failed = first_failure(replica);
+            if let Some(stop) = &replica.stop {
+                let done = replica.shards.iter().all(|s| {
+                    matches!(
+                        s.state,
+                        ShardState::Stopped | ShardState::Failed | ShardState::Pending
+                    )
+                });
+                if done {
+                    let failure = failed.map(|(shard, failure)| ReplicaFailure {
+                        replica: replica.id.clone(),
+                        node: shard.node.clone(),
+                        failure: failure.clone(),
+                    });
+                    tracing::info!(replica = %replica.id, reason = %stop.reason, "replica stopped; removing it");
+                    self.commands.push(Command::RemoveReplica {
+                        id: replica.id.clone(),
+                        failure,
+                        at_ms: self.now_ms,
+                    });
+                }
+                continue;
+            }
+            if !models.contains_key(&replica.model) {
+                self.stop(
+                    replica,
+                    format!("model {} left the catalog", replica.model),
+                    None,
+                );
+            } else if replica.state() == ReplicaState::Failed {
+                let (shard, failure) = failed.map_or_else(
+                    || (replica.shards[0].node.clone(), "a shard failed".to_owned()),
+                    |(s, f)| (s.node.clone(), f.message.clone()),
+                );
+                if self.memory.counted.insert(replica.id.clone()) {
+                    let key = (replica.model.clone(), shard.clone());
+                    *self.memory.failures.entry(key).or_default() += 1;
+                    self.memory
+                        .backoff(&replica.model, self.now_ms, self.settings);
+                    for s in &replica.shards {
+                        if let Some(node) = self.fleet.nodes.get(&s.node) {
+                            self.memory
+                                .bad_ports
+                                .insert((mgmt_host(&node.mgmt_addr).to_owned(), s.port));
+                        }
+                    }
+                }
+                self.stop(
+                    replica,
+                    format!("shard on node {shard} failed: {failure}"),
+                    None,
+                );
+            }
+        }
+    }
+
+    fn stop(&mut self, replica: &Replica, reason: String, drain_deadline_ms: Option<u64>) {
+        tracing::info!(replica = %replica.id, %reason, "stopping replica");
+        self.commands.push(Command::StopReplica {
+            id: replica.id.clone(),
+            reason,
+            drain_deadline_ms,
+            at_ms: self.now_ms,
+        });
+    }
+
+    /// Make-before-break: a replacement is placed first; the replica on the
+    /// draining node drains once the replacement is ready (or the drain
+    /// deadline passes without one).
+    fn drain_nodes(&mut self, models: &HashMap<String, Model>) {
+        for drain in self.fleet.drains.values() {
+            let on_node: Vec<&Replica> = self
+                .fleet
+                .replicas
+                .values()
+                .filter(|r| r.shards.iter().any(|s| s.node == drain.node))
+                .collect();
+            if on_node.is_empty() {
+                tracing::info!(node = %drain.node, "drain finished: no replica left on the node");
+                self.commands.push(Command::FinishDrain {
+                    id: drain.node.clone(),
+                    at_ms: self.now_ms,
+                });
+                continue;
+            }
+            let mut moving: HashMap<&str, usize> = HashMap::new();
+            for replica in self.fleet.replicas.values() {
+                if replica.replaces.is_some() && replica.state() != ReplicaState::Ready {
+                    *moving.entry(replica.model.as_str()).or_default() += 1;
+                }
+            }
+            let past_deadline = self.now_ms >= drain.deadline_ms;
+            for old in on_node.into_iter().filter(|r| r.stop.is_none()) {
+                let replacement =
+                    self.fleet.replicas.values().find(|r| {
+                        r.replaces.as_deref() == Some(old.id.as_str()) && r.stop.is_none()
+                    });
+                match replacement {
+                    Some(new) if new.state() == ReplicaState::Ready => self.stop(
+                        old,
+                        format!("node {} drains; replica {} took over", drain.node, new.id),
+                        Some(drain.deadline_ms),
+                    ),
+                    _ if past_deadline => self.stop(
+                        old,
+                        format!(
+                            "node {} drains and its deadline passed before a replacement was ready",
+                            drain.node
+                        ),
+                        None,
+                    ),
+                    Some(_) => {}
+                    None => {
+                        let Some(model) = models.get(&old.model) else {
+                            continue;
+                        };
+                        let in_flight = moving.entry(old.model.as_str()).or_default();
+                        if *in_flight >= self.settings.moves_per_model {
+                            continue;
+                        }
+                        if self.place(model, Some(old.id.clone())) {
+                            *in_flight += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn scale_models(&mut self, models: &HashMap<String, Model>) {
+        let mut names: Vec<&String> = models.keys().collect();
+        names.sort();
+        for name in names {
+            let model = &models[name];
+            let Some(record) = self.fleet.models.get(name) else {
+                continue;
+            };
+            let want = record.desired_replicas as usize;
+            let mut serving = serving(self.fleet, name);
+            if serving.len() > want {
+                // The least useful go first: not ready, then the newest.
+                serving.sort_by_key(|r| {
+                    (
+                        r.state() == ReplicaState::Ready,
+                        std::cmp::Reverse(r.created_at_ms),
+                    )
+                });
+                let extra = serving.len() - want;
+                for replica in serving.into_iter().take(extra) {
+                    self.stop(
+                        replica,
+                        format!("model {name} scaled down to {want}"),
+                        Some(self.now_ms + self.settings.scale_down_drain_ms),
+                    );
+                }
+                continue;
+            }
+            if serving.len() == want {
+                self.memory.unplaced.remove(name);
+                if serving.iter().all(|r| r.state() == ReplicaState::Ready) {
+                    self.memory.retries.remove(name);
+                }
+                continue;
+            }
+            if self
+                .memory
+                .retry_at
+                .get(name)
+                .is_some_and(|at| *at > self.now_ms)
+            {
+                continue;
+            }
+            for _ in serving.len()..want {
+                if !self.place(model, None) {
+                    self.memory.backoff(name, self.now_ms, self.settings);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Places one replica of `model`; `false` when nothing fits (the
+    /// explanation is remembered and logged).
+    fn place(&mut self, model: &Model, replaces: Option<String>) -> bool {
+        let Some(managed) = model.managed() else {
+            return false;
+        };
+        let mut siblings = Siblings::default();
+        for replica in serving(self.fleet, &model.name) {
+            for shard in &replica.shards {
+                if let Some(view) = self.views.iter().find(|v| v.id == shard.node) {
+                    siblings.add(view);
+                }
+            }
+        }
+        let avoid = self
+            .memory
+            .failures
+            .iter()
+            .filter(|((m, _), count)| {
+                *m == model.name && **count >= self.settings.avoid_after_failures
+            })
+            .map(|((_, node), _)| node.clone())
+            .collect();
+        let request = Request {
+            model: &model.name,
+            profiles: &managed.profiles,
+            siblings,
+            avoid,
+            strategy: self.settings.strategy,
+        };
+        match llmgw_scheduler::place(&self.views, &request) {
+            Ok(placement) => match self.commit_placement(model, placement, replaces) {
+                Some(command) => {
+                    self.memory.unplaced.remove(&model.name);
+                    self.commands.push(command);
+                    true
+                }
+                None => false,
+            },
+            Err(explanation) => {
+                let text = explanation.to_string();
+                if self.memory.unplaced.get(&model.name) != Some(&text) {
+                    tracing::warn!(model = %model.name, "cannot place a replica: {text}");
+                }
+                self.memory.unplaced.insert(model.name.clone(), text);
+                false
+            }
+        }
+    }
+
+    fn host(&self, node: &str) -> String {
+        self.fleet
+            .nodes
+            .get(node)
+            .map_or(node.to_owned(), |n| mgmt_host(&n.mgmt_addr).to_owned())
+    }
+
+    fn take_port(&mut self, host: &str) -> Option<u16> {
+        let used = self.ports.entry(host.to_owned()).or_default();
+        let (first, last) = (*self.settings.ports.start(), *self.settings.ports.end());
+        let cursor = self
+            .memory
+            .port_cursor
+            .get(host)
+            .copied()
+            .or_else(|| used.iter().next_back().copied())
+            .unwrap_or(last);
+        let after = (cursor.saturating_add(1)..=last).chain(first..=cursor);
+        let bad = &self.memory.bad_ports;
+        let port = after
+            .filter(|p| *p >= first)
+            .find(|p| !used.contains(p) && !bad.contains(&(host.to_owned(), *p)))?;
+        used.insert(port);
+        self.memory.port_cursor.insert(host.to_owned(), port);
+        Some(port)
+    }
+
+    fn commit_placement(
+        &mut self,
+        model: &Model,
+        placement: Placement,
+        replaces: Option<String>,
+    ) -> Option<Command> {
+        let mut shards = Vec::new();
+        for shard in &placement.shards {
+            let host = self.host(&shard.node);
+            let Some(port) = self.take_port(&host) else {
+                tracing::warn!(
+                    host,
+                    "no free engine port left in {:?}",
+                    self.settings.ports
+                );
+                return None;
+            };
+            shards.push(Shard {
+                node: shard.node.clone(),
+                gpus: shard.gpus.clone(),
+                port,
+                rank: shard.rank,
+                state: ShardState::Pending,
+                pid: None,
+                last_failure: None,
+                state_changed_at_ms: self.now_ms,
+            });
+        }
+        let rendezvous_port = if shards.len() > 1 {
+            let host = self.host(&shards[0].node);
+            Some(self.take_port(&host)?)
+        } else {
+            None
+        };
+        // Later rounds of this decision see these GPUs as taken.
+        for shard in &shards {
+            if let Some(view) = self.views.iter_mut().find(|v| v.id == shard.node) {
+                for gpu in view
+                    .gpus
+                    .iter_mut()
+                    .filter(|g| shard.gpus.contains(&g.index))
+                {
+                    gpu.free = false;
+                }
+            }
+        }
+        self.memory.placed = self.memory.placed.wrapping_add(1);
+        let id = replica_id(&model.name, self.now_ms, self.memory.placed);
+        tracing::info!(
+            replica = %id,
+            profile = %placement.profile,
+            nodes = ?shards.iter().map(|s| &s.node).collect::<Vec<_>>(),
+            replaces = ?replaces,
+            "placing replica"
+        );
+        Some(Command::PlaceReplica {
+            id,
+            model: model.name.clone(),
+            profile: placement.profile,
+            shards,
+            fabric: placement.fabric,
+            rendezvous_port,
+            replaces,
+            at_ms: self.now_ms,
+        })
+    }
+}
+
+/// Unique across leaders in practice (time and a counter); a collision is
+/// refused by `apply` and the next round tries again.
+fn replica_id(model: &str, now_ms: u64, seq: u32) -> String {
+    let mut name: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(80)
+        .collect();
+    name = name.trim_start_matches(['.', '-']).to_owned();
+    format!("{name}-{now_ms:x}{seq:02x}")
+}

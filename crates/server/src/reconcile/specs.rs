@@ -1,0 +1,175 @@
+//! What each node should run: the shard specs agents launch, and the
+//! drain and stop orders, all derived from the replicated state.
+
+use std::collections::{BTreeMap, HashMap};
+
+use llmgw_catalog::{Model, Profile};
+use llmgw_proto::agent::ShardSpec;
+use llmgw_state::{FleetState, Replica, ReplicaState, Shard, ShardState};
+
+use crate::agents::{Desired, Order};
+
+/// The catalog entries the leader manages, decoded once per round.
+pub fn managed_models(fleet: &FleetState) -> HashMap<String, Model> {
+    fleet
+        .models
+        .values()
+        .filter_map(|record| {
+            let model: Model = serde_json::from_value(record.spec.clone()).ok()?;
+            model.managed()?;
+            Some((record.name.clone(), model))
+        })
+        .collect()
+}
+
+/// The host part of an agent's `mgmt_addr`, which may carry a port
+/// (`10.0.0.5`, `10.0.0.5:7000`, `gpu-1:7000`, `[fd00::5]:7000`, `fd00::5`).
+pub fn mgmt_host(addr: &str) -> &str {
+    match addr.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => {
+            if host.starts_with('[') && host.ends_with(']') {
+                &host[1..host.len() - 1]
+            } else if host.contains(':') {
+                addr // a bare IPv6 address
+            } else {
+                host
+            }
+        }
+        _ => addr,
+    }
+}
+
+fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// The head shard's HTTP base URL: where the router sends traffic.
+pub fn endpoint(fleet: &FleetState, replica: &Replica) -> Option<String> {
+    let head = replica.shards.iter().find(|s| s.rank == 0)?;
+    let node = fleet.nodes.get(&head.node)?;
+    Some(format!(
+        "http://{}:{}",
+        url_host(mgmt_host(&node.mgmt_addr)),
+        head.port
+    ))
+}
+
+fn profile<'a>(model: &'a Model, replica: &Replica) -> Option<&'a Profile> {
+    model
+        .managed()?
+        .profiles
+        .iter()
+        .find(|p| p.name == replica.profile)
+}
+
+pub fn shard_spec(
+    fleet: &FleetState,
+    model: &Model,
+    replica: &Replica,
+    shard: &Shard,
+) -> Option<ShardSpec> {
+    let managed = model.managed()?;
+    let profile = profile(model, replica)?;
+    let (master_addr, master_port) = if profile.is_multi_node() {
+        let head = replica.shards.iter().find(|s| s.rank == 0)?;
+        let head_node = fleet.nodes.get(&head.node)?;
+        (
+            mgmt_host(&head_node.mgmt_addr).to_owned(),
+            u32::from(replica.rendezvous_port?),
+        )
+    } else {
+        (String::new(), 0)
+    };
+    Some(ShardSpec {
+        shard_id: replica.shard_id(shard.rank),
+        replica_id: replica.id.clone(),
+        model: model.name.clone(),
+        source: managed.source.clone(),
+        served_names: model.names().map(str::to_owned).collect(),
+        engine: profile.engine.as_str().to_owned(),
+        profile: profile.name.clone(),
+        nodes: profile.nodes,
+        rank: shard.rank,
+        gpus: shard.gpus.clone(),
+        port: u32::from(shard.port),
+        tensor_parallel: profile.tensor_parallel,
+        pipeline_parallel: profile.pipeline_parallel,
+        master_addr,
+        master_port,
+        fabric: replica.fabric.clone().unwrap_or_default(),
+        engine_args: profile.engine_args.clone(),
+        env: profile.env.clone().into_iter().collect(),
+        gpus_per_node: profile.gpus_per_node,
+        launch_mode: profile
+            .launch_mode
+            .map(|m| m.as_str().to_owned())
+            .unwrap_or_default(),
+        min_gpu_memory_gb: profile.min_gpu_memory_gb,
+        gpu_models: profile.gpu_models.clone(),
+    })
+}
+
+/// Every node's orders, from the replicated state alone, so a new leader
+/// derives exactly what the old one was sending.
+pub fn desired_by_node(
+    fleet: &FleetState,
+    models: &HashMap<String, Model>,
+) -> BTreeMap<String, Vec<Desired>> {
+    let mut out: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
+    for replica in fleet.replicas.values() {
+        let failed = replica.state() == ReplicaState::Failed;
+        for shard in &replica.shards {
+            if shard.state == ShardState::Stopped {
+                continue;
+            }
+            let shard_id = replica.shard_id(shard.rank);
+            let order = match (&replica.stop, failed) {
+                (Some(stop), false) if stop.drain_deadline_ms.is_some() => Order::Drain {
+                    deadline_ms: stop.drain_deadline_ms.unwrap_or_default(),
+                    reason: stop.reason.clone(),
+                },
+                (Some(stop), _) => Order::Stop {
+                    reason: stop.reason.clone(),
+                },
+                (None, true) => Order::Stop {
+                    reason: format!("replica {} failed; it restarts as a whole", replica.id),
+                },
+                (None, false) => match models
+                    .get(&replica.model)
+                    .and_then(|model| shard_spec(fleet, model, replica, shard))
+                {
+                    Some(spec) => Order::Run(Box::new(spec)),
+                    None => Order::Stop {
+                        reason: format!(
+                            "model {} or its profile {} is no longer in the catalog",
+                            replica.model, replica.profile
+                        ),
+                    },
+                },
+            };
+            out.entry(shard.node.clone())
+                .or_default()
+                .push(Desired { shard_id, order });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mgmt_hosts_lose_their_port_but_ipv6_keeps_its_colons() {
+        assert_eq!(mgmt_host("10.0.0.5"), "10.0.0.5");
+        assert_eq!(mgmt_host("10.0.0.5:7000"), "10.0.0.5");
+        assert_eq!(mgmt_host("gpu-1:7000"), "gpu-1");
+        assert_eq!(mgmt_host("[fd00::5]:7000"), "fd00::5");
+        assert_eq!(mgmt_host("fd00::5"), "fd00::5");
+        assert_eq!(url_host("fd00::5"), "[fd00::5]");
+    }
+}

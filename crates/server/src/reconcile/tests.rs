@@ -1,0 +1,322 @@
+//! Reconciliation round by round: each test applies what `decide` proposes
+//! and checks what the next round wants.
+
+use std::collections::BTreeMap;
+
+use llmgw_state::{
+    Command, FleetState, Gpu, NodeInventory, NodeStatus, Outcome, ReplicaState, ShardFailure,
+    ShardState,
+};
+
+use super::plan::{Memory, PlanSettings, decide};
+use super::specs::{desired_by_node, managed_models};
+use crate::agents::Order;
+
+fn node(id: &str, gpus: u32, fabric: Option<&str>) -> Command {
+    Command::RegisterNode {
+        id: id.into(),
+        mgmt_addr: format!("10.0.0.{}", id.len() + gpus as usize),
+        inventory: NodeInventory {
+            hostname: id.into(),
+            gpus: (0..gpus)
+                .map(|index| Gpu {
+                    index,
+                    model: "NVIDIA H100 80GB HBM3".into(),
+                    memory_mb: 81_559,
+                    nvlink_peers: (0..gpus).filter(|p| *p != index).collect(),
+                    ..Gpu::default()
+                })
+                .collect(),
+            engines: vec!["vllm".into()],
+            ..NodeInventory::default()
+        },
+        fabrics: fabric.map(|f| vec![f.to_owned()]).unwrap_or_default(),
+        labels: BTreeMap::new(),
+        at_ms: 1,
+    }
+}
+
+fn model(name: &str, replicas: u32, nodes: u32, gpus_per_node: u32) -> Command {
+    let spec = serde_json::json!({
+        "name": name,
+        "source": format!("org/{name}"),
+        "replicas": replicas,
+        "profiles": [{
+            "name": "p", "engine": "vllm", "nodes": nodes, "gpus_per_node": gpus_per_node,
+            "tensor_parallel": gpus_per_node, "pipeline_parallel": nodes,
+            "min_gpu_memory_gb": 40
+        }]
+    });
+    Command::PutModel {
+        name: name.into(),
+        spec,
+        replicas,
+        at_ms: 1,
+    }
+}
+
+struct World {
+    fleet: FleetState,
+    memory: Memory,
+    settings: PlanSettings,
+    now_ms: u64,
+}
+
+impl World {
+    fn new(commands: &[Command]) -> World {
+        let mut fleet = FleetState::default();
+        for command in commands {
+            assert_eq!(fleet.apply(command), Outcome::Applied, "{command}");
+        }
+        World {
+            fleet,
+            memory: Memory::default(),
+            settings: PlanSettings::default(),
+            now_ms: 1_000,
+        }
+    }
+
+    /// One round: decide, apply every command, return their kinds.
+    fn round(&mut self) -> Vec<String> {
+        let commands = decide(&self.fleet, &mut self.memory, &self.settings, self.now_ms);
+        let mut kinds = Vec::new();
+        for command in commands {
+            assert_eq!(self.fleet.apply(&command), Outcome::Applied, "{command}");
+            kinds.push(command.kind().to_owned());
+        }
+        kinds
+    }
+
+    fn set_all(&mut self, replica: &str, state: ShardState, failure: Option<&str>) {
+        let ranks: Vec<u32> = self.fleet.replicas[replica]
+            .shards
+            .iter()
+            .map(|s| s.rank)
+            .collect();
+        for rank in ranks {
+            let command = Command::SetShardState {
+                replica: replica.into(),
+                rank,
+                state,
+                pid: Some(100 + rank),
+                failure: failure.map(|m| ShardFailure {
+                    message: m.into(),
+                    output_tail: vec!["Traceback (most recent call last):".into()],
+                    at_ms: self.now_ms,
+                }),
+                at_ms: self.now_ms,
+            };
+            assert_eq!(self.fleet.apply(&command), Outcome::Applied);
+        }
+    }
+
+    fn replicas_of(&self, model: &str) -> Vec<String> {
+        self.fleet
+            .replicas
+            .values()
+            .filter(|r| r.model == model)
+            .map(|r| r.id.clone())
+            .collect()
+    }
+
+    fn node_of(&self, replica: &str) -> String {
+        self.fleet.replicas[replica].shards[0].node.clone()
+    }
+}
+
+#[test]
+fn desired_replicas_are_placed_once_and_then_left_alone() {
+    let mut w = World::new(&[node("a", 8, None), node("b", 8, None), model("m", 2, 1, 1)]);
+    assert_eq!(w.round(), vec!["place_replica", "place_replica"]);
+    assert_eq!(w.round(), Vec::<String>::new());
+    let ids = w.replicas_of("m");
+    let nodes: Vec<String> = ids.iter().map(|r| w.node_of(r)).collect();
+    assert_ne!(nodes[0], nodes[1], "replicas spread across nodes");
+}
+
+#[test]
+fn a_failed_replica_is_stopped_removed_with_its_failure_and_retried_after_backoff() {
+    let mut w = World::new(&[node("a", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let first = w.replicas_of("m").remove(0);
+    w.set_all(
+        &first,
+        ShardState::Failed,
+        Some("engine exited with status 1"),
+    );
+    assert_eq!(w.round(), vec!["stop_replica"]);
+    assert_eq!(w.round(), vec!["remove_replica"]);
+    let failure = w.fleet.models["m"]
+        .last_failure
+        .clone()
+        .expect("failure kept");
+    assert!(failure.failure.message.contains("status 1"));
+    assert!(w.round().is_empty(), "no retry before the backoff");
+    w.now_ms += w.settings.retry_base_ms;
+    assert_eq!(w.round(), vec!["place_replica"]);
+}
+
+#[test]
+fn repeated_failures_on_one_node_move_the_replica_to_another() {
+    let mut w = World::new(&[node("a", 8, None), node("b", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let id = w.replicas_of("m").remove(0);
+        nodes.push(w.node_of(&id));
+        w.set_all(&id, ShardState::Failed, Some("CUDA error"));
+        w.round();
+        w.round();
+        w.now_ms += w.settings.retry_max_ms;
+        assert_eq!(w.round(), vec!["place_replica"]);
+    }
+    let last = w.replicas_of("m").remove(0);
+    assert_eq!(nodes[0], nodes[1], "the first retry may stay");
+    assert_ne!(w.node_of(&last), nodes[0], "avoided after two failures");
+}
+
+#[test]
+fn a_lost_nodes_replica_is_removed_and_placed_elsewhere() {
+    let mut w = World::new(&[node("a", 8, None), node("b", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let id = w.replicas_of("m").remove(0);
+    w.set_all(&id, ShardState::Ready, None);
+    let lost = w.node_of(&id);
+    w.fleet.apply(&Command::SetNodeStatus {
+        id: lost.clone(),
+        status: NodeStatus::Unreachable,
+        at_ms: 2_000,
+    });
+    assert!(w.round().is_empty(), "unreachable is not lost yet");
+    w.fleet.apply(&Command::SetNodeStatus {
+        id: lost.clone(),
+        status: NodeStatus::Lost,
+        at_ms: 3_000,
+    });
+    assert_eq!(w.round(), vec!["remove_replica"]);
+    assert_eq!(w.round(), vec!["place_replica"]);
+    let new = w.replicas_of("m").remove(0);
+    assert_ne!(w.node_of(&new), lost);
+}
+
+#[test]
+fn a_drain_is_make_before_break_and_finishes() {
+    let mut w = World::new(&[node("a", 8, None), node("b", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let old = w.replicas_of("m").remove(0);
+    w.set_all(&old, ShardState::Ready, None);
+    let drained = w.node_of(&old);
+    w.fleet.apply(&Command::StartDrain {
+        id: drained.clone(),
+        deadline_ms: w.now_ms + 60_000,
+        at_ms: w.now_ms,
+    });
+    assert_eq!(w.round(), vec!["place_replica"], "replacement first");
+    assert!(
+        w.round().is_empty(),
+        "the old one serves until the new one is ready"
+    );
+    let new = w.replicas_of("m").into_iter().find(|r| *r != old).unwrap();
+    assert_eq!(
+        w.fleet.replicas[&new].replaces.as_deref(),
+        Some(old.as_str())
+    );
+    assert_ne!(w.node_of(&new), drained);
+    w.set_all(&new, ShardState::Ready, None);
+    assert_eq!(w.round(), vec!["stop_replica"]);
+    assert_eq!(w.fleet.replicas[&old].state(), ReplicaState::Draining);
+    assert!(w.round().is_empty(), "no second stop, no extra replica");
+    w.set_all(&old, ShardState::Stopped, None);
+    assert_eq!(w.round(), vec!["remove_replica"]);
+    assert_eq!(w.round(), vec!["finish_drain"]);
+    assert!(!w.fleet.nodes[&drained].draining);
+    assert!(w.fleet.nodes[&drained].cordoned);
+    assert!(w.round().is_empty());
+}
+
+#[test]
+fn scaling_down_drains_the_extra_replicas() {
+    let mut w = World::new(&[node("a", 8, None), node("b", 8, None), model("m", 2, 1, 1)]);
+    w.round();
+    for id in w.replicas_of("m") {
+        w.set_all(&id, ShardState::Ready, None);
+    }
+    w.fleet.apply(&model("m", 1, 1, 1));
+    assert_eq!(w.round(), vec!["stop_replica"]);
+    assert!(w.round().is_empty());
+}
+
+#[test]
+fn a_multi_node_replica_gets_one_fabric_and_a_rendezvous_port() {
+    let mut w = World::new(&[
+        node("a", 8, Some("ib-a")),
+        node("b", 8, Some("ib-a")),
+        node("c", 8, None),
+        model("big", 1, 2, 8),
+    ]);
+    assert_eq!(w.round(), vec!["place_replica"]);
+    let id = w.replicas_of("big").remove(0);
+    let replica = &w.fleet.replicas[&id];
+    assert_eq!(replica.fabric.as_deref(), Some("ib-a"));
+    let port = replica.rendezvous_port.expect("rendezvous port");
+    let nodes: Vec<&str> = replica.shards.iter().map(|s| s.node.as_str()).collect();
+    assert!(!nodes.contains(&"c"), "never on a node without a fabric");
+    let models = managed_models(&w.fleet);
+    let desired = desired_by_node(&w.fleet, &models);
+    for shard in &replica.shards {
+        let Order::Run(spec) = &desired[&shard.node][0].order else {
+            panic!("shards run")
+        };
+        assert_eq!(spec.master_port, u32::from(port));
+        assert_eq!(spec.nodes, 2);
+        assert_eq!(spec.rank, shard.rank);
+        assert_eq!(spec.gpus.len(), 8);
+    }
+}
+
+#[test]
+fn ports_are_unique_per_host_and_not_reused_at_once() {
+    let mut w = World::new(&[node("a", 8, None), model("m", 4, 1, 1)]);
+    w.round();
+    let mut ports: Vec<u16> = w
+        .fleet
+        .replicas
+        .values()
+        .map(|r| r.shards[0].port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 4);
+    let id = w.replicas_of("m").remove(0);
+    let freed = w.fleet.replicas[&id].shards[0].port;
+    w.fleet.apply(&Command::RemoveReplica {
+        id,
+        failure: None,
+        at_ms: 5,
+    });
+    w.round();
+    let newest = w
+        .fleet
+        .replicas
+        .values()
+        .map(|r| r.shards[0].port)
+        .max()
+        .unwrap();
+    assert!(newest > *ports.last().unwrap(), "rotates past {freed}");
+}
+
+#[test]
+fn a_deleted_model_is_stopped_and_its_shards_told_to_stop() {
+    let mut w = World::new(&[node("a", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let id = w.replicas_of("m").remove(0);
+    w.set_all(&id, ShardState::Ready, None);
+    w.fleet.apply(&Command::DeleteModel {
+        name: "m".into(),
+        at_ms: 9,
+    });
+    let models = managed_models(&w.fleet);
+    let desired = desired_by_node(&w.fleet, &models);
+    assert!(matches!(desired["a"][0].order, Order::Stop { .. }));
+    assert_eq!(w.round(), vec!["stop_replica"]);
+}

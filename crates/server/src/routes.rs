@@ -1,0 +1,107 @@
+//! The router inside `llmgw server`: its routing table comes from this
+//! peer's own applied state, so it keeps serving whichever peer leads, and
+//! follows changes within a fraction of a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use llmgw_catalog::Model;
+use llmgw_raft::ControlPlane;
+use llmgw_router::{Endpoint, EndpointState, RoutedModel, RoutingTable};
+use llmgw_state::{FleetState, ReplicaState};
+use tokio::sync::watch;
+
+use crate::reconcile::specs::endpoint;
+
+/// How often the applied index is checked for changes.
+const REFRESH: Duration = Duration::from_millis(100);
+
+pub fn routing_table(fleet: &FleetState) -> RoutingTable {
+    let mut models = Vec::new();
+    for record in fleet.models.values() {
+        let Ok(model) = serde_json::from_value::<Model>(record.spec.clone()) else {
+            continue;
+        };
+        let mut endpoints: Vec<Endpoint> = model
+            .static_endpoints()
+            .iter()
+            .map(|url| Endpoint::ready(url.as_str()))
+            .collect();
+        let mut counts: std::collections::BTreeMap<&str, u32> = Default::default();
+        for replica in fleet.replicas.values().filter(|r| r.model == model.name) {
+            let state = replica.state();
+            *counts.entry(state.as_str()).or_default() += 1;
+            let endpoint_state = match state {
+                ReplicaState::Ready => EndpointState::Ready,
+                ReplicaState::Draining => EndpointState::Draining,
+                _ => continue,
+            };
+            if let Some(url) = endpoint(fleet, replica) {
+                endpoints.push(Endpoint {
+                    url: normalize(&url),
+                    state: endpoint_state,
+                });
+            }
+        }
+        let unavailable_reason = model.managed().map(|_| {
+            let mut why = format!(
+                "no replica of {} is ready ({} desired",
+                model.name, record.desired_replicas
+            );
+            for (state, n) in &counts {
+                why.push_str(&format!(", {n} {state}"));
+            }
+            why.push(')');
+            if let Some(failure) = &record.last_failure {
+                why.push_str(&format!(
+                    "; last failure on node {}: {}",
+                    failure.node, failure.failure.message
+                ));
+            }
+            why
+        });
+        models.push(RoutedModel {
+            name: model.name.clone(),
+            aliases: model.aliases.clone(),
+            endpoints,
+            unavailable_reason,
+        });
+    }
+    RoutingTable { models }
+}
+
+fn normalize(url: &str) -> String {
+    Endpoint::ready(url).url
+}
+
+/// Publishes a new table whenever the applied state changes it.
+pub fn publish(control: ControlPlane) -> watch::Receiver<Arc<RoutingTable>> {
+    let first = control.read(routing_table);
+    let (tx, rx) = watch::channel(Arc::new(first));
+    tokio::spawn(async move {
+        let mut applied = None;
+        let mut tick = tokio::time::interval(REFRESH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if tx.is_closed() {
+                return;
+            }
+            let now = control.metrics().last_applied;
+            if now == applied {
+                continue;
+            }
+            applied = now;
+            let table = control.read(routing_table);
+            tx.send_if_modified(|current| {
+                if **current == table {
+                    false
+                } else {
+                    *current = Arc::new(table);
+                    true
+                }
+            });
+        }
+    });
+    rx
+}

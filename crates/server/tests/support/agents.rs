@@ -1,0 +1,133 @@
+//! Real `llmgw agent` processes with fixture inventories and simulated
+//! engines, for end-to-end tests against a [`Cluster`]. A guard kills each
+//! agent and every engine process group it launched, even when a test
+//! fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use llmgw_dev::{AgentLayout, NodeKind, SimEngines, agent_yaml};
+
+use super::{Cluster, llmgw_bin};
+
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/nodes")
+}
+
+pub fn sim_bin() -> PathBuf {
+    let bin = llmgw_bin().with_file_name("llmgw-engine-sim");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it with `cargo build -p llmgw-engine-sim`",
+        bin.display()
+    );
+    bin
+}
+
+pub struct Agent {
+    pub layout: AgentLayout,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Agent {
+    /// Writes the agent's config (peers listed from `first_peer` on, so
+    /// agents dial different peers first) and starts it.
+    pub fn start(cluster: &Cluster, node_id: &str, kind: NodeKind, first_peer: u64) -> Agent {
+        let layout = AgentLayout::new(cluster.dir.path(), node_id, kind, "r1");
+        let mut agent = Agent {
+            layout,
+            child: None,
+            starts: 0,
+        };
+        agent.write_config(cluster, first_peer, "r1");
+        agent.spawn();
+        agent
+    }
+
+    pub fn write_config(&self, cluster: &Cluster, first_peer: u64, rack: &str) {
+        let mut servers: Vec<String> = cluster
+            .peers
+            .iter()
+            .map(|p| p.layout.grpc.to_string())
+            .collect();
+        let count = servers.len();
+        servers.rotate_left((first_peer as usize - 1) % count);
+        let engines = SimEngines {
+            bin: sim_bin(),
+            env: vec![
+                ("LLMGW_SIM_LOAD_TIME".into(), "500ms".into()),
+                ("LLMGW_SIM_TTFT".into(), "5ms".into()),
+                ("LLMGW_SIM_ITL".into(), "1ms".into()),
+            ],
+        };
+        let mut layout = self.layout.clone();
+        layout.rack = rack.to_owned();
+        let yaml = agent_yaml(&layout, &servers, &fixtures_dir(), &engines, "");
+        std::fs::write(&self.layout.config, yaml).unwrap();
+    }
+
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "agent {} runs", self.layout.node_id);
+        self.starts += 1;
+        let log = std::fs::File::create(
+            self.layout
+                .log
+                .with_extension(format!("{}.log", self.starts)),
+        )
+        .unwrap();
+        let child = Command::new(llmgw_bin())
+            .args(["agent", "--config"])
+            .arg(&self.layout.config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start llmgw agent");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the agent only; its engines keep running, as on a real node.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Engine process groups the agent recorded in its state files.
+    pub fn engine_pids(&self) -> Vec<i32> {
+        llmgw_dev::engine_groups(&self.layout.work_dir)
+    }
+
+    pub fn log_text(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                std::fs::read_to_string(self.layout.log.with_extension(format!("{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        for pid in self.engine_pids() {
+            // Engines run in their own session: the pid is the group id.
+            kill_group(pid);
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn kill_group(pgid: i32) {
+    if pgid > 1 {
+        // SAFETY: kill(2) with plain integers.
+        unsafe {
+            libc::kill(-pgid, libc::SIGKILL);
+        }
+    }
+}
