@@ -61,6 +61,8 @@ pub struct Cluster {
     pub http: reqwest::Client,
     /// Bearer token sent by `get` and `send` (clusters with admin tokens).
     pub token: Option<String>,
+    /// Peers (and agents started with `agents::Agent`) use mTLS.
+    pub tls: bool,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -116,6 +118,7 @@ impl Cluster {
                 .build()
                 .unwrap(),
             token: None,
+            tls,
             _serial: serial,
         };
         for id in 1..=3 {
