@@ -256,6 +256,9 @@ impl Drop for Dev {
     }
 }
 
+// The guard only keeps other clusters of this binary from starting; it is
+// held for the whole test on purpose, as `Cluster` holds its own.
+#[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
     use std::os::unix::process::CommandExt;
