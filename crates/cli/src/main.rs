@@ -33,17 +33,9 @@ enum Command {
     /// Create a development CA and certificates.
     Certs(llmgw_tls::CertsArgs),
     /// Run the fault-injection suite against a real cluster.
-    Chaos(NotBuilt),
+    Chaos(llmgw_chaos::ChaosArgs),
     /// Work with llmgw's config files.
     Config(ConfigArgs),
-}
-
-/// Arguments of a subcommand that is not built yet; accepted so the message
-/// below is what the user sees, not a parse error.
-#[derive(Args)]
-struct NotBuilt {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -56,14 +48,6 @@ struct ConfigArgs {
 enum ConfigCommand {
     /// Validate agent, server, router and models files; print every problem.
     Check(config_check::CheckArgs),
-}
-
-fn not_built(name: &str) -> ExitCode {
-    eprintln!(
-        "llmgw {name}: not built yet in this version of llmgw; nothing was started. \
-         See README.md for what works today."
-    );
-    ExitCode::from(2)
 }
 
 /// Runs an async subcommand on a fresh runtime; `logs` turns on tracing
@@ -126,6 +110,6 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Chaos(_) => not_built("chaos"),
+        Command::Chaos(args) => llmgw_chaos::main(args),
     }
 }

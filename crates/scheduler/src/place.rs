@@ -56,7 +56,6 @@ fn place_profile(
             Err(reason) => *reasons.entry(reason).or_default() += 1,
         }
     }
-    candidates.sort_by(|a, b| node_order(a, b, request));
     let nodes_fit = candidates.len() as u32;
     let explanation = |fabric_shortfall| ProfileExplanation {
         model: request.model.to_string(),
@@ -68,7 +67,9 @@ fn place_profile(
     };
 
     if !profile.is_multi_node() {
-        let Some(best) = candidates.first() else {
+        // One pass for the best node: a fleet of thousands is not sorted
+        // for every single-node replica.
+        let Some(best) = candidates.iter().min_by(|a, b| node_order(a, b, request)) else {
             return Err(explanation(None));
         };
         return Ok(Placement {
@@ -82,6 +83,7 @@ fn place_profile(
         });
     }
 
+    candidates.sort_by(|a, b| node_order(a, b, request));
     // Every node of a multi-node replica on one fabric.
     let mut by_fabric: BTreeMap<&str, Vec<&Candidate<'_>>> = BTreeMap::new();
     for c in &candidates {

@@ -123,6 +123,9 @@ pub async fn serve(
         hub: hub.clone(),
         reports,
         heartbeat_interval: std::time::Duration::ZERO,
+        registrations: Arc::new(tokio::sync::Semaphore::new(
+            crate::agents::CONCURRENT_REGISTRATIONS,
+        )),
     };
     let router = match options.router_listen {
         Some(addr) => {

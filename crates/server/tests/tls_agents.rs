@@ -150,6 +150,9 @@ async fn a_rotated_agent_certificate_keeps_the_stream_and_is_used_to_reconnect()
             .filter(|l| l.contains("mTLS handshake failed"))
             .map(str::to_owned)
             .collect();
-        assert!(refusals.is_empty(), "peer {peer} refused a handshake: {refusals:?}");
+        assert!(
+            refusals.is_empty(),
+            "peer {peer} refused a handshake: {refusals:?}"
+        );
     }
 }

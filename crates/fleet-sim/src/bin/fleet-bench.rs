@@ -131,6 +131,29 @@ async fn unhealthy_nodes(http: &reqwest::Client, admin: &str) -> Option<usize> {
     )
 }
 
+/// The catalog allows 1,000 replicas per model: larger counts are split
+/// across models `bench-0`, `bench-1`, ...
+fn bench_models(replicas: u32) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let mut left = replicas;
+    while left > 0 {
+        let count = left.min(1000);
+        out.push((format!("bench-{}", out.len()), count));
+        left -= count;
+    }
+    out
+}
+
+fn bench_model(name: &str, replicas: u32) -> Value {
+    serde_json::json!({
+        "name": name,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": replicas,
+        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+    })
+}
+
 /// The leader's pure placement round on an in-memory fleet: how fast
 /// decisions are made, before any Raft write.
 fn decide_in_process(nodes: usize, replicas: u32) -> Result<()> {
@@ -159,16 +182,14 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<()> {
             at_ms: 1,
         });
     }
-    fleet.apply(&Command::PutModel {
-        name: "bench-1gpu".into(),
-        spec: serde_json::json!({
-            "name": "bench-1gpu", "source": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": replicas,
-            "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
-                          "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-        }),
-        replicas,
-        at_ms: 1,
-    });
+    for (name, count) in bench_models(replicas) {
+        fleet.apply(&Command::PutModel {
+            name: name.clone(),
+            spec: bench_model(&name, count),
+            replicas: count,
+            at_ms: 1,
+        });
+    }
     let mut memory = llmgw_server::reconcile::Memory::default();
     let settings = llmgw_server::reconcile::PlanSettings::default();
     let started = Instant::now();
@@ -231,22 +252,27 @@ async fn main() -> Result<()> {
         &servers,
         Duration::from_millis(args.heartbeat_ms),
     );
-    let admin = peers[(first - 1) as usize].admin.clone();
     let want = args.nodes as f64;
-    wait_for(
+    let first = wait_for(
         "the whole fleet registered",
         Duration::from_secs(600),
         || async {
-            let streams = metric(&http, &admin, "llmgw_agent_streams").await?;
-            let ready = metric(&http, &admin, "llmgw_nodes{status=\"ready\"}").await?;
-            (streams >= want && ready >= want).then_some(())
+            // The leader may change under a registration storm: follow it.
+            let now = leader(&http, &peers).await?;
+            let admin = &peers[(now - 1) as usize].admin;
+            let streams = metric(&http, admin, "llmgw_agent_streams").await?;
+            let ready = metric(&http, admin, "llmgw_nodes{status=\"ready\"}").await?;
+            (streams >= want && ready >= want).then_some(now)
         },
     )
     .await?;
+    let admin = peers[(first - 1) as usize].admin.clone();
+    let changes = metric(&http, &admin, "llmgw_raft_leader_changes_total").await;
     println!(
-        "register: {} nodes ready with open streams in {:.2} s",
+        "register: {} nodes ready with open streams in {:.2} s (leader {first}, leader changes seen: {})",
         args.nodes,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        changes.map_or("?".to_owned(), |c| c.to_string())
     );
 
     let pid = peers[(first - 1) as usize]
@@ -266,22 +292,17 @@ async fn main() -> Result<()> {
         (want * 1000.0 / args.heartbeat_ms as f64) as u64
     );
 
-    // Placement: desired replicas of a one-GPU model.
-    let model = serde_json::json!({
-        "name": "bench-1gpu",
-        "source": "Qwen/Qwen2.5-0.5B-Instruct",
-        "replicas": args.replicas,
-        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
-                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-    });
+    // Placement: desired replicas of one-GPU models.
     let placed_at = Instant::now();
-    let response = http
-        .put(format!("{admin}/api/v1/models/bench-1gpu"))
-        .json(&model)
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("PUT model: {}", response.text().await?);
+    for (name, count) in bench_models(args.replicas) {
+        let response = http
+            .put(format!("{admin}/api/v1/models/{name}"))
+            .json(&bench_model(&name, count))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("PUT model {name}: {}", response.text().await?);
+        }
     }
     let replicas = f64::from(args.replicas);
     wait_for(

@@ -13,4 +13,4 @@ pub use convert::{NodeFacts, check_node_id, node_facts};
 pub use hub::{Desired, Hub, LinkView, Order, Refusal};
 pub use liveness::{LivenessSettings, next_status, run_liveness};
 pub use reports::write_reports;
-pub use service::{AgentStreams, Report};
+pub use service::{AgentStreams, CONCURRENT_REGISTRATIONS, Report};

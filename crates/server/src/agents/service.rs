@@ -40,7 +40,14 @@ pub struct AgentStreams {
     pub reports: mpsc::UnboundedSender<Report>,
     /// Sent to agents in `Registered`; zero keeps each agent's own.
     pub heartbeat_interval: Duration,
+    /// Registration writes in flight at once. A whole fleet reconnecting
+    /// must not turn into one huge append that delays Raft heartbeats
+    /// past an election timeout; the rest wait their turn.
+    pub registrations: Arc<tokio::sync::Semaphore>,
 }
+
+/// Concurrent registration writes on a leader.
+pub const CONCURRENT_REGISTRATIONS: usize = 32;
 
 impl AgentStreams {
     pub fn into_service(self) -> AgentServiceServer<Self> {
@@ -128,6 +135,11 @@ impl AgentService for AgentStreams {
             .control
             .read(|fleet| facts.differs_from(fleet.nodes.get(&node)));
         if needs_write {
+            let _turn = self
+                .registrations
+                .acquire()
+                .await
+                .map_err(|_| Status::unavailable("the peer is shutting down"))?;
             let command = facts.into_command(now_ms());
             if let Err(error) = self.control.write(command).await {
                 tracing::warn!(node, %error, "cannot register the node now");

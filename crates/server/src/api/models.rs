@@ -42,20 +42,19 @@ pub async fn put(
     state
         .control
         .read(|fleet| model_spec::check_names(fleet, &model))?;
+    // The answer is the entry as written: reading it back could meet a
+    // concurrent delete and report a write that was applied as missing.
+    let written = parsed.spec.clone();
     state
         .control
         .write(Command::PutModel {
-            name: name.clone(),
+            name,
             spec: parsed.spec,
             replicas: parsed.replicas,
             at_ms: now_ms(),
         })
         .await?;
-    state
-        .control
-        .read(|fleet| fleet.models.get(&name).map(model_spec::view))
-        .map(Json)
-        .ok_or_else(|| ApiError::not_found(format!("model {name} was deleted concurrently")))
+    Ok(Json(written))
 }
 
 pub async fn delete(

@@ -136,6 +136,11 @@ struct Round<'a> {
     settings: &'a PlanSettings,
     now_ms: u64,
     views: Vec<NodeView>,
+    /// Node id -> index in `views`.
+    view_index: HashMap<String, usize>,
+    /// Per model, where its serving replicas are, kept up to date as this
+    /// round places more.
+    siblings: HashMap<String, Siblings>,
     ports: HashMap<String, BTreeSet<u16>>,
     commands: Vec<Command>,
 }
@@ -148,12 +153,20 @@ pub fn decide(
     now_ms: u64,
 ) -> Vec<Command> {
     let models = managed_models(fleet);
+    let views = node_views(fleet);
+    let view_index = views
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v.id.clone(), i))
+        .collect();
     let mut round = Round {
         fleet,
         memory,
         settings,
         now_ms,
-        views: node_views(fleet),
+        views,
+        view_index,
+        siblings: HashMap::new(),
         ports: used_ports(fleet),
         commands: Vec::new(),
     };
@@ -222,9 +235,26 @@ impl Round<'_> {
                     format!("model {} left the catalog", replica.model),
                     None,
                 );
-            } else if replica.state() == ReplicaState::Failed {
+            } else if replica.state() == ReplicaState::Failed
+                || replica
+                    .shards
+                    .iter()
+                    .any(|s| s.state == ShardState::Stopped)
+            {
+                // A shard that stopped without being told to is as broken as
+                // one that failed: the replica restarts as a whole.
                 let (shard, failure) = failed.map_or_else(
-                    || (replica.shards[0].node.clone(), "a shard failed".to_owned()),
+                    || {
+                        let stopped = replica
+                            .shards
+                            .iter()
+                            .find(|s| s.state == ShardState::Stopped)
+                            .unwrap_or(&replica.shards[0]);
+                        (
+                            stopped.node.clone(),
+                            "a shard stopped on its own".to_owned(),
+                        )
+                    },
                     |(s, f)| (s.node.clone(), f.message.clone()),
                 );
                 if self.memory.counted.insert(replica.id.clone()) {
@@ -380,14 +410,7 @@ impl Round<'_> {
         let Some(managed) = model.managed() else {
             return false;
         };
-        let mut siblings = Siblings::default();
-        for replica in serving(self.fleet, &model.name) {
-            for shard in &replica.shards {
-                if let Some(view) = self.views.iter().find(|v| v.id == shard.node) {
-                    siblings.add(view);
-                }
-            }
-        }
+        let siblings = self.siblings_of(&model.name).clone();
         let avoid = self
             .memory
             .failures
@@ -422,6 +445,25 @@ impl Round<'_> {
                 false
             }
         }
+    }
+
+    fn view(&self, node: &str) -> Option<&NodeView> {
+        self.view_index.get(node).map(|i| &self.views[*i])
+    }
+
+    fn siblings_of(&mut self, model: &str) -> &mut Siblings {
+        if !self.siblings.contains_key(model) {
+            let mut siblings = Siblings::default();
+            for replica in serving(self.fleet, model) {
+                for shard in &replica.shards {
+                    if let Some(view) = self.view(&shard.node) {
+                        siblings.add(view);
+                    }
+                }
+            }
+            self.siblings.insert(model.to_owned(), siblings);
+        }
+        self.siblings.get_mut(model).expect("inserted above")
     }
 
     fn host(&self, node: &str) -> String {
@@ -485,16 +527,19 @@ impl Round<'_> {
         } else {
             None
         };
-        // Later rounds of this decision see these GPUs as taken.
+        // Later placements of this round see these GPUs as taken, and this
+        // replica as a sibling.
         for shard in &shards {
-            if let Some(view) = self.views.iter_mut().find(|v| v.id == shard.node) {
-                for gpu in view
+            if let Some(i) = self.view_index.get(&shard.node).copied() {
+                for gpu in self.views[i]
                     .gpus
                     .iter_mut()
                     .filter(|g| shard.gpus.contains(&g.index))
                 {
                     gpu.free = false;
                 }
+                let view = self.views[i].clone();
+                self.siblings_of(&model.name).add(&view);
             }
         }
         self.memory.placed = self.memory.placed.wrapping_add(1);

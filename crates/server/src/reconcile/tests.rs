@@ -320,3 +320,31 @@ fn a_deleted_model_is_stopped_and_its_shards_told_to_stop() {
     assert!(matches!(desired["a"][0].order, Order::Stop { .. }));
     assert_eq!(w.round(), vec!["stop_replica"]);
 }
+
+#[test]
+fn a_shard_that_stops_on_its_own_restarts_its_replica() {
+    let mut w = World::new(&[
+        node("a", 8, Some("ib-a")),
+        node("b", 8, Some("ib-a")),
+        model("big", 1, 2, 8),
+    ]);
+    w.round();
+    let id = w.replicas_of("big").remove(0);
+    w.set_all(&id, ShardState::Ready, None);
+    w.fleet.apply(&Command::SetShardState {
+        replica: id.clone(),
+        rank: 1,
+        state: ShardState::Stopped,
+        pid: None,
+        failure: None,
+        at_ms: w.now_ms,
+    });
+    assert_eq!(w.round(), vec!["stop_replica"]);
+    let models = managed_models(&w.fleet);
+    let desired = desired_by_node(&w.fleet, &models);
+    let rank0 = &w.fleet.replicas[&id].shards[0].node;
+    assert!(
+        matches!(desired[rank0][0].order, Order::Stop { .. }),
+        "the healthy rank is stopped too"
+    );
+}

@@ -1,0 +1,454 @@
+//! Real `llmgw server` peers, each in its own network namespace, started,
+//! killed, paused and restarted with the kernel's signals.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use llmgw_dev::{PeerLayout, server_yaml};
+use serde_json::Value;
+
+use crate::netns::{Net, NetError};
+
+const GRPC_PORT: u16 = 7070;
+const ADMIN_PORT: u16 = 7080;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error("{path}: {source}")]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start peer {id} ({bin}): {source}")]
+    Spawn {
+        id: u64,
+        bin: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} within {seconds}s: {detail}")]
+    Timeout {
+        what: String,
+        seconds: u64,
+        detail: String,
+    },
+}
+
+/// Sends `signal` to every process of group `pgid`.
+#[allow(unsafe_code)]
+pub fn signal_group(pgid: u32, signal: i32) -> bool {
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return false;
+    };
+    if pgid <= 1 {
+        // -1 and -0 would address every process or our own group.
+        return false;
+    }
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    unsafe { libc::kill(-pgid, signal) == 0 }
+}
+
+/// Whether `pid` is alive and not a zombie.
+pub fn is_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next())
+        .unwrap_or("X");
+    !matches!(state, "Z" | "X")
+}
+
+pub struct Peer {
+    pub layout: PeerLayout,
+    pub child: Option<Child>,
+    pub starts: u32,
+    pub stopped: bool,
+}
+
+/// Admin URLs of the current members, shared with the load and sampler.
+pub type Members = Arc<RwLock<BTreeMap<u64, String>>>;
+
+pub struct Cluster {
+    pub net: Net,
+    pub dir: PathBuf,
+    pub bin: PathBuf,
+    pub extra_yaml: String,
+    pub peers: BTreeMap<u64, Peer>,
+    pub members: Members,
+    /// Every pid this run started, for the leftover check.
+    pub spawned: Vec<u32>,
+    pub http: reqwest::Client,
+}
+
+impl Cluster {
+    /// Lays out `count` peers (config files, namespaces); starts none.
+    pub fn create(
+        net: Net,
+        dir: &Path,
+        bin: &Path,
+        count: u64,
+        extra_yaml: &str,
+    ) -> Result<Cluster, ClusterError> {
+        let mut cluster = Cluster {
+            net,
+            dir: dir.to_owned(),
+            bin: bin.to_owned(),
+            extra_yaml: extra_yaml.to_owned(),
+            peers: BTreeMap::new(),
+            members: Members::default(),
+            spawned: Vec::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(3))
+                .build()
+                .expect("an HTTP client with default TLS settings"),
+        };
+        let ids: Vec<u64> = (1..=count).collect();
+        for &id in &ids {
+            cluster.add_peer_layout(id)?;
+        }
+        cluster.write_configs(&ids)?;
+        for &id in &ids {
+            cluster.set_member(id, true);
+        }
+        Ok(cluster)
+    }
+
+    fn add_peer_layout(&mut self, id: u64) -> Result<(), ClusterError> {
+        self.net.add_peer(id)?;
+        let ip = self.net.peer_ip(id);
+        let layout = PeerLayout {
+            id,
+            grpc: SocketAddr::new(ip.into(), GRPC_PORT),
+            admin: SocketAddr::new(ip.into(), ADMIN_PORT),
+            config: self.dir.join(format!("server-{id}.yaml")),
+            data_dir: self.dir.join(format!("server-{id}")),
+            log: self.dir.join(format!("server-{id}.log")),
+        };
+        self.peers.insert(
+            id,
+            Peer {
+                layout,
+                child: None,
+                starts: 0,
+                stopped: false,
+            },
+        );
+        Ok(())
+    }
+
+    /// Writes server.yaml for `ids`, each listing `ids` as the peers.
+    fn write_configs(&self, ids: &[u64]) -> Result<(), ClusterError> {
+        let all: Vec<PeerLayout> = ids.iter().map(|id| self.peers[id].layout.clone()).collect();
+        for layout in &all {
+            let yaml = server_yaml(layout, &all, &self.extra_yaml);
+            std::fs::write(&layout.config, yaml).map_err(|source| ClusterError::File {
+                path: layout.config.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Adds a fresh peer (namespace, config listing `listed` and itself)
+    /// that is not a member yet; start it with `spawn`.
+    pub fn prepare_new_peer(&mut self, id: u64, listed: &[u64]) -> Result<(), ClusterError> {
+        self.add_peer_layout(id)?;
+        let mut all: Vec<PeerLayout> = listed
+            .iter()
+            .map(|id| self.peers[id].layout.clone())
+            .collect();
+        all.push(self.peers[&id].layout.clone());
+        let layout = &self.peers[&id].layout;
+        let yaml = server_yaml(layout, &all, &self.extra_yaml);
+        std::fs::write(&layout.config, yaml).map_err(|source| ClusterError::File {
+            path: layout.config.clone(),
+            source,
+        })
+    }
+
+    pub fn set_member(&self, id: u64, member: bool) {
+        let mut members = self.members.write().unwrap_or_else(|p| p.into_inner());
+        if member {
+            members.insert(id, self.admin(id));
+        } else {
+            members.remove(&id);
+        }
+    }
+
+    pub fn member_ids(&self) -> Vec<u64> {
+        self.members
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    pub fn admin(&self, id: u64) -> String {
+        self.peers[&id].layout.admin_url()
+    }
+
+    pub fn grpc(&self, id: u64) -> String {
+        self.peers[&id].layout.grpc.to_string()
+    }
+
+    pub fn is_running(&self, id: u64) -> bool {
+        self.peers[&id].child.is_some()
+    }
+
+    /// Members whose process runs and is not paused.
+    pub fn live_members(&self) -> Vec<u64> {
+        self.member_ids()
+            .into_iter()
+            .filter(|id| self.peers[id].child.is_some() && !self.peers[id].stopped)
+            .collect()
+    }
+
+    pub fn log_path(&self, id: u64, start: u32) -> PathBuf {
+        self.peers[&id]
+            .layout
+            .log
+            .with_extension(format!("{start}.log"))
+    }
+
+    /// Starts (or restarts) peer `id` inside its namespace, in a process
+    /// group of its own.
+    pub fn spawn(&mut self, id: u64) -> Result<(), ClusterError> {
+        let ns = self.net.namespace(id).to_owned();
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        assert!(peer.child.is_none(), "peer {id} is already running");
+        peer.starts += 1;
+        let start = peer.starts;
+        let config = peer.layout.config.clone();
+        let log_path = self.log_path(id, start);
+        let log = std::fs::File::create(&log_path).map_err(|source| ClusterError::File {
+            path: log_path.clone(),
+            source,
+        })?;
+        let log_err = log.try_clone().map_err(|source| ClusterError::File {
+            path: log_path.clone(),
+            source,
+        })?;
+        // `ip netns exec` enters the namespace and execs the peer, so the
+        // pid is the peer's own.
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .arg(&self.bin)
+            .args(["server", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| ClusterError::Spawn {
+                id,
+                bin: self.bin.clone(),
+                source,
+            })?;
+        self.spawned.push(child.id());
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        peer.child = Some(child);
+        peer.stopped = false;
+        Ok(())
+    }
+
+    /// SIGKILL to the peer's whole group; no shutdown path runs.
+    pub fn kill(&mut self, id: u64) {
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        if let Some(mut child) = peer.child.take() {
+            signal_group(child.id(), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        peer.stopped = false;
+    }
+
+    pub fn pause(&mut self, id: u64) {
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        if let Some(child) = &peer.child {
+            signal_group(child.id(), libc::SIGSTOP);
+            peer.stopped = true;
+        }
+    }
+
+    pub fn resume(&mut self, id: u64) {
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        if let Some(child) = &peer.child {
+            signal_group(child.id(), libc::SIGCONT);
+        }
+        peer.stopped = false;
+    }
+
+    pub async fn get(&self, id: u64, path: &str) -> Result<(u16, Value), String> {
+        get_json(&self.http, &self.admin(id), path).await
+    }
+
+    /// This peer's view: (term, leader_id).
+    pub async fn leader_view(&self, id: u64) -> Option<(u64, Option<u64>)> {
+        match self.get(id, "/api/v1/cluster").await {
+            Ok((200, view)) => Some((view["term"].as_u64()?, view["leader_id"].as_u64())),
+            _ => None,
+        }
+    }
+
+    /// Waits until every live member names the same live leader.
+    pub async fn wait_leader(&self, within: Duration) -> Result<u64, ClusterError> {
+        let started = Instant::now();
+        loop {
+            let live = self.live_members();
+            let mut leaders = Vec::new();
+            for &id in &live {
+                leaders.push(self.leader_view(id).await.and_then(|(_, l)| l));
+            }
+            if let Some(Some(leader)) = leaders.first().copied()
+                && leaders.iter().all(|l| *l == Some(leader))
+                && live.contains(&leader)
+            {
+                return Ok(leader);
+            }
+            let last = format!("peers {live:?} name leaders {leaders:?}");
+            if started.elapsed() > within {
+                return Err(ClusterError::Timeout {
+                    what: "an agreed leader".into(),
+                    seconds: within.as_secs(),
+                    detail: format!("{last}\n{}", self.log_tails()),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The leader that one of `among` names right now, if any answers.
+    pub async fn wait_leader_among(&self, among: &[u64]) -> Option<u64> {
+        for &id in among {
+            if let Some((_, Some(leader))) = self.leader_view(id).await {
+                return Some(leader);
+            }
+        }
+        None
+    }
+
+    /// Peer `id`'s membership (`voter`, `learner`, or `None` when it is not
+    /// a member) as the first live member that answers sees it; `Err` when
+    /// none answers.
+    pub async fn membership_of(&self, id: u64) -> Result<Option<String>, String> {
+        for member in self.live_members() {
+            if let Ok((200, view)) = self.get(member, "/api/v1/cluster").await {
+                return Ok(view["peers"].as_array().and_then(|peers| {
+                    peers
+                        .iter()
+                        .find(|p| p["id"].as_u64() == Some(id))
+                        .and_then(|p| p["membership"].as_str().map(str::to_owned))
+                }));
+            }
+        }
+        Err("no live member answered GET /api/v1/cluster".into())
+    }
+
+    /// (last_applied_index, state_hash) as peer `id` reports itself.
+    pub async fn own_state(&self, id: u64) -> Option<(u64, String)> {
+        let (status, view) = self.get(id, "/api/v1/cluster").await.ok()?;
+        if status != 200 {
+            return None;
+        }
+        let me = view["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["id"].as_u64() == Some(id))?
+            .clone();
+        Some((
+            me["last_applied_index"].as_u64()?,
+            me["state_hash"].as_str()?.to_owned(),
+        ))
+    }
+
+    /// A Prometheus gauge or counter from peer `id`.
+    pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
+        let url = format!("{}/metrics", self.admin(id));
+        let text = self.http.get(&url).send().await.ok()?.text().await.ok()?;
+        text.lines().find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    /// The last lines of every peer log, for error messages.
+    pub fn log_tails(&self) -> String {
+        let mut out = String::new();
+        for (&id, peer) in &self.peers {
+            for start in 1..=peer.starts {
+                let path = self.log_path(id, start);
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(8)..].join("\n");
+                out.push_str(&format!("--- {} ---\n{tail}\n", path.display()));
+            }
+        }
+        out
+    }
+
+    /// Stops every peer (SIGCONT first, so a paused one can die) and
+    /// returns what is still alive afterwards: pids this run started and
+    /// any process left in its namespaces.
+    pub fn shutdown(&mut self) -> Vec<String> {
+        let ids: Vec<u64> = self.peers.keys().copied().collect();
+        for id in ids {
+            self.resume(id);
+            self.kill(id);
+        }
+        let mut left = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            left.clear();
+            for &pid in &self.spawned {
+                if is_alive(pid) {
+                    left.push(format!("pid {pid} started by this run is still alive"));
+                }
+            }
+            for (ns, pid) in self.net.pids() {
+                left.push(format!("pid {pid} still runs in namespace {ns}"));
+            }
+            if left.is_empty() || Instant::now() > deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for peer in self.peers.values_mut() {
+            if let Some(mut child) = peer.child.take() {
+                signal_group(child.id(), libc::SIGCONT);
+                signal_group(child.id(), libc::SIGKILL);
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+pub async fn get_json(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+) -> Result<(u16, Value), String> {
+    let url = format!("{base}{path}");
+    let response = http.get(&url).send().await.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let text = response.text().await.map_err(|e| e.to_string())?;
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, value))
+}

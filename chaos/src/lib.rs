@@ -1,0 +1,266 @@
+//! llmgw's chaos suite: a real three-peer cluster of the `llmgw` binary,
+//! each peer in its own network namespace, faults injected with the
+//! kernel (signals, nftables, netem), a recorded client load throughout,
+//! and invariants checked by name after every scenario.
+//!
+//! `llmgw chaos list` and `llmgw chaos run` call [`main`]; the tests in
+//! `chaos/tests` call [`scenario::run`] directly.
+
+pub mod cluster;
+pub mod history;
+pub mod invariants;
+pub mod linearizability;
+pub mod load;
+pub mod netns;
+pub mod scenario;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+pub use netns::preflight;
+pub use scenario::{CATALOGUE, RunOptions, RunReport, Scenario};
+
+/// `llmgw chaos`.
+#[derive(Debug, Args)]
+pub struct ChaosArgs {
+    #[command(subcommand)]
+    pub command: ChaosCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChaosCommand {
+    /// Name every scenario with what it does.
+    List,
+    /// Run scenarios against a fresh cluster each (needs root).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A scenario to run (repeatable).
+    #[arg(long = "scenario", value_name = "NAME")]
+    pub scenarios: Vec<String>,
+    /// Run the whole catalogue.
+    #[arg(long, conflicts_with = "scenarios")]
+    pub all: bool,
+    /// The first seed; it fixes each run's fault schedule. Random (and
+    /// printed) when left out.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seeds per scenario: seed, seed+1, ...
+    #[arg(long, default_value_t = 1)]
+    pub seeds: u64,
+    /// The llmgw binary the peers run; this binary by default.
+    #[arg(long, value_name = "PATH")]
+    pub llmgw_bin: Option<PathBuf>,
+    /// Where runs keep logs and data (a run with violations keeps them).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// Keep logs and histories of clean runs too.
+    #[arg(long)]
+    pub keep: bool,
+    /// Concurrent client workers during each run.
+    #[arg(long, default_value_t = 3)]
+    pub workers: usize,
+    /// Test-only: fabricate a second leader for one term, to see the
+    /// single-leader check fail.
+    #[arg(long, hide = true)]
+    pub forge_leader_sample: bool,
+}
+
+/// The catalogue as `llmgw chaos list` prints it.
+pub fn list() -> String {
+    let width = CATALOGUE.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    CATALOGUE
+        .iter()
+        .map(|s| format!("{:width$}  {}\n", s.name, s.about))
+        .collect()
+}
+
+/// The summary table of a set of runs.
+pub fn summary(reports: &[RunReport]) -> String {
+    let mut rows = vec![[
+        "scenario".to_owned(),
+        "seed".to_owned(),
+        "faults".to_owned(),
+        "ops (ok/failed/unknown)".to_owned(),
+        "invariants".to_owned(),
+        "violations".to_owned(),
+        "secs".to_owned(),
+    ]];
+    for r in reports {
+        rows.push([
+            r.scenario.to_owned(),
+            r.seed.to_string(),
+            r.faults.len().to_string(),
+            format!(
+                "{} ({}/{}/{})",
+                r.ops, r.ops_ok, r.ops_failed, r.ops_unknown
+            ),
+            r.checked.len().to_string(),
+            r.violations().to_string(),
+            format!("{:.0}", r.seconds),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7)
+        .map(|c| rows.iter().map(|row| row[c].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:w$}"))
+            .collect();
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+        if i == 0 {
+            let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+            out.push_str(&format!("|-{}-|\n", rule.join("-|-")));
+        }
+    }
+    let total_ops: usize = reports.iter().map(|r| r.ops).sum();
+    let total_violations: usize = reports.iter().map(RunReport::violations).sum();
+    out.push_str(&format!(
+        "{} runs, {total_ops} operations, {total_violations} violations\n",
+        reports.len()
+    ));
+    out
+}
+
+/// One run's invariants and violations, for the log.
+pub fn details(report: &RunReport) -> String {
+    let mut out = format!(
+        "{} seed {} (run {}): {} faults, {} operations\n",
+        report.scenario,
+        report.seed,
+        report.run_id,
+        report.faults.len(),
+        report.ops
+    );
+    for checked in &report.checked {
+        let verdict = if checked.violations.is_empty() {
+            "ok".to_owned()
+        } else {
+            format!("{} VIOLATION(S)", checked.violations.len())
+        };
+        out.push_str(&format!(
+            "  {:36} {verdict} ({})\n",
+            checked.name, checked.scope
+        ));
+        for violation in &checked.violations {
+            out.push_str(&format!("    - {violation}\n"));
+        }
+    }
+    if let Some(dir) = &report.kept {
+        out.push_str(&format!("  logs and history kept in {}\n", dir.display()));
+    }
+    out
+}
+
+/// `llmgw chaos ...`.
+pub fn main(args: ChaosArgs) -> ExitCode {
+    match args.command {
+        ChaosCommand::List => {
+            print!("{}", list());
+            ExitCode::SUCCESS
+        }
+        ChaosCommand::Run(run) => run_cli(run),
+    }
+}
+
+fn run_cli(args: RunArgs) -> ExitCode {
+    let scenarios: Vec<&'static Scenario> = if args.all {
+        CATALOGUE.iter().collect()
+    } else if args.scenarios.is_empty() {
+        eprintln!("llmgw chaos run: name a scenario with --scenario NAME, or use --all");
+        return ExitCode::from(2);
+    } else {
+        let mut chosen = Vec::new();
+        for name in &args.scenarios {
+            match scenario::find(name) {
+                Some(s) => chosen.push(s),
+                None => {
+                    eprintln!(
+                        "llmgw chaos run: no scenario named {name:?}; `llmgw chaos list` names them"
+                    );
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        chosen
+    };
+    if let Err(why) = preflight() {
+        eprintln!("llmgw chaos run: cannot run: {why}");
+        return ExitCode::FAILURE;
+    }
+    let bin = match args
+        .llmgw_bin
+        .clone()
+        .or_else(|| std::env::current_exe().ok())
+    {
+        Some(bin) => bin,
+        None => {
+            eprintln!("llmgw chaos run: cannot tell where the llmgw binary is; pass --llmgw-bin");
+            return ExitCode::FAILURE;
+        }
+    };
+    let first_seed = args.seed.unwrap_or_else(|| rand::random::<u32>() as u64);
+    let options = RunOptions {
+        bin,
+        work_dir: args
+            .work_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("llmgw-chaos")),
+        keep: args.keep,
+        workers: args.workers.max(1),
+        verbose: true,
+        forge_leader_sample: args.forge_leader_sample,
+    };
+    println!(
+        "chaos: {} scenario(s) x {} seed(s) from seed {first_seed}",
+        scenarios.len(),
+        args.seeds
+    );
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("llmgw chaos run: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut reports = Vec::new();
+    let mut errors = 0;
+    for scenario in scenarios {
+        for seed in first_seed..first_seed + args.seeds.max(1) {
+            match runtime.block_on(scenario::run(scenario, seed, &options)) {
+                Ok(report) => {
+                    print!("{}", details(&report));
+                    reports.push(report);
+                }
+                Err(error) => {
+                    errors += 1;
+                    eprintln!(
+                        "chaos: {} seed {seed} could not run: {error}\n  replay: llmgw chaos run --scenario {} --seed {seed}",
+                        scenario.name, scenario.name
+                    );
+                }
+            }
+        }
+    }
+    println!();
+    print!("{}", summary(&reports));
+    let violations: usize = reports.iter().map(RunReport::violations).sum();
+    for report in reports.iter().filter(|r| r.violations() > 0) {
+        println!(
+            "replay: llmgw chaos run --scenario {} --seed {}",
+            report.scenario, report.seed
+        );
+    }
+    if violations > 0 || errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,241 @@
+//! The bounded client load that runs through every scenario, and the
+//! sampler that asks every peer who leads in which term.
+//!
+//! Workers each keep one request in flight against a random member: `PUT`
+//! and `DELETE` on a few shared register keys, consistent `GET`s of them,
+//! and `PUT`s of fresh keys that are never touched again (so an
+//! acknowledged one must be on every peer at the end). Every value is
+//! unique to the run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+use crate::cluster::{Members, get_json};
+use crate::history::{History, OpRecord, Outcome};
+use crate::linearizability::{RegOp, RegRet};
+
+/// Register keys shared by all workers.
+pub const REGISTER_KEYS: usize = 6;
+/// Endpoint prefix that carries a written value.
+const VALUE_PREFIX: &str = "http://10.1.2.3:8000/v/";
+/// Longer than the server's own write deadline (10 s), so most answers are
+/// definite.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(12);
+
+pub fn register_key(i: usize) -> String {
+    format!("reg-{i}")
+}
+
+pub fn unique_key_prefix() -> &'static str {
+    "once-"
+}
+
+/// The value a model entry carries, if it is one of ours.
+pub fn value_of(model: &Value) -> Option<String> {
+    match model {
+        Value::String(s) => s.strip_prefix(VALUE_PREFIX).map(str::to_owned),
+        Value::Array(items) => items.iter().find_map(value_of),
+        Value::Object(map) => map.values().find_map(value_of),
+        _ => None,
+    }
+}
+
+pub fn model_body(key: &str, value: &str) -> String {
+    serde_json::json!({"name": key, "endpoints": [format!("{VALUE_PREFIX}{value}")]}).to_string()
+}
+
+/// The client every worker uses.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(CLIENT_TIMEOUT)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .expect("an HTTP client with default TLS settings")
+}
+
+/// One request's outcome from the HTTP exchange.
+fn classify_error(error: &reqwest::Error) -> Outcome {
+    if error.is_connect() {
+        // Refused or unroutable before any byte of the request left.
+        Outcome::Failed(format!("connect: {error}"))
+    } else if error.is_timeout() {
+        Outcome::Unknown(format!("timed out after {CLIENT_TIMEOUT:?}"))
+    } else {
+        Outcome::Unknown(format!("transport: {error}"))
+    }
+}
+
+/// Sends one operation to `base` and classifies the answer.
+pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) -> Outcome {
+    let path = format!("{base}/api/v1/models/{key}");
+    let request = match op {
+        RegOp::Write(value) => http
+            .put(&path)
+            .header("content-type", "application/json")
+            .body(model_body(key, value)),
+        RegOp::Delete => http.delete(&path),
+        RegOp::Read => http.get(format!("{path}?consistent=true")),
+    };
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => return classify_error(&error),
+    };
+    let status = response.status().as_u16();
+    let body = match response.text().await {
+        Ok(text) => text,
+        Err(error) => {
+            return Outcome::Unknown(format!("HTTP {status}, body cut off: {error}"));
+        }
+    };
+    match (op, status) {
+        (RegOp::Write(_), 200) => Outcome::Ok(RegRet::Ok),
+        // The server applied the write, then found the model gone when it
+        // read it back for the answer: a concurrent delete came after.
+        (RegOp::Write(_), 404) if body.contains("deleted concurrently") => Outcome::Ok(RegRet::Ok),
+        (RegOp::Delete, 204) => Outcome::Ok(RegRet::Ok),
+        (RegOp::Delete, 404) => Outcome::Ok(RegRet::NotFound),
+        (RegOp::Read, 200) => match serde_json::from_str::<Value>(&body)
+            .ok()
+            .as_ref()
+            .and_then(value_of)
+        {
+            Some(value) => Outcome::Ok(RegRet::Value(Some(value))),
+            None => Outcome::Unknown(format!("HTTP 200 without a value of ours: {body}")),
+        },
+        (RegOp::Read, 404) => Outcome::Ok(RegRet::Value(None)),
+        (_, 400..=499) => Outcome::Failed(format!("HTTP {status}: {body}")),
+        _ => Outcome::Unknown(format!("HTTP {status}: {body}")),
+    }
+}
+
+/// Runs `worker` until `stop`; each worker has its own seeded choices.
+pub async fn worker(
+    worker: usize,
+    seed: u64,
+    run_id: String,
+    members: Members,
+    history: History,
+    stop: Arc<AtomicBool>,
+    pause: Duration,
+) {
+    let http = client();
+    let mut rng = StdRng::seed_from_u64(seed ^ (0x9e37_79b9 * (worker as u64 + 1)));
+    let mut seq = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let peers: Vec<(u64, String)> = members
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, url)| (*id, url.clone()))
+            .collect();
+        if peers.is_empty() {
+            tokio::time::sleep(pause).await;
+            continue;
+        }
+        let (peer, base) = peers[rng.random_range(0..peers.len())].clone();
+        seq += 1;
+        let value = format!("{run_id}-w{worker}-{seq}");
+        let roll = rng.random_range(0..100);
+        let (key, op) = if roll < 15 {
+            (
+                format!("{}{run_id}-w{worker}-{seq}", unique_key_prefix()),
+                RegOp::Write(value),
+            )
+        } else {
+            let key = register_key(rng.random_range(0..REGISTER_KEYS));
+            let op = match roll {
+                15..=49 => RegOp::Write(value),
+                50..=64 => RegOp::Delete,
+                _ => RegOp::Read,
+            };
+            (key, op)
+        };
+        let id = history.next_id();
+        let invoke_us = history.now_us();
+        let outcome = perform(&http, &base, &key, &op).await;
+        let complete_us = history.now_us();
+        history.record(OpRecord {
+            id,
+            worker,
+            peer,
+            key,
+            op,
+            invoke_us,
+            complete_us,
+            outcome,
+        });
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// One peer's answer to "who leads?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderSample {
+    pub at_us: u64,
+    /// The peer that answered.
+    pub peer: u64,
+    pub term: u64,
+    pub leader: Option<u64>,
+}
+
+/// Asks every member `GET /api/v1/cluster` every `every` until `stop`.
+pub async fn sampler(
+    members: Members,
+    history: History,
+    stop: Arc<AtomicBool>,
+    every: Duration,
+) -> Vec<LeaderSample> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(800))
+        .build()
+        .expect("an HTTP client with default TLS settings");
+    let mut samples = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let peers: Vec<(u64, String)> = members
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, url)| (*id, url.clone()))
+            .collect();
+        let asks = peers.into_iter().map(|(id, base)| {
+            let http = http.clone();
+            let history = history.clone();
+            async move {
+                let at_us = history.now_us();
+                match get_json(&http, &base, "/api/v1/cluster").await {
+                    Ok((200, view)) => view["term"].as_u64().map(|term| LeaderSample {
+                        at_us,
+                        peer: id,
+                        term,
+                        leader: view["leader_id"].as_u64(),
+                    }),
+                    _ => None,
+                }
+            }
+        });
+        samples.extend(futures_join(asks).await.into_iter().flatten());
+        tokio::time::sleep(every).await;
+    }
+    samples
+}
+
+/// Runs the futures concurrently and collects their results in order.
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for handle in handles {
+        if let Ok(value) = handle.await {
+            out.push(value);
+        }
+    }
+    out
+}

@@ -1,0 +1,227 @@
+//! The chaos suite's CI subset: two short scenarios against a real cluster
+//! in network namespaces, and proof that the checks can fail.
+//!
+//! The scenarios need root and `ip netns`; without them each test prints
+//! `SKIPPED: <why>` and returns. They also need the `llmgw` binary: build
+//! it first with `cargo build -p llmgw-cli` (or point `LLMGW_BIN` at one);
+//! a missing binary fails the test with that instruction.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use llmgw_chaos::history::{OpRecord, Outcome};
+use llmgw_chaos::invariants;
+use llmgw_chaos::linearizability::{RegOp, RegRet};
+use llmgw_chaos::{RunOptions, RunReport, scenario};
+
+/// One cluster at a time: three peers with fsync each on a 2-core machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn llmgw_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("LLMGW_BIN") {
+        return PathBuf::from(path);
+    }
+    let test_exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let bin = profile_dir.join("llmgw");
+    assert!(
+        bin.exists(),
+        "{} does not exist: build it first with `cargo build -p llmgw-cli` (same profile and \
+         CARGO_TARGET_DIR as the tests), or point LLMGW_BIN at an llmgw binary",
+        bin.display()
+    );
+    bin
+}
+
+fn options(forge: bool) -> RunOptions {
+    RunOptions {
+        bin: llmgw_bin(),
+        work_dir: std::env::temp_dir().join("llmgw-chaos-tests"),
+        keep: false,
+        workers: 3,
+        verbose: true,
+        forge_leader_sample: forge,
+    }
+}
+
+/// Runs one scenario, or `None` (after saying why) where namespaces are
+/// not available.
+fn run(name: &str, seed: u64, forge: bool) -> Option<RunReport> {
+    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Err(why) = llmgw_chaos::preflight() {
+        println!("SKIPPED: {why}");
+        return None;
+    }
+    let scenario = scenario::find(name).expect("scenario in the catalogue");
+    let options = options(forge);
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let report = runtime
+        .block_on(scenario::run(scenario, seed, &options))
+        .unwrap_or_else(|e| panic!("{name} seed {seed} could not run: {e}"));
+    print!("{}", llmgw_chaos::details(&report));
+    print!("{}", llmgw_chaos::summary(std::slice::from_ref(&report)));
+    Some(report)
+}
+
+fn checked<'a>(report: &'a RunReport, name: &str) -> &'a invariants::Checked {
+    report
+        .checked
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("invariant {name} was not checked: {report:?}"))
+}
+
+#[test]
+fn leader_sigkill_keeps_every_invariant() {
+    let Some(report) = run("leader-sigkill", 1, false) else {
+        return;
+    };
+    for name in [
+        invariants::SINGLE_LEADER,
+        invariants::LEADER_AFTER_HEALING,
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+        invariants::LINEARIZABLE,
+        invariants::NO_LEFTOVERS,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    assert!(
+        report
+            .faults
+            .iter()
+            .filter(|f| f.contains("SIGKILL"))
+            .count()
+            >= 2,
+        "the leader was killed twice: {:?}",
+        report.faults
+    );
+    assert!(report.ops_ok >= 20, "the load ran: {report:?}");
+}
+
+#[test]
+fn a_forged_second_leader_is_reported_as_that_exact_violation() {
+    let Some(report) = run("leader-isolated-minority", 2, true) else {
+        return;
+    };
+    let single = checked(&report, invariants::SINGLE_LEADER);
+    assert_eq!(
+        single.violations.len(),
+        1,
+        "{}",
+        llmgw_chaos::details(&report)
+    );
+    let violation = &single.violations[0];
+    assert!(
+        violation.starts_with("term ") && violation.contains(" had 2 leaders: "),
+        "{violation}"
+    );
+    // Everything else held: the forged sample is the only violation.
+    assert_eq!(report.violations(), 1, "{}", llmgw_chaos::details(&report));
+    let kept = report
+        .kept
+        .as_ref()
+        .expect("a run with a violation keeps its logs");
+    assert!(kept.join("history.txt").exists());
+    let _ = std::fs::remove_dir_all(kept);
+}
+
+fn op(
+    id: u64,
+    key: &str,
+    op: RegOp,
+    outcome: Outcome,
+    invoke_us: u64,
+    complete_us: u64,
+) -> OpRecord {
+    OpRecord {
+        id,
+        worker: 0,
+        peer: 1,
+        key: key.to_owned(),
+        op,
+        invoke_us,
+        complete_us,
+        outcome,
+    }
+}
+
+#[test]
+fn a_fabricated_lost_write_fails_linearizability_and_presence() {
+    // The shape of a write acknowledged by a deposed leader: acked, then
+    // read as absent, and missing from a peer's catalog.
+    let ops = vec![
+        op(
+            1,
+            "reg-0",
+            RegOp::Write("a".into()),
+            Outcome::Ok(RegRet::Ok),
+            0,
+            10,
+        ),
+        op(
+            2,
+            "reg-0",
+            RegOp::Write("b".into()),
+            Outcome::Ok(RegRet::Ok),
+            20,
+            30,
+        ),
+        op(
+            3,
+            "reg-0",
+            RegOp::Read,
+            Outcome::Ok(RegRet::Value(Some("a".into()))),
+            40,
+            50,
+        ),
+        op(
+            4,
+            "once-x",
+            RegOp::Write("x1".into()),
+            Outcome::Ok(RegRet::Ok),
+            0,
+            5,
+        ),
+        op(
+            5,
+            "reg-1",
+            RegOp::Write("c".into()),
+            Outcome::Unknown("timed out".into()),
+            0,
+            5,
+        ),
+        op(
+            6,
+            "reg-1",
+            RegOp::Read,
+            Outcome::Ok(RegRet::Value(None)),
+            60,
+            70,
+        ),
+    ];
+    let lin = invariants::linearizable(&ops);
+    assert_eq!(lin.violations.len(), 1, "{lin:?}");
+    assert!(lin.violations[0].starts_with("key reg-0: "), "{lin:?}");
+    assert!(lin.violations[0].contains("op 3"), "{lin:?}");
+
+    let mut catalogs = BTreeMap::new();
+    catalogs.insert(
+        1,
+        Ok(BTreeMap::from([(
+            "once-x".to_owned(),
+            Some("x1".to_owned()),
+        )])),
+    );
+    catalogs.insert(2, Ok(BTreeMap::new()));
+    let present = invariants::acknowledged_writes(&ops, &catalogs);
+    assert_eq!(
+        present.violations,
+        vec!["peer 2 lacks 1 of 1 acknowledged writes: once-x".to_owned()]
+    );
+}
