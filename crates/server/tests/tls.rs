@@ -231,9 +231,29 @@ async fn a_rotated_peer_certificate_is_served_without_a_restart() {
     cluster.wait_converged().await;
 }
 
-/// `llmgw dev`, stopped with SIGTERM to its process group when dropped.
+/// `llmgw dev`, stopped with SIGTERM to its process group when dropped;
+/// then any engine an agent recorded is killed too.
 struct Dev {
     child: std::process::Child,
+    work: std::path::PathBuf,
+}
+
+impl Dev {
+    fn kill_engines(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.work) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() && entry.file_name().to_string_lossy().starts_with("agent-") {
+                for group in llmgw_dev::engine_groups(&path) {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-KILL", "--", &format!("-{group}")])
+                        .status();
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Dev {
@@ -245,6 +265,7 @@ impl Drop for Dev {
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
+                self.kill_engines();
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -253,6 +274,7 @@ impl Drop for Dev {
             .args(["-KILL", "--", &group])
             .status();
         let _ = self.child.wait();
+        self.kill_engines();
     }
 }
 
@@ -265,9 +287,17 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
     let _serial = support::one_at_a_time();
     let work = tempfile::tempdir().unwrap();
     let log = std::fs::File::create(work.path().join("dev.out")).unwrap();
+    // No demo catalog: agents connect, but no engine is started.
+    let router_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
     let _dev = Dev {
+        work: work.path().to_owned(),
         child: std::process::Command::new(support::llmgw_bin())
-            .args(["dev", "--work-dir"])
+            .args(["dev", "--no-demo", "--port", &router_port, "--work-dir"])
             .arg(work.path())
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -300,14 +330,49 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
             continue;
         };
         let view: serde_json::Value = response.json().await.unwrap();
-        if view["leader_id"].is_u64() {
+        let Some(leader) = view["leader_id"].as_u64() else {
+            continue;
+        };
+        // Every simulated node is connected to the leader, over mTLS.
+        let leader_api = dev["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"] == "server" && p["id"] == leader)
+            .and_then(|p| p["api"].as_str())
+            .unwrap()
+            .to_owned();
+        let Ok(response) = http.get(format!("{leader_api}/api/v1/nodes")).send().await else {
+            continue;
+        };
+        let nodes: serde_json::Value = response.json().await.unwrap_or_default();
+        let connected = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready" && n["stream"]["connected"] == true)
+            .count();
+        if connected == 3 {
             break (dev, view);
         }
     };
     let (dev, cluster) = view;
     assert_eq!(cluster["insecure"], false, "{cluster}");
-    let processes = dev["processes"].as_array().unwrap();
+    let processes: Vec<&serde_json::Value> = dev["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "server")
+        .collect();
     assert_eq!(processes.len(), 3);
+    for agent in ["h100-1", "h100-2", "l40s-1"] {
+        let yaml =
+            std::fs::read_to_string(work.path().join(format!("agent-{agent}.yaml"))).unwrap();
+        assert!(
+            yaml.contains("tls:") && !yaml.contains("insecure"),
+            "agent-{agent}.yaml: {yaml}"
+        );
+    }
     for process in processes {
         let id = process["id"].as_u64().unwrap();
         let yaml = std::fs::read_to_string(work.path().join(format!("server-{id}.yaml"))).unwrap();
