@@ -18,7 +18,7 @@ use llmgw_proto::agent::{
 use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::fencing::{TermCheck, TermStore};
 use crate::register;
@@ -47,6 +47,9 @@ pub struct StreamClient {
     /// Statuses taken from the supervisor but not yet sent.
     unsent: VecDeque<ShardStatus>,
     heartbeat_interval: Duration,
+    /// mTLS material (reloaded when its files change); `None` with
+    /// `insecure: true`.
+    tls: Option<llmgw_tls::Tls>,
 }
 
 /// Full jitter: uniform in [0, min(max, base * 2^attempt)], at least base/10
@@ -78,7 +81,14 @@ impl StreamClient {
             statuses,
             unsent: VecDeque::new(),
             heartbeat_interval,
+            tls: None,
         }
+    }
+
+    /// Dials with mTLS from `tls`; without it the stream is plaintext.
+    pub fn with_tls(mut self, tls: Option<llmgw_tls::Tls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Runs forever.
@@ -132,34 +142,12 @@ impl StreamClient {
     }
 
     async fn channel(&self, addr: &str) -> Result<Channel, String> {
-        let scheme = if self.config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))
-            .map_err(|e| format!("bad peer address {addr}: {e}"))?
+        let endpoint = llmgw_tls::endpoint(addr)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(10));
-        if let Some(tls) = &self.config.tls {
-            let read =
-                |p: &std::path::Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-            let config = tonic::transport::ClientTlsConfig::new()
-                .domain_name(host.trim_matches(['[', ']']))
-                .ca_certificate(tonic::transport::Certificate::from_pem(read(&tls.ca)?))
-                .identity(tonic::transport::Identity::from_pem(
-                    read(&tls.cert)?,
-                    read(&tls.key)?,
-                ));
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|e| format!("TLS setup for {addr}: {e}"))?;
-        }
-        endpoint
-            .connect()
+        llmgw_tls::connect(&endpoint, self.tls.as_ref())
             .await
             .map_err(|e| format!("connect {addr}: {}", error_chain(&e)))
     }

@@ -35,6 +35,13 @@ pub enum AgentError {
     },
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("tls: {0}")]
+    Tls(#[from] llmgw_tls::TlsError),
+    #[error(
+        "no `tls` section: add `tls` (ca, cert, key; `llmgw certs issue --node ID` makes a \
+         development one) or set `insecure: true` to run the stream plaintext"
+    )]
+    NoTransport,
 }
 
 /// The whole program: returns when SIGTERM or SIGINT arrives.
@@ -71,6 +78,25 @@ async fn run_from_file(path: &std::path::Path) -> Result<(), AgentError> {
 
 /// Runs the agent with a loaded config until SIGTERM or SIGINT.
 pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
+    // mTLS material first: a node that cannot prove who it is has nothing
+    // to do. The certificate must name this node; rotation is picked up by
+    // the next connection.
+    let tls = match &config.tls {
+        Some(files) => {
+            let tls = llmgw_tls::Tls::load(
+                llmgw_tls::TlsFiles {
+                    ca: files.ca.clone(),
+                    cert: files.cert.clone(),
+                    key: files.key.clone(),
+                },
+                llmgw_tls::Identity::Node(config.node_id.clone()),
+            )?;
+            tls.watch(llmgw_tls::RELOAD_INTERVAL);
+            Some(tls)
+        }
+        None if config.insecure => None,
+        None => return Err(AgentError::NoTransport),
+    };
     let inventory = llmgw_discovery::discover(&config.discovery, &config.fabrics);
     for warning in &inventory.warnings {
         tracing::warn!("discovery: {warning}");
@@ -107,7 +133,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             dir: config.supervisor.work_dir.clone(),
             source,
         })?;
-    let client = StreamClient::new(config, inventory, supervisor, terms, events_rx);
+    let client = StreamClient::new(config, inventory, supervisor, terms, events_rx).with_tls(tls);
     let stream = tokio::spawn(client.run());
     wait_for_exit_signal().await;
     tracing::info!("exiting; engines keep running and the next agent adopts them");

@@ -31,19 +31,11 @@ enum Command {
     /// Start a whole local cluster with simulated GPUs and engines.
     Dev(llmgw_dev::DevArgs),
     /// Create a development CA and certificates.
-    Certs(NotBuilt),
+    Certs(llmgw_tls::CertsArgs),
     /// Run the fault-injection suite against a real cluster.
     Chaos(llmgw_chaos::ChaosArgs),
     /// Work with llmgw's config files.
     Config(ConfigArgs),
-}
-
-/// Arguments of a subcommand that is not built yet; accepted so the message
-/// below is what the user sees, not a parse error.
-#[derive(Args)]
-struct NotBuilt {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -56,14 +48,6 @@ struct ConfigArgs {
 enum ConfigCommand {
     /// Validate agent, server, router and models files; print every problem.
     Check(config_check::CheckArgs),
-}
-
-fn not_built(name: &str) -> ExitCode {
-    eprintln!(
-        "llmgw {name}: not built yet in this version of llmgw; nothing was started. \
-         See README.md for what works today."
-    );
-    ExitCode::from(2)
 }
 
 /// Runs an async subcommand on a fresh runtime; `logs` turns on tracing
@@ -116,7 +100,16 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Command::Dev(args) => run_async(true, async { Ok(llmgw_dev::run_dev(args).await?) }),
-        Command::Certs(_) => not_built("certs"),
+        Command::Certs(args) => match llmgw_tls::run_certs(args) {
+            Ok(out) => {
+                print!("{out}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("llmgw certs: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Chaos(args) => llmgw_chaos::main(args),
     }
 }

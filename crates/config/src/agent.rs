@@ -150,8 +150,8 @@ impl AgentConfig {
         let mut out = Vec::new();
         if self.tls.is_none() && !self.insecure {
             out.push(
-                "no `tls` section: the agent stream would be plaintext; add `tls` (ca, cert, key) \
-                 or set `insecure: true` to say plaintext is intended"
+                "no `tls` section and no `insecure: true`: `llmgw agent` refuses to start; add \
+                 `tls` (ca, cert, key) or set `insecure: true` to say plaintext is intended"
                     .to_string(),
             );
         }

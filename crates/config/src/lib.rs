@@ -7,6 +7,7 @@
 //! and documented in docs/configuration.md. Relative paths inside a file are
 //! resolved against the file's folder.
 
+mod admin;
 mod agent;
 mod check;
 mod common;
@@ -14,6 +15,7 @@ mod kind;
 mod router;
 mod server;
 
+pub use admin::{AdminConfig, AdminRole, AdminToken, MIN_TOKEN_CHARS, Secret, TokenSource};
 pub use agent::{
     AgentConfig, DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, DiscoveryConfig, EngineVersion,
     EnginesConfig, FabricConfig, SglangConfig, SupervisorConfig, VllmConfig,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use llmgw_yaml::{Cx, Decode, Node, Path};
 use serde::Serialize;
 
+use crate::admin::AdminConfig;
 use crate::common::{
     ConfigError, TlsConfig, check_host_port, decode_transport, read_file, relative_to,
 };
@@ -32,6 +33,8 @@ pub struct ServerConfig {
     pub liveness: LivenessConfig,
     pub tls: Option<TlsConfig>,
     pub insecure: bool,
+    /// Admin API tokens; none leaves the API open.
+    pub admin: AdminConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -96,6 +99,10 @@ impl ServerConfig {
         config.data_dir = relative_to(path, config.data_dir);
         config.catalog = config.catalog.map(|c| relative_to(path, c));
         config.tls = config.tls.map(|t| t.resolve(path));
+        config.admin.tokens = std::mem::take(&mut config.admin.tokens)
+            .into_iter()
+            .map(|t| t.resolve(path))
+            .collect();
         Ok(config)
     }
 
@@ -113,7 +120,8 @@ impl ServerConfig {
         let mut out = Vec::new();
         if self.tls.is_none() && !self.insecure {
             out.push(
-                "no `tls` section: peer and agent links would be plaintext; add `tls` or set `insecure: true`"
+                "no `tls` section and no `insecure: true`: `llmgw server` refuses to start; add \
+                 `tls` (ca, cert, key) or set `insecure: true` for plaintext on a trusted network"
                     .to_string(),
             );
         }
@@ -122,6 +130,12 @@ impl ServerConfig {
                 "insecure: true — gRPC links are plaintext; use only on a trusted network"
                     .to_string(),
             );
+        }
+        if self.admin.tokens.is_empty() {
+            out.push(format!(
+                "no `admin.tokens`: the admin API on {} is open to anyone who can reach it",
+                self.admin_listen
+            ));
         }
         if self.peers.len().is_multiple_of(2) {
             out.push(format!(
@@ -147,6 +161,7 @@ const SERVER_KEYS: &[&str] = &[
     "liveness",
     "tls",
     "insecure",
+    "admin",
 ];
 
 impl Decode for ServerConfig {
@@ -199,6 +214,7 @@ impl Decode for ServerConfig {
             liveness,
             tls,
             insecure,
+            admin: f.or(cx, "admin", AdminConfig::default()),
         })
     }
 }

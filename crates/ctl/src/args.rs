@@ -22,6 +22,10 @@ pub struct CtlArgs {
         default_value = "http://127.0.0.1:7480"
     )]
     pub api: Vec<String>,
+    /// Admin API bearer token (a read token for reads, a write token for
+    /// changes). Prefer the environment variable: a flag shows in `ps`.
+    #[arg(long, global = true, env = "LLMGW_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,

@@ -26,10 +26,12 @@ pub enum CtlError {
 pub struct AdminClient {
     bases: Vec<String>,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer`; never printed.
+    token: Option<String>,
 }
 
 impl AdminClient {
-    pub fn new(bases: Vec<String>) -> Result<Self, CtlError> {
+    pub fn new(bases: Vec<String>, token: Option<String>) -> Result<Self, CtlError> {
         let bases: Vec<String> = bases
             .into_iter()
             .map(|b| b.trim().trim_end_matches('/').to_owned())
@@ -45,7 +47,8 @@ impl AdminClient {
             .timeout(Duration::from_secs(70))
             .build()
             .map_err(|e| CtlError::Usage(format!("cannot build an HTTP client: {e}")))?;
-        Ok(Self { bases, http })
+        let token = token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
+        Ok(Self { bases, http, token })
     }
 
     /// Sends the request to each peer in turn until one answers; returns the
@@ -60,6 +63,9 @@ impl AdminClient {
         for base in &self.bases {
             let url = format!("{base}{path}");
             let mut request = self.http.request(method.clone(), &url);
+            if let Some(token) = &self.token {
+                request = request.bearer_auth(token);
+            }
             if let Some((content_type, bytes)) = &body {
                 request = request
                     .header(reqwest::header::CONTENT_TYPE, *content_type)
@@ -84,10 +90,13 @@ impl AdminClient {
                     message: format!("the answer is not JSON: {e}"),
                 });
             }
-            let message = serde_json::from_str::<serde_json::Value>(&text)
+            let mut message = serde_json::from_str::<serde_json::Value>(&text)
                 .ok()
                 .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
                 .unwrap_or(text);
+            if status == StatusCode::UNAUTHORIZED && self.token.is_none() {
+                message.push_str(" (no token was sent: set LLMGW_TOKEN or pass --token)");
+            }
             return Err(CtlError::Api {
                 url,
                 status,
@@ -118,6 +127,7 @@ impl AdminClient {
             let leader_client = AdminClient {
                 bases: vec![admin.trim_end_matches('/').to_owned()],
                 http: self.http.clone(),
+                token: self.token.clone(),
             };
             if let Ok(value) = leader_client.call(Method::GET, path, None).await {
                 return Ok(value);

@@ -12,7 +12,7 @@ use crate::table::Table;
 /// Runs the command and returns what to print; with `--watch`, prints it
 /// every 2 seconds until interrupted.
 pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
-    let client = AdminClient::new(args.api.clone())?;
+    let client = AdminClient::new(args.api.clone(), args.token.clone())?;
     crate::table::set_colour(args.output == OutputFormat::Table && std::io::stdout().is_terminal());
     if !args.watch {
         return once(&client, &args).await;
@@ -233,8 +233,13 @@ fn render_cluster(value: &Value) -> String {
             text(&peer["state_hash"]),
         ]);
     }
+    let transport = match value["insecure"].as_bool() {
+        Some(true) => "  transport: INSECURE (plaintext gRPC)",
+        Some(false) => "  transport: mTLS",
+        None => "",
+    };
     format!(
-        "leader: {}  term: {}\n{}",
+        "leader: {}  term: {}{transport}\n{}",
         text(&value["leader_id"]),
         text(&value["term"]),
         table.render()
@@ -381,19 +386,26 @@ mod tests {
     #[test]
     fn cluster_table_shows_each_peer() {
         let value = serde_json::json!({
-            "leader_id": 1, "term": 3,
+            "leader_id": 1, "insecure": false, "term": 3,
             "peers": [{"id": 1, "addr": "127.0.0.1:7443", "role": "leader", "membership": "voter",
                        "term": 3, "last_log_index": 9, "last_applied_index": 9, "state_hash": "00ff"}]
         });
         let out = render_cluster(&value);
-        assert!(out.starts_with("leader: 1  term: 3\n"));
+        assert!(
+            out.starts_with("leader: 1  term: 3  transport: mTLS\n"),
+            "{out}"
+        );
         assert!(out.contains("127.0.0.1:7443  leader"));
+        let insecure = render_cluster(
+            &serde_json::json!({"leader_id": 1, "term": 3, "insecure": true, "peers": []}),
+        );
+        assert!(insecure.contains("transport: INSECURE"), "{insecure}");
     }
 
     #[tokio::test]
     async fn unreachable_peers_are_named_with_what_to_do_next() {
         // Port 9 (discard) on loopback is closed on test machines.
-        let client = AdminClient::new(vec!["http://127.0.0.1:9".into()]).unwrap();
+        let client = AdminClient::new(vec!["http://127.0.0.1:9".into()], None).unwrap();
         let error = client
             .call(Method::GET, "/api/v1/cluster", None)
             .await

@@ -23,6 +23,10 @@ pub struct DevArgs {
     /// Start with an empty catalog instead of the demo models.
     #[arg(long)]
     pub no_demo: bool,
+    /// Plaintext gRPC between the processes (`insecure: true`). By default
+    /// every gRPC link is mTLS with a CA made in `<work-dir>/tls`.
+    #[arg(long)]
+    pub insecure: bool,
     /// Seconds to wait for a leader, the nodes and the demo replicas.
     #[arg(long, default_value_t = 180)]
     pub ready_timeout_s: u64,

@@ -70,9 +70,23 @@ pub fn plan_peers(work_dir: &Path, count: u64) -> std::io::Result<Vec<PeerLayout
         .collect()
 }
 
-/// The server.yaml of one local peer. `extra` is appended verbatim (tests
-/// use it for small snapshot thresholds).
+/// The server.yaml of one local peer, plaintext (`insecure: true`). `extra`
+/// is appended verbatim (tests use it for small snapshot thresholds).
 pub fn server_yaml(peer: &PeerLayout, all: &[PeerLayout], extra: &str) -> String {
+    server_yaml_with(peer, all, "insecure: true\n", extra)
+}
+
+/// The server.yaml of one local peer with mTLS from `tls`.
+pub fn server_yaml_tls(
+    peer: &PeerLayout,
+    all: &[PeerLayout],
+    tls: &llmgw_tls::TlsFiles,
+    extra: &str,
+) -> String {
+    server_yaml_with(peer, all, &crate::certs::tls_yaml(tls), extra)
+}
+
+fn server_yaml_with(peer: &PeerLayout, all: &[PeerLayout], transport: &str, extra: &str) -> String {
     let mut out = format!(
         "# Written by `llmgw dev`: peer {id} of a local cluster on 127.0.0.1.\n\
          id: {id}\n\
@@ -80,7 +94,7 @@ pub fn server_yaml(peer: &PeerLayout, all: &[PeerLayout], extra: &str) -> String
          grpc_listen: {grpc}\n\
          admin_listen: {admin}\n\
          router_listen: null\n\
-         insecure: true\n\
+         {transport}\
          peers:\n",
         id = peer.id,
         data = peer.data_dir.display(),
@@ -123,5 +137,17 @@ mod tests {
         for peer in &peers {
             assert!(yaml.contains(&peer.admin_url()));
         }
+        assert!(config.insecure && config.tls.is_none());
+
+        let files = crate::certs::peer_tls(dir.path(), 2).unwrap();
+        let yaml = server_yaml_tls(&peers[1], &peers, &files, "");
+        let config = llmgw_config::ServerConfig::parse("server-2.yaml", &yaml)
+            .expect("valid server.yaml with tls");
+        assert!(!config.insecure);
+        let tls = config.tls.expect("a tls section");
+        assert_eq!(
+            (tls.ca, tls.cert, tls.key),
+            (files.ca, files.cert, files.key)
+        );
     }
 }

@@ -4,9 +4,12 @@
 //! `llmgw-engine-sim` as the engine), and `llmgw router` on the OpenAI
 //! port; seeds a demo catalog; shows progress until the demo models serve;
 //! writes every config and `dev.json` into the work directory; and stops
-//! everything it started, engines included, on SIGINT or SIGTERM.
+//! everything it started, engines included, on SIGINT or SIGTERM. Every
+//! gRPC link is mTLS with a development CA in `<work-dir>/tls` ([`certs`])
+//! unless `--insecure` is given.
 
 mod args;
+pub mod certs;
 mod demo;
 mod layout;
 mod nodes;
@@ -15,6 +18,9 @@ mod run;
 
 pub use args::DevArgs;
 pub use demo::demo_catalog;
-pub use layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml};
-pub use nodes::{A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml};
+pub use layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};
+pub use nodes::{
+    A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml,
+    agent_yaml_tls,
+};
 pub use run::{DevError, engine_groups, run_dev};

@@ -68,14 +68,39 @@ pub struct SimEngines {
     pub env: Vec<(String, String)>,
 }
 
-/// The agent.yaml of a simulated node. `fixtures` is the
-/// `deploy/fixtures/nodes` directory; `servers` every peer's gRPC address,
-/// in the order this agent tries them.
+/// The agent.yaml of a simulated node, plaintext (`insecure: true`).
+/// `fixtures` is the `deploy/fixtures/nodes` directory; `servers` every
+/// peer's gRPC address, in the order this agent tries them.
 pub fn agent_yaml(
     agent: &AgentLayout,
     servers: &[String],
     fixtures: &Path,
     engines: &SimEngines,
+    extra: &str,
+) -> String {
+    agent_yaml_with(agent, servers, fixtures, engines, "insecure: true\n", extra)
+}
+
+/// The agent.yaml of a simulated node with mTLS from `tls` (a certificate
+/// naming this node, see [`crate::certs::node_tls`]).
+pub fn agent_yaml_tls(
+    agent: &AgentLayout,
+    servers: &[String],
+    fixtures: &Path,
+    engines: &SimEngines,
+    tls: &llmgw_tls::TlsFiles,
+    extra: &str,
+) -> String {
+    let transport = crate::certs::tls_yaml(tls);
+    agent_yaml_with(agent, servers, fixtures, engines, &transport, extra)
+}
+
+fn agent_yaml_with(
+    agent: &AgentLayout,
+    servers: &[String],
+    fixtures: &Path,
+    engines: &SimEngines,
+    transport: &str,
     extra: &str,
 ) -> String {
     let quoted: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
@@ -88,7 +113,7 @@ pub fn agent_yaml(
          heartbeat_interval: 500ms\n\
          reconnect_base: 200ms\n\
          reconnect_max: 2s\n\
-         insecure: true\n",
+         {transport}",
         id = agent.node_id,
         kind = agent.kind.name,
         servers = quoted.join(", "),

@@ -8,9 +8,10 @@ use tokio::process::{Child, Command};
 
 use crate::args::DevArgs;
 use crate::demo::demo_catalog;
-use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml};
+use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 use crate::nodes::{
     A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml,
+    agent_yaml_tls,
 };
 use crate::progress::{Progress, wait_serving};
 
@@ -32,6 +33,8 @@ pub enum DevError {
         status: String,
         log: PathBuf,
     },
+    #[error("cannot make the development certificates: {0}")]
+    Certs(#[from] llmgw_tls::TlsError),
     #[error("{what} within {timeout:?}: {detail}; logs are in {work_dir}")]
     NotReady {
         what: &'static str,
@@ -150,6 +153,14 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
         return Err(error);
     }
     print!("{}", render(&running, &work_dir, &router_addr));
+    if args.insecure {
+        println!("gRPC: plaintext (--insecure)");
+    } else {
+        println!(
+            "gRPC: mTLS on every link; CA and certificates in {}",
+            crate::certs::tls_dir(&work_dir).display()
+        );
+    }
     println!("Press Ctrl-C to stop everything.");
 
     tokio::select! {
@@ -172,7 +183,12 @@ async fn start_all(
 ) -> Result<(), DevError> {
     let timeout = Duration::from_secs(args.ready_timeout_s);
     for layout in layouts {
-        let yaml = server_yaml(layout, layouts, extra);
+        let yaml = if args.insecure {
+            server_yaml(layout, layouts, extra)
+        } else {
+            let tls = crate::certs::peer_tls(work_dir, layout.id)?;
+            server_yaml_tls(layout, layouts, &tls, extra)
+        };
         std::fs::write(&layout.config, yaml).map_err(io("cannot write", &layout.config))?;
         std::fs::create_dir_all(&layout.data_dir).map_err(io("cannot create", &layout.data_dir))?;
         let mut process = DevProcess {
@@ -207,7 +223,12 @@ async fn start_all(
         let mut order = servers.clone();
         let len = order.len();
         order.rotate_left(i % len);
-        let yaml = agent_yaml(agent, &order, &fixtures, &engines, "");
+        let yaml = if args.insecure {
+            agent_yaml(agent, &order, &fixtures, &engines, "")
+        } else {
+            let tls = crate::certs::node_tls(work_dir, &agent.node_id)?;
+            agent_yaml_tls(agent, &order, &fixtures, &engines, &tls, "")
+        };
         std::fs::write(&agent.config, yaml).map_err(io("cannot write", &agent.config))?;
         let mut process = DevProcess {
             role: "agent".to_owned(),

@@ -73,12 +73,15 @@ pub enum StartError {
 
 impl ControlPlane {
     /// Opens the store in `data_dir` and starts the Raft node. The node
-    /// joins or forms a cluster once [`ControlPlane::bootstrap`] runs.
+    /// joins or forms a cluster once [`ControlPlane::bootstrap`] runs. With
+    /// `tls`, every connection to another peer is mTLS with that material;
+    /// `None` is plaintext (`insecure: true`).
     pub async fn start(
         id: u64,
         data_dir: &Path,
         settings: RaftSettings,
         peers: Vec<PeerSpec>,
+        tls: Option<llmgw_tls::Tls>,
     ) -> Result<Self, StartError> {
         let configured: BTreeMap<u64, PeerNode> =
             peers.into_iter().map(|p| (p.id, p.node)).collect();
@@ -90,7 +93,7 @@ impl ControlPlane {
         let pristine_at_start = store.is_pristine();
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
-        let peer_net = Peers::new(id, settings.rpc_timeout);
+        let peer_net = Peers::new(id, settings.rpc_timeout, tls);
         let factory = NetworkFactory {
             peers: peer_net.clone(),
         };

@@ -18,7 +18,7 @@ mod status;
 
 pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
 pub use error::ControlError;
-pub use service::raft_grpc_service;
+pub use service::{RaftGrpcService, raft_grpc_service};
 pub use settings::RaftSettings;
 pub use status::{PeerStatus, PeerView};
 

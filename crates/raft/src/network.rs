@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use llmgw_proto::raft::raft_service_client::RaftServiceClient;
 use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
 use llmgw_store::{PeerNode, SnapshotData, TypeConfig};
+use llmgw_tls::Tls;
 use openraft::error::{
     NetworkError, RPCError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
@@ -19,7 +20,7 @@ use openraft::raft::{
 use openraft::{RaftNetworkV2, alias::SnapshotOf, alias::VoteOf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Snapshot chunks stay well under tonic's default 4 MiB message limit.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
@@ -33,31 +34,34 @@ const DOWN_HOLD: Duration = Duration::from_millis(200);
 pub(crate) struct Peers {
     self_id: u64,
     connect_timeout: Duration,
+    /// mTLS material for dialing; `None` on a plaintext (`insecure`) peer.
+    tls: Option<Tls>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     down_since: Arc<Mutex<HashMap<u64, Instant>>>,
 }
 
 impl Peers {
-    pub(crate) fn new(self_id: u64, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(self_id: u64, connect_timeout: Duration, tls: Option<Tls>) -> Self {
         Self {
             self_id,
             connect_timeout,
+            tls,
             channels: Arc::default(),
             down_since: Arc::default(),
         }
     }
 
-    /// A client for `addr`; connections are made lazily and reused.
+    /// A client for `addr`; connections are made lazily and reused. With
+    /// mTLS each new connection dials with the certificate current then.
     pub(crate) fn client(&self, addr: &str) -> Result<RaftServiceClient<Channel>, String> {
         let mut channels = self.channels.lock().expect("channel cache poisoned");
         if let Some(channel) = channels.get(addr) {
             return Ok(RaftServiceClient::new(channel.clone()));
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| format!("bad peer address {addr:?}: {e}"))?
+        let endpoint = llmgw_tls::endpoint(addr)?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        let channel = llmgw_tls::connect_lazy(&endpoint, self.tls.as_ref());
         channels.insert(addr.to_owned(), channel.clone());
         Ok(RaftServiceClient::new(channel)
             .max_decoding_message_size(64 << 20)

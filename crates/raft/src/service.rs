@@ -5,16 +5,25 @@ use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
 use llmgw_store::TypeConfig;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::control::ControlPlane;
 use crate::forward::ForwardRequest;
 
-/// The tonic service to mount on this peer's gRPC listener.
-pub fn raft_grpc_service(control: ControlPlane) -> RaftServiceServer<RaftGrpc> {
-    RaftServiceServer::new(RaftGrpc { control })
+/// The Raft service with its caller check.
+pub type RaftGrpcService = InterceptedService<RaftServiceServer<RaftGrpc>, CallerCheck>;
+type CallerCheck = fn(Request<()>) -> Result<Request<()>, Status>;
+
+/// The tonic service to mount on this peer's gRPC listener, served through
+/// [`llmgw_tls::incoming`]: on an mTLS listener only callers with a peer
+/// certificate get through, so an agent's certificate cannot vote, append
+/// or forward.
+pub fn raft_grpc_service(control: ControlPlane) -> RaftGrpcService {
+    let service = RaftServiceServer::new(RaftGrpc { control })
         .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    InterceptedService::new(service, llmgw_tls::require_peer as CallerCheck)
 }
 
 pub struct RaftGrpc {

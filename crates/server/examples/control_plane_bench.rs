@@ -5,7 +5,8 @@
 //! `cargo build -p llmgw-cli && cargo run -p llmgw-server --example control_plane_bench`
 //! (release: add `--release` to both). `FAILOVERS=N` changes the number of
 //! leader kills (default 20); `WRITE_SECONDS=S` the length of each
-//! throughput run (default 5).
+//! throughput run (default 5). `TLS=1` runs the peers with mTLS (the
+//! default, plaintext, is `insecure: true`).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -33,7 +34,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn main() {
     let failovers = env_u64("FAILOVERS", 20);
     let write_seconds = env_u64("WRITE_SECONDS", 5);
-    let mut cluster = Cluster::start("");
+    let tls = env_u64("TLS", 0) == 1;
+    println!("peer transport: {}", if tls { "mTLS" } else { "plaintext" });
+    let mut cluster = if tls {
+        Cluster::start_tls("")
+    } else {
+        Cluster::start("")
+    };
     cluster.wait_leader().await;
     cluster.put_model(1, "warm-up").await.expect("first write");
 

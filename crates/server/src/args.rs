@@ -6,8 +6,12 @@ use clap::Args;
 use llmgw_config::ServerConfig;
 use llmgw_raft::{PeerNode, PeerSpec, RaftSettings};
 
+use llmgw_tls::TlsFiles;
+
 use crate::agents::LivenessSettings;
+use crate::auth::AdminAuth;
 use crate::reconcile::PlanSettings;
+use crate::security::Security;
 use crate::serve::{ServerError, ServerOptions, serve, shutdown_signal};
 
 /// Run one control-plane peer.
@@ -46,14 +50,23 @@ pub fn options_from(
     config: &ServerConfig,
     file: &std::path::Path,
 ) -> Result<ServerOptions, ServerError> {
-    if config.tls.is_some() && !config.insecure {
+    if config.tls.is_none() && !config.insecure {
         return Err(ServerError::Config(format!(
-            "{}: `tls` is set, but this llmgw server does not yet speak TLS on the peer \
-             transport; remove `tls` and set `insecure: true` to run plaintext on a trusted \
+            "{}: no `tls` section: add `tls` (ca, cert, key; `llmgw certs` makes development \
+             ones, see docs/security.md) or set `insecure: true` to run plaintext on a trusted \
              network",
             file.display()
         )));
     }
+    let security = Security {
+        tls: config.tls.as_ref().map(|tls| TlsFiles {
+            ca: tls.ca.clone(),
+            cert: tls.cert.clone(),
+            key: tls.key.clone(),
+        }),
+        admin: AdminAuth::from_config(&config.admin.tokens)
+            .map_err(|e| ServerError::Config(format!("{}: {e}", file.display())))?,
+    };
     let timing = &config.raft;
     let raft = RaftSettings {
         heartbeat_interval: timing.heartbeat_interval,
@@ -86,6 +99,7 @@ pub fn options_from(
         admin_listen: config.admin_listen,
         peers,
         raft,
+        security,
         liveness: LivenessSettings {
             ttl: config.liveness.node_ttl,
             lost_after: config.liveness.lost_after,

@@ -11,6 +11,9 @@
 pub mod agents;
 mod api;
 mod args;
+mod auth;
+mod security;
+
 mod model_spec;
 pub mod reconcile;
 pub mod routes;
@@ -18,5 +21,7 @@ mod serve;
 
 pub use api::{ApiState, router};
 pub use args::{ServerArgs, options_from, run_server};
+pub use auth::AdminAuth;
+pub use security::Security;
 
 pub use serve::{ServerError, ServerOptions, serve, shutdown_signal};

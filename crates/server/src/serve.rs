@@ -14,6 +14,7 @@ use llmgw_state::Command;
 use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
 use crate::api::{self, ApiState};
 use crate::reconcile::{PlanSettings, run_reconciler};
+use crate::security::Security;
 
 /// Everything a peer needs to run, resolved from server.yaml.
 #[derive(Debug, Clone)]
@@ -24,6 +25,7 @@ pub struct ServerOptions {
     pub admin_listen: SocketAddr,
     pub peers: Vec<PeerSpec>,
     pub raft: RaftSettings,
+    pub security: Security,
     pub liveness: LivenessSettings,
     pub placement: PlanSettings,
     /// The OpenAI router inside this peer; `None` runs none.
@@ -60,11 +62,15 @@ pub async fn serve(
             data_dir.display()
         ))
     })?;
+    let tls = options
+        .security
+        .start(options.id, options.grpc_listen, options.admin_listen)?;
     let control = ControlPlane::start(
         options.id,
         &data_dir,
         options.raft.clone(),
         options.peers.clone(),
+        tls.clone(),
     )
     .await?;
     let grpc_listener = TcpListener::bind(options.grpc_listen)
@@ -81,10 +87,6 @@ pub async fn serve(
             addr: options.admin_listen,
             source,
         })?;
-    tracing::warn!(
-        "the peer transport is plaintext gRPC; keep {} on a trusted network",
-        options.grpc_listen
-    );
     tracing::info!(
         id = options.id,
         grpc = %options.grpc_listen,
@@ -145,7 +147,8 @@ pub async fn serve(
         .add_service(llmgw_raft::raft_grpc_service(control.clone()))
         .add_service(agents.into_service())
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            // mTLS handshakes here; handlers see the caller's identity.
+            llmgw_tls::incoming(grpc_listener, tls),
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
@@ -161,10 +164,16 @@ pub async fn serve(
 
     let app = api::router(ApiState {
         control: control.clone(),
+        insecure: options.security.insecure(),
         hub,
         placement: options.placement.clone(),
     });
-    let admin = axum::serve(admin_listener, app).with_graceful_shutdown(stopped(stop_rx));
+    let app = options.security.admin.protect(app);
+    let admin = axum::serve(
+        admin_listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(stopped(stop_rx));
     let admin_result = admin.await;
     drop(router);
     control.shutdown().await;

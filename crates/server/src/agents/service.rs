@@ -90,10 +90,9 @@ impl AgentService for AgentStreams {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let remote = request
-            .remote_addr()
+        let (_, extensions, mut inbound) = request.into_parts();
+        let remote = llmgw_tls::remote_addr(&extensions)
             .map_or_else(|| "unknown address".to_owned(), |a| a.to_string());
-        let mut inbound = request.into_inner();
         let first = match tokio::time::timeout(REGISTER_TIMEOUT, inbound.message()).await {
             Err(_) => {
                 tracing::warn!(%remote, "agent stream sent no Register within {REGISTER_TIMEOUT:?}");
@@ -112,6 +111,8 @@ impl AgentService for AgentStreams {
                 "the first message on the stream must be Register",
             ));
         };
+        // With mTLS, only the node the certificate names may register.
+        llmgw_tls::check_node_identity(&extensions, &register.node_id)?;
         let facts = node_facts(&register).map_err(|why| {
             tracing::warn!(%remote, "refused a registration: {why}");
             Status::invalid_argument(why)

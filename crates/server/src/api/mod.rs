@@ -27,6 +27,8 @@ pub struct ApiState {
     /// Agent sessions; populated on the leader only.
     pub hub: Arc<Hub>,
     pub placement: PlanSettings,
+    /// gRPC links are plaintext (`insecure: true`); shown in /api/v1/cluster.
+    pub insecure: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -14,6 +14,8 @@ pub struct ClusterView {
     pub leader_id: Option<u64>,
     pub term: u64,
     pub peers: Vec<PeerView>,
+    /// This peer's gRPC links are plaintext (`insecure: true`).
+    pub insecure: bool,
 }
 
 pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
@@ -24,6 +26,7 @@ pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
         leader_id: metrics.current_leader,
         term: metrics.current_term,
         peers,
+        insecure: state.insecure,
     })
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use llmgw_dev::{AgentLayout, NodeKind, SimEngines, agent_yaml};
+use llmgw_dev::{AgentLayout, NodeKind, SimEngines, agent_yaml, agent_yaml_tls};
 
 use super::{Cluster, llmgw_bin};
 
@@ -22,6 +22,16 @@ pub fn sim_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Where a TLS cluster's agent for `node_id` finds its certificate.
+pub fn node_tls_files(cluster: &Cluster, node_id: &str) -> llmgw_tls::TlsFiles {
+    let dir = cluster.tls_dir();
+    llmgw_tls::TlsFiles {
+        ca: llmgw_tls::certs::ca_files(&dir).0,
+        cert: dir.join(format!("node-{node_id}.pem")),
+        key: dir.join(format!("node-{node_id}.key")),
+    }
 }
 
 pub struct Agent {
@@ -63,7 +73,17 @@ impl Agent {
         };
         let mut layout = self.layout.clone();
         layout.rack = rack.to_owned();
-        let yaml = agent_yaml(&layout, &servers, &fixtures_dir(), &engines, "");
+        let yaml = if cluster.tls {
+            // A certificate the test put in place first is kept.
+            let tls = node_tls_files(cluster, &self.layout.node_id);
+            if !tls.cert.exists() {
+                llmgw_dev::certs::node_tls(cluster.dir.path(), &self.layout.node_id)
+                    .expect("issue the node certificate");
+            }
+            agent_yaml_tls(&layout, &servers, &fixtures_dir(), &engines, &tls, "")
+        } else {
+            agent_yaml(&layout, &servers, &fixtures_dir(), &engines, "")
+        };
         std::fs::write(&self.layout.config, yaml).unwrap();
     }
 

@@ -14,12 +14,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use llmgw_dev::{PeerLayout, plan_peers, server_yaml};
+use llmgw_dev::{PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 use serde_json::Value;
 
 /// Clusters in one test binary run one at a time: a 2-core machine running
 /// several three-peer clusters with fsync at once makes elections slow.
 static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Holds off other clusters of this test binary (for tests that start
+/// processes without [`Cluster`], such as `llmgw dev`).
+pub fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_CLUSTER_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 pub fn llmgw_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("LLMGW_BIN") {
@@ -51,21 +59,49 @@ pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub peers: Vec<Peer>,
     pub http: reqwest::Client,
+    /// Bearer token sent by `get` and `send` (clusters with admin tokens).
+    pub token: Option<String>,
+    /// Peers (and agents started with `agents::Agent`) use mTLS.
+    pub tls: bool,
     _serial: MutexGuard<'static, ()>,
 }
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
 impl Cluster {
-    /// Starts three peers; `extra_yaml` is appended to every server.yaml.
+    /// Starts three plaintext (`insecure: true`) peers; `extra_yaml` is
+    /// appended to every server.yaml.
     pub fn start(extra_yaml: &str) -> Cluster {
+        Self::start_with(false, extra_yaml, |_| {})
+    }
+
+    /// Starts three peers with mTLS: a CA and a certificate per peer in
+    /// `<dir>/tls` (see [`Cluster::tls_dir`]).
+    pub fn start_tls(extra_yaml: &str) -> Cluster {
+        Self::start_with(true, extra_yaml, |_| {})
+    }
+
+    /// Starts three peers after `prepare` ran on the empty test directory
+    /// (for files that server.yaml refers to).
+    pub fn start_with(
+        tls: bool,
+        extra_yaml: &str,
+        prepare: impl FnOnce(&std::path::Path),
+    ) -> Cluster {
         let serial = ONE_CLUSTER_AT_A_TIME
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let dir = tempfile::tempdir().expect("temp dir");
+        prepare(dir.path());
         let layouts = plan_peers(dir.path(), 3).expect("free ports");
         for layout in &layouts {
-            std::fs::write(&layout.config, server_yaml(layout, &layouts, extra_yaml)).unwrap();
+            let yaml = if tls {
+                let files = llmgw_dev::certs::peer_tls(dir.path(), layout.id).expect("peer cert");
+                server_yaml_tls(layout, &layouts, &files, extra_yaml)
+            } else {
+                server_yaml(layout, &layouts, extra_yaml)
+            };
+            std::fs::write(&layout.config, yaml).unwrap();
         }
         let mut cluster = Cluster {
             dir,
@@ -81,6 +117,8 @@ impl Cluster {
                 .timeout(Duration::from_secs(20))
                 .build()
                 .unwrap(),
+            token: None,
+            tls,
             _serial: serial,
         };
         for id in 1..=3 {
@@ -136,6 +174,41 @@ impl Cluster {
         }
     }
 
+    /// The directory with the cluster's CA and peer certificates.
+    pub fn tls_dir(&self) -> PathBuf {
+        llmgw_dev::certs::tls_dir(self.dir.path())
+    }
+
+    /// `host:port` of peer `id`'s gRPC listener.
+    pub fn grpc(&self, id: u64) -> String {
+        self.peer(id).layout.grpc.to_string()
+    }
+
+    /// Everything peer `id` has logged since its latest start.
+    pub fn log_text(&self, id: u64) -> String {
+        std::fs::read_to_string(self.log_path(id)).unwrap_or_default()
+    }
+
+    /// Waits until peer `id`'s log has a line containing every one of
+    /// `needles`; returns that line.
+    pub async fn wait_log(&self, id: u64, needles: &[&str]) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(line) = self
+                .log_text(id)
+                .lines()
+                .find(|line| needles.iter().all(|n| line.contains(n)))
+            {
+                return line.to_owned();
+            }
+            self.fail_if_past(
+                started,
+                &format!("peer {id} never logged a line with {needles:?}"),
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn admin(&self, id: u64) -> String {
         self.peer(id).layout.admin_url()
     }
@@ -154,12 +227,11 @@ impl Cluster {
 
     pub async fn get(&self, id: u64, path: &str) -> Result<(u16, Value), String> {
         let url = format!("{}{path}", self.admin(id));
-        let response = self
-            .http
-            .get(&url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut request = self.http.get(&url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| e.to_string())?;
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
@@ -175,6 +247,9 @@ impl Cluster {
     ) -> Result<(u16, Value), String> {
         let url = format!("{}{path}", self.admin(id));
         let mut request = self.http.request(method, &url);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
         if let Some(body) = body {
             request = request
                 .header("content-type", "application/json")

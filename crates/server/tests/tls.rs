@@ -1,0 +1,400 @@
+//! mTLS on the peer transport, with real `llmgw server` processes: who is
+//! refused and why (the peer logs it), that an agent's certificate cannot
+//! call Raft RPCs, and that a rotated certificate is served without a
+//! restart.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use llmgw_proto::raft::RaftPayload;
+use llmgw_proto::raft::raft_service_client::RaftServiceClient;
+use llmgw_tls::certs::{self, IssueRequest};
+use llmgw_tls::{Identity, Tls, TlsFiles};
+use support::{Cluster, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A certificate for `identity` signed by the CA in `ca_dir`, written as
+/// `<stem>.pem/.key` in `out`, and loaded as a client's material that
+/// trusts `trust` (the cluster's CA).
+fn client_material(
+    ca_dir: &Path,
+    out: &Path,
+    trust: &Path,
+    mut request: IssueRequest,
+    stem: &str,
+) -> Tls {
+    request.name = Some(stem.to_owned());
+    let identity = request.identity.clone();
+    let files = certs::issue(ca_dir, out, &request).expect("issue a test certificate");
+    Tls::load(
+        TlsFiles {
+            ca: trust.to_owned(),
+            ..files
+        },
+        identity,
+    )
+    .expect("load the test certificate")
+}
+
+/// Calls the Raft `status` RPC on `addr` over mTLS with `tls`.
+async fn raft_status(addr: &str, tls: &Tls) -> Result<(), String> {
+    let endpoint = llmgw_tls::endpoint(addr)?.connect_timeout(Duration::from_secs(5));
+    let channel = llmgw_tls::connect(&endpoint, Some(tls))
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    RaftServiceClient::new(channel)
+        .status(RaftPayload {
+            data: Vec::new(),
+            error: String::new(),
+        })
+        .await
+        .map(|_| ())
+        .map_err(|status| format!("{:?}: {}", status.code(), status.message()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_a_valid_peer_certificate_are_refused_and_the_peer_says_why() {
+    let cluster = Cluster::start_tls("");
+    // The peers themselves form a cluster over mTLS.
+    cluster.wait_leader().await;
+    let (status, view) = cluster.get(1, "/api/v1/cluster").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(view["insecure"], false, "{view}");
+    let addr = cluster.grpc(1);
+    let ca_dir = cluster.tls_dir();
+    let trust = certs::ca_files(&ca_dir).0;
+    let scratch = tempfile::tempdir().unwrap();
+
+    // Control: a valid peer certificate is served.
+    let good = client_material(
+        &ca_dir,
+        scratch.path(),
+        &trust,
+        IssueRequest::new(Identity::Peer(7), vec![]),
+        "peer-7",
+    );
+    raft_status(&addr, &good)
+        .await
+        .expect("a valid peer certificate is accepted");
+
+    // No client certificate at all.
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in llmgw_tls::read_certificates("CA", &trust).unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut no_cert = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    no_cert.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    // With TLS 1.3 the client finishes first; the refusal arrives on read.
+    if let Ok(mut stream) = tokio_rustls::TlsConnector::from(Arc::new(no_cert))
+        .connect(name, tcp)
+        .await
+    {
+        let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("the peer answers or closes");
+        assert!(
+            matches!(read, Err(_) | Ok(0)),
+            "a client without a certificate got data: {read:?}"
+        );
+    }
+    cluster
+        .wait_log(1, &["mTLS handshake failed", "no certificates"])
+        .await;
+
+    // A certificate from another CA. Both dev CAs have the same name, so
+    // the verifier finds the issuer by name and the signature fails.
+    let other_ca = tempfile::tempdir().unwrap();
+    certs::init_ca(other_ca.path()).unwrap();
+    let foreign = client_material(
+        other_ca.path(),
+        scratch.path(),
+        &trust,
+        IssueRequest::new(Identity::Peer(2), vec![]),
+        "foreign-peer-2",
+    );
+    let refused = raft_status(&addr, &foreign).await;
+    assert!(refused.is_err(), "a foreign CA's certificate was accepted");
+    cluster
+        .wait_log(1, &["mTLS handshake failed", "invalid peer certificate"])
+        .await;
+
+    // An expired certificate from the right CA.
+    let day = Duration::from_secs(24 * 3600);
+    let mut expired = IssueRequest::new(Identity::Peer(3), vec![]);
+    expired.not_before = SystemTime::now() - 10 * day;
+    expired.not_after = SystemTime::now() - day;
+    let expired = client_material(&ca_dir, scratch.path(), &trust, expired, "expired-peer-3");
+    let refused = raft_status(&addr, &expired).await;
+    assert!(refused.is_err(), "an expired certificate was accepted");
+    cluster
+        .wait_log(1, &["mTLS handshake failed", "expired"])
+        .await;
+
+    // An agent's certificate reaches the server but not the Raft service.
+    let agent = client_material(
+        &ca_dir,
+        scratch.path(),
+        &trust,
+        IssueRequest::new(Identity::Node("gpu-1".into()), vec![]),
+        "node-gpu-1",
+    );
+    let refused = raft_status(&addr, &agent)
+        .await
+        .expect_err("a node certificate called a Raft RPC");
+    assert!(
+        refused.starts_with("PermissionDenied") && refused.contains("only peer certificates"),
+        "{refused}"
+    );
+    cluster
+        .wait_log(1, &["refused a Raft RPC", "node gpu-1"])
+        .await;
+
+    // None of it disturbed the cluster.
+    cluster.wait_leader().await;
+    let (status, body) = cluster.put_model(2, "after-refusals").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+}
+
+/// The serial number of the certificate `addr` serves now.
+async fn served_serial(addr: &str, tls: &Tls) -> Result<Vec<u8>, String> {
+    let chain = llmgw_tls::probe(addr, tls)
+        .await
+        .map_err(|e| e.to_string())?;
+    let first = chain.first().ok_or("no certificate served")?;
+    let parsed = webpki::EndEntityCert::try_from(first).map_err(|e| e.to_string())?;
+    Ok(parsed.serial().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_peer_certificate_is_served_without_a_restart() {
+    let cluster = Cluster::start_tls("");
+    cluster.wait_leader().await;
+    let addr = cluster.grpc(1);
+    let ca_dir = cluster.tls_dir();
+    let trust = certs::ca_files(&ca_dir).0;
+    let scratch = tempfile::tempdir().unwrap();
+    let client = client_material(
+        &ca_dir,
+        scratch.path(),
+        &trust,
+        IssueRequest::new(Identity::Peer(8), vec![]),
+        "peer-8",
+    );
+    let before = served_serial(&addr, &client).await.unwrap();
+    let key_path = ca_dir.join("peer-1.key");
+
+    // A broken key is refused, and the old material stays in use.
+    let good_key = std::fs::read(&key_path).unwrap();
+    std::fs::write(&key_path, b"-----BEGIN PRIVATE KEY-----\nnot a key\n").unwrap();
+    cluster
+        .wait_log(1, &["do not load", "keeping the previous certificate"])
+        .await;
+    assert_eq!(served_serial(&addr, &client).await.unwrap(), before);
+    std::fs::write(&key_path, good_key).unwrap();
+
+    // A new certificate and key for peer 1, written over the old files.
+    let request = IssueRequest::new(
+        Identity::Peer(1),
+        vec!["127.0.0.1".into(), "localhost".into()],
+    );
+    certs::issue(&ca_dir, &ca_dir, &request).unwrap();
+    let started = Instant::now();
+    let after = eventually(&cluster, "peer 1 serves its new certificate", || async {
+        let serial = served_serial(&addr, &client).await?;
+        if serial == before {
+            Err("still the old serial".to_owned())
+        } else {
+            Ok(serial)
+        }
+    })
+    .await;
+    assert_ne!(after, before);
+    eprintln!("rotation took effect after {:?}", started.elapsed());
+    cluster.wait_log(1, &["mTLS material reloaded"]).await;
+
+    // Peer 1 keeps working with its new certificate: a write through it
+    // reaches everyone.
+    let (status, body) = cluster.put_model(1, "after-rotation").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    cluster.wait_converged().await;
+}
+
+/// `llmgw dev`, stopped with SIGTERM to its process group when dropped;
+/// then any engine an agent recorded is killed too.
+struct Dev {
+    child: std::process::Child,
+    work: std::path::PathBuf,
+}
+
+impl Dev {
+    fn kill_engines(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.work) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() && entry.file_name().to_string_lossy().starts_with("agent-") {
+                for group in llmgw_dev::engine_groups(&path) {
+                    let _ = std::process::Command::new("kill")
+                        .args(["-KILL", "--", &format!("-{group}")])
+                        .status();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", "--", &group])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                self.kill_engines();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .status();
+        let _ = self.child.wait();
+        self.kill_engines();
+    }
+}
+
+// The guard only keeps other clusters of this binary from starting; it is
+// held for the whole test on purpose, as `Cluster` holds its own.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
+    use std::os::unix::process::CommandExt;
+    let _serial = support::one_at_a_time();
+    let work = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(work.path().join("dev.out")).unwrap();
+    // No demo catalog: agents connect, but no engine is started.
+    let router_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let _dev = Dev {
+        work: work.path().to_owned(),
+        child: std::process::Command::new(support::llmgw_bin())
+            .args(["dev", "--no-demo", "--port", &router_port, "--work-dir"])
+            .arg(work.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start llmgw dev"),
+    };
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let dev_json = work.path().join("dev.json");
+    let view = loop {
+        assert!(
+            started.elapsed() < support::DEADLINE,
+            "llmgw dev did not come up: {}",
+            std::fs::read_to_string(work.path().join("dev.out")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Ok(text) = std::fs::read_to_string(&dev_json) else {
+            continue;
+        };
+        let Ok(dev) = serde_json::from_str::<serde_json::Value>(&text) else {
+            continue;
+        };
+        let api = dev["api"][0].as_str().unwrap().to_owned();
+        let Ok(response) = http.get(format!("{api}/api/v1/cluster")).send().await else {
+            continue;
+        };
+        let view: serde_json::Value = response.json().await.unwrap();
+        let Some(leader) = view["leader_id"].as_u64() else {
+            continue;
+        };
+        // Every simulated node is connected to the leader, over mTLS.
+        let leader_api = dev["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["role"] == "server" && p["id"] == leader)
+            .and_then(|p| p["api"].as_str())
+            .unwrap()
+            .to_owned();
+        let Ok(response) = http.get(format!("{leader_api}/api/v1/nodes")).send().await else {
+            continue;
+        };
+        let nodes: serde_json::Value = response.json().await.unwrap_or_default();
+        let connected = nodes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["status"] == "ready" && n["stream"]["connected"] == true)
+            .count();
+        if connected == 3 {
+            break (dev, view);
+        }
+    };
+    let (dev, cluster) = view;
+    assert_eq!(cluster["insecure"], false, "{cluster}");
+    let processes: Vec<&serde_json::Value> = dev["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["role"] == "server")
+        .collect();
+    assert_eq!(processes.len(), 3);
+    for agent in ["h100-1", "h100-2", "l40s-1"] {
+        let yaml =
+            std::fs::read_to_string(work.path().join(format!("agent-{agent}.yaml"))).unwrap();
+        assert!(
+            yaml.contains("tls:") && !yaml.contains("insecure"),
+            "agent-{agent}.yaml: {yaml}"
+        );
+    }
+    for process in processes {
+        let id = process["id"].as_u64().unwrap();
+        let yaml = std::fs::read_to_string(work.path().join(format!("server-{id}.yaml"))).unwrap();
+        assert!(
+            yaml.contains("tls:") && !yaml.contains("insecure"),
+            "server-{id}.yaml: {yaml}"
+        );
+        // Plaintext HTTP/2 to the gRPC port is refused, and logged.
+        let grpc = process["grpc"].as_str().unwrap();
+        let mut tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+        let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+        let mut buf = [0u8; 64];
+        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+        let log_path = work.path().join(format!("server-{id}.log"));
+        let deadline = Instant::now() + support::DEADLINE;
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.contains("mTLS material loaded") && log.contains("mTLS handshake failed") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "server-{id}.log: {log}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Development certificates (`llmgw certs`): a CA in a directory, and peer
+//! and node certificates signed by it. Production fleets can bring their own
+//! CA: llmgw only needs the identity URI in each certificate.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+};
+use time::OffsetDateTime;
+
+use crate::{Identity, TlsError, TlsFiles};
+
+/// File names inside a CA directory.
+pub const CA_CERT: &str = "ca.pem";
+pub const CA_KEY: &str = "ca.key";
+
+/// How long certificates made here are valid unless told otherwise.
+pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub const CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Validity starts this far in the past, for clocks a little behind.
+const BACKDATE: Duration = Duration::from_secs(3600);
+
+/// The CA's certificate and key in `dir`.
+pub fn ca_files(dir: &Path) -> (PathBuf, PathBuf) {
+    (dir.join(CA_CERT), dir.join(CA_KEY))
+}
+
+/// Creates a development CA in `dir` (created if missing). Refuses to
+/// overwrite an existing CA: every certificate it signed would stop working.
+pub fn init_ca(dir: &Path) -> Result<PathBuf, TlsError> {
+    let (cert_path, key_path) = ca_files(dir);
+    for path in [&cert_path, &key_path] {
+        if path.exists() {
+            return Err(TlsError::Exists(path.clone()));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|source| TlsError::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let key = KeyPair::generate().map_err(generate)?;
+    let mut params = ca_params();
+    let now = SystemTime::now();
+    params.not_before = OffsetDateTime::from(now - BACKDATE);
+    params.not_after = OffsetDateTime::from(now + CA_VALIDITY);
+    let cert = params.self_signed(&key).map_err(generate)?;
+    write_file(&key_path, key.serialize_pem().as_bytes(), true)?;
+    write_file(&cert_path, cert.pem().as_bytes(), false)?;
+    Ok(cert_path)
+}
+
+/// The development CA's name and usages. `issue` signs with these same
+/// parameters, so it needs no certificate parser; it checks the result
+/// against ca.pem instead.
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "llmgw development CA");
+    name.push(DnType::OrganizationName, "llmgw");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// What to put in a certificate.
+#[derive(Debug, Clone)]
+pub struct IssueRequest {
+    pub identity: Identity,
+    /// DNS names and IP addresses the holder serves on (peers: what others
+    /// dial; agents need none).
+    pub hosts: Vec<String>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// File name without extension; default `peer-<ID>` or `node-<ID>`.
+    pub name: Option<String>,
+}
+
+impl IssueRequest {
+    /// A certificate valid from now (backdated an hour) for [`CERT_VALIDITY`].
+    pub fn new(identity: Identity, hosts: Vec<String>) -> Self {
+        let now = SystemTime::now();
+        IssueRequest {
+            identity,
+            hosts,
+            not_before: now - BACKDATE,
+            not_after: now + CERT_VALIDITY,
+            name: None,
+        }
+    }
+
+    pub fn file_stem(&self) -> String {
+        self.name.clone().unwrap_or_else(|| match &self.identity {
+            Identity::Peer(id) => format!("peer-{id}"),
+            Identity::Node(id) => format!("node-{id}"),
+        })
+    }
+}
+
+/// Signs a certificate for `request` with the CA in `ca_dir` and writes
+/// `<stem>.pem` and `<stem>.key` into `out_dir`, replacing earlier files
+/// (each file atomically, key first). Returns the files a process would
+/// configure (`ca`, `cert`, `key`).
+pub fn issue(ca_dir: &Path, out_dir: &Path, request: &IssueRequest) -> Result<TlsFiles, TlsError> {
+    if let Identity::Node(id) = &request.identity {
+        crate::identity::check_node_id(id).map_err(TlsError::Identity)?;
+    }
+    let (ca_cert_path, ca_key_path) = ca_files(ca_dir);
+    let ca_cert = crate::read_certificates("CA certificate", &ca_cert_path)?.remove(0);
+    let ca_key_pem = std::fs::read_to_string(&ca_key_path).map_err(|source| TlsError::Read {
+        what: "CA key",
+        path: ca_key_path.clone(),
+        source,
+    })?;
+    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| TlsError::Pem {
+        path: ca_key_path.clone(),
+        why: format!("holds no usable private key: {e}"),
+    })?;
+    let not_ours = |why: &str| TlsError::Pem {
+        path: ca_cert_path.clone(),
+        why: format!(
+            "{why}; `llmgw certs issue` signs only with a CA made by `llmgw certs init` (sign \
+             with your own CA's tools otherwise, see docs/security.md)"
+        ),
+    };
+    let parsed_ca = webpki::EndEntityCert::try_from(&ca_cert)
+        .map_err(|e| not_ours(&format!("does not parse ({e})")))?;
+    if parsed_ca.subject_public_key_info().as_ref() != ca_key.subject_public_key_info().as_slice() {
+        return Err(not_ours(&format!(
+            "does not belong to the key in {}",
+            ca_key_path.display()
+        )));
+    }
+    let ca_subject = parsed_ca.subject().to_vec();
+    let issuer = Issuer::new(ca_params(), ca_key);
+
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, format!("llmgw {}", request.identity));
+    name.push(DnType::OrganizationName, "llmgw");
+    params.distinguished_name = name;
+    params.subject_alt_names.push(SanType::URI(
+        request.identity.uri().try_into().map_err(generate)?,
+    ));
+    for host in &request.hosts {
+        params.subject_alt_names.push(match host.parse() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(host.clone().try_into().map_err(|e| {
+                TlsError::Generate(format!("{host:?} is not a DNS name or IP address: {e}"))
+            })?),
+        });
+    }
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    // Peers both serve and dial; agents dial, and may serve their own API.
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params.not_before = OffsetDateTime::from(request.not_before);
+    params.not_after = OffsetDateTime::from(request.not_after);
+
+    let key = KeyPair::generate().map_err(generate)?;
+    let cert = params.signed_by(&key, &issuer).map_err(generate)?;
+    let issued = webpki::EndEntityCert::try_from(cert.der())
+        .map_err(|e| TlsError::Generate(format!("the new certificate does not parse: {e}")))?;
+    if issued.issuer() != ca_subject.as_slice() {
+        return Err(not_ours("names a different subject than this CA would"));
+    }
+    std::fs::create_dir_all(out_dir).map_err(|source| TlsError::Write {
+        path: out_dir.to_owned(),
+        source,
+    })?;
+    let stem = request.file_stem();
+    let files = TlsFiles {
+        ca: ca_cert_path,
+        cert: out_dir.join(format!("{stem}.pem")),
+        key: out_dir.join(format!("{stem}.key")),
+    };
+    write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
+    write_file(&files.cert, cert.pem().as_bytes(), false)?;
+    Ok(files)
+}
+
+fn generate(error: rcgen::Error) -> TlsError {
+    TlsError::Generate(error.to_string())
+}
+
+/// Writes through a temporary file and a rename, so a process reloading the
+/// file never reads half of it. Keys are readable by the owner only.
+fn write_file(path: &Path, contents: &[u8], secret: bool) -> Result<(), TlsError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| TlsError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(if secret { 0o600 } else { 0o644 })
+        .open(&tmp)
+        .map_err(err)?;
+    file.write_all(contents).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(err)
+}
