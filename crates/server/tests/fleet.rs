@@ -12,7 +12,7 @@ use serde_json::Value;
 use support::agents::Agent;
 use support::{Cluster, eventually};
 
-const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 4s\n";
+const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
 
 /// Node id -> the node's JSON, as `peer` sees it.
 async fn nodes(cluster: &Cluster, peer: u64) -> Result<BTreeMap<String, Value>, String> {
@@ -112,7 +112,7 @@ async fn agents_register_with_the_leader_and_rehome_when_it_dies() {
     .await;
     // Heartbeats keep flowing to the new leader well past the grace period
     // and the TTL: nobody was, or becomes, unreachable.
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
     all_connected(&cluster, new_leader, &ids).await.unwrap();
     let unreachable = status_changes(&cluster, "unreachable");
     assert!(

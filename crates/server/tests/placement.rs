@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use support::agents::Agent;
 use support::{Cluster, eventually};
 
-const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 4s\n";
+const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
 
 async fn put(cluster: &Cluster, peer: u64, model: Value) {
     let name = model["name"].as_str().unwrap().to_owned();
