@@ -1425,8 +1425,30 @@ async fn failover_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     ));
     ctx.hold(0, 1500).await;
     let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
     ctx.kill(leader);
-    ctx.hold(2000, 4000).await;
+    // A failover must happen: until a follower leads (openraft's leader
+    // lease can outlast a short kill, and a quick restart would resume
+    // the old leadership).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut successor = None;
+    while successor.is_none() && Instant::now() < deadline {
+        successor = ctx
+            .cluster
+            .wait_leader_among(&followers)
+            .await
+            .filter(|l| followers.contains(l));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    match successor {
+        Some(new) => ctx.fault(format!("peer {new} leads")),
+        None => {
+            return Err(ScenarioError::Setup(format!(
+                "no follower of {followers:?} took over within 30s of the leader's SIGKILL"
+            )));
+        }
+    }
+    ctx.hold(1000, 3000).await;
     ctx.restart(leader)?;
     let desired = ctx.desired.clone();
     let done = ctx
