@@ -464,6 +464,116 @@ mod tests {
         assert!(checked.violations[0].starts_with("peer 2 lacks 1 of 1"));
     }
 
+    fn replica(id: &str, node: &str, gpus: &[u32], state: &str) -> crate::fleet::ReplicaObs {
+        crate::fleet::ReplicaObs {
+            id: id.into(),
+            model: "qwen".into(),
+            state: state.into(),
+            replaces: None,
+            shards: vec![crate::fleet::ShardObs {
+                node: node.into(),
+                gpus: gpus.to_vec(),
+                state: state.into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_gpu_held_by_two_live_shards_is_named_once() {
+        let sample = FleetSample {
+            at_us: 2_000_000,
+            peer: Some(1),
+            replicas: Some(vec![
+                replica("a", "n1", &[0, 1], "ready"),
+                replica("b", "n1", &[1], "starting"),
+                replica("c", "n1", &[0], "stopped"),
+            ]),
+            nodes: None,
+            agents: vec![],
+        };
+        let checked = no_gpu_twice(&[sample.clone(), sample]);
+        assert_eq!(
+            checked.violations,
+            vec![
+                "node n1 GPU 1 assigned to 2 live shards: a rank 0 (ready), b rank 0 (starting) (replicas as peer 1 saw them at 2.0s)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_healthy_node_marked_unreachable_in_a_log_is_reported() {
+        let logs = vec![(
+            "server-1.1.log".to_owned(),
+            "2026-12-03T07:06:07Z  WARN llmgw_server::agents::liveness: node status changed node=n2 from=\"ready\" to=\"unreachable\"\n\
+             2026-12-03T07:06:08Z  WARN llmgw_server::agents::liveness: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n"
+                .to_owned(),
+        )];
+        let windows = vec![Window {
+            subject: Subject::Node("n1".into()),
+            from_us: 0,
+            to_us: Some(1),
+            data_plane: false,
+        }];
+        let checked = no_unreachable_while_healthy(&logs, &[], &windows);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        assert!(checked.violations[0].contains("node n2 marked unreachable"));
+    }
+
+    #[test]
+    fn a_router_failure_outside_any_fault_is_a_violation() {
+        let op = |peer, at, result: Result<(), String>| RouterOp {
+            peer,
+            model: "qwen".into(),
+            invoke_us: at,
+            complete_us: at + 10,
+            result,
+        };
+        let windows = vec![Window {
+            subject: Subject::Peer(2),
+            from_us: 1_000,
+            to_us: Some(2_000),
+            data_plane: true,
+        }];
+        let ops = vec![
+            op(1, 0, Ok(())),
+            op(2, 1_500, Err("transport: refused".into())),
+            op(1, 1_500, Err("HTTP 503".into())),
+        ];
+        let checked = router_healthy(&ops, &[], &windows);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        assert!(checked.violations[0].starts_with("qwen via peer 1's router"));
+    }
+
+    #[test]
+    fn a_shard_started_on_a_stale_term_is_a_violation() {
+        let agent = |term, shards: Vec<(&str, u64)>| crate::fleet::AgentObs {
+            node: "n1".into(),
+            leader_term: term,
+            shards: shards
+                .into_iter()
+                .map(|(id, t)| crate::fleet::AgentShard {
+                    shard_id: id.into(),
+                    term: t,
+                    gpus: vec![0],
+                    pgids: vec![],
+                })
+                .collect(),
+        };
+        let sample = |at_us, a| FleetSample {
+            at_us,
+            agents: vec![a],
+            ..FleetSample::default()
+        };
+        let samples = vec![
+            sample(1, agent(3, vec![("s1", 3)])),
+            sample(2, agent(4, vec![("s1", 3)])),
+            sample(3, agent(4, vec![("s1", 3), ("s2", 3)])),
+        ];
+        let checked = no_deposed_command(&samples, &[]);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        assert!(checked.violations[0].contains("shard s2 on a command of leader term 3"));
+    }
+
     #[test]
     fn unequal_hashes_are_a_violation() {
         let mut states = BTreeMap::new();
