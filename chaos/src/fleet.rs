@@ -49,19 +49,10 @@ pub const LARGE: &str = "llama-70b";
 /// The model whose engine crashes while loading (engine-crash-loop).
 pub const CRASHING: &str = "crashy";
 
-/// Every model of the catalog with its desired replica count.
+/// Every model of the catalog with its desired replica count, in the
+/// order they are written.
 pub fn catalog() -> Vec<(Value, u64)> {
     vec![
-        (
-            json!({
-                "name": SMALL,
-                "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 2,
-                "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
-                              "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-            }),
-            2,
-        ),
         (
             json!({
                 "name": LARGE,
@@ -74,6 +65,16 @@ pub fn catalog() -> Vec<(Value, u64)> {
                 }]
             }),
             1,
+        ),
+        (
+            json!({
+                "name": SMALL,
+                "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 2,
+                "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                              "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+            }),
+            2,
         ),
     ]
 }

@@ -735,6 +735,17 @@ async fn setup_fleet(ctx: &mut Ctx) -> Result<(), ScenarioError> {
         .await
         .map_err(|why| ScenarioError::Setup(format!("cannot write model {name}: {why}")))?;
         ctx.desired.insert(name, replicas);
+        // One model at a time, the two-node one first: single-node
+        // replicas spread onto the H100s would leave no fabric with two
+        // free 8-GPU nodes (the scheduler does not pack for later models).
+        let desired = ctx.desired.clone();
+        ctx.wait_fleet(Duration::from_secs(120), |s| {
+            fleet::fleet_ready(s, &desired)
+        })
+        .await
+        .map_err(|why| {
+            ScenarioError::Setup(format!("the catalog was not ready within 120s: {why}"))
+        })?;
     }
     let desired = ctx.desired.clone();
     ctx.wait_fleet(Duration::from_secs(120), |s| {
@@ -742,8 +753,33 @@ async fn setup_fleet(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     })
     .await
     .map_err(|why| ScenarioError::Setup(format!("the catalog was not ready within 120s: {why}")))?;
+    // Every peer's router serves from its own applied state (its table is
+    // rebuilt within 100 ms of an apply): each peer must see the catalog
+    // ready before the router load starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for id in ctx.cluster.member_ids() {
+        let one = crate::cluster::Members::default();
+        one.write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, ctx.cluster.admin(id));
+        fleet::wait_sample(
+            &one,
+            &[],
+            &ctx.history,
+            deadline.saturating_duration_since(Instant::now()),
+            |s| fleet::fleet_ready(s, &desired),
+        )
+        .await
+        .map_err(|why| {
+            ScenarioError::Setup(format!("peer {id} did not see the catalog ready: {why}"))
+        })?;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     if ctx.verbose {
-        println!("  {} agents registered, {:?} ready", expected, ctx.desired);
+        println!(
+            "  {} agents registered, {:?} ready on every peer",
+            expected, ctx.desired
+        );
     }
     Ok(())
 }
