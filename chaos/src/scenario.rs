@@ -701,8 +701,17 @@ fn forge_gpu(samples: &mut Vec<FleetSample>) {
         .find(|r| r.shards.iter().any(|sh| sh.live() && !sh.gpus.is_empty()))
         .cloned()
         .expect("found with a live shard");
+    // One shard on one GPU of the victim's first live shard.
     let mut twin = victim;
     twin.id = format!("{}-forged", twin.id);
+    let mut shard = twin
+        .shards
+        .iter()
+        .find(|sh| sh.live() && !sh.gpus.is_empty())
+        .cloned()
+        .expect("found with a live shard");
+    shard.gpus.truncate(1);
+    twin.shards = vec![shard];
     replicas.push(twin);
     forged.agents.clear();
     samples.push(forged);
