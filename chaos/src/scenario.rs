@@ -237,8 +237,10 @@ impl Ctx {
     }
 
     fn kill(&mut self, id: u64) {
-        self.cluster.kill(id);
+        // Opened before the signal: a request cut by the kill completes
+        // before `kill` returns.
         self.open_window(Subject::Peer(id), true);
+        self.cluster.kill(id);
         self.fault(format!("SIGKILL peer {id}"));
     }
 
