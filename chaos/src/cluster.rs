@@ -16,6 +16,8 @@ use crate::netns::{Net, NetError};
 
 const GRPC_PORT: u16 = 7070;
 const ADMIN_PORT: u16 = 7080;
+/// The in-peer router's port (`router_listen`), when the run has a fleet.
+pub const ROUTER_PORT: u16 = 7090;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -81,6 +83,8 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub bin: PathBuf,
     pub extra_yaml: String,
+    /// Whether every peer serves the OpenAI routes on `ROUTER_PORT`.
+    pub router: bool,
     pub peers: BTreeMap<u64, Peer>,
     pub members: Members,
     /// Every pid this run started, for the leftover check.
@@ -96,12 +100,14 @@ impl Cluster {
         bin: &Path,
         count: u64,
         extra_yaml: &str,
+        router: bool,
     ) -> Result<Cluster, ClusterError> {
         let mut cluster = Cluster {
             net,
             dir: dir.to_owned(),
             bin: bin.to_owned(),
             extra_yaml: extra_yaml.to_owned(),
+            router,
             peers: BTreeMap::new(),
             members: Members::default(),
             spawned: Vec::new(),
@@ -144,11 +150,28 @@ impl Cluster {
         Ok(())
     }
 
+    /// server.yaml of one peer, with the router turned on when the run
+    /// has a fleet.
+    fn yaml(&self, layout: &PeerLayout, all: &[PeerLayout]) -> String {
+        let yaml = server_yaml(layout, all, &self.extra_yaml);
+        if self.router {
+            yaml.replace(
+                "router_listen: null",
+                &format!(
+                    "router_listen: \"{}\"",
+                    SocketAddr::new(layout.admin.ip(), ROUTER_PORT)
+                ),
+            )
+        } else {
+            yaml
+        }
+    }
+
     /// Writes server.yaml for `ids`, each listing `ids` as the peers.
     fn write_configs(&self, ids: &[u64]) -> Result<(), ClusterError> {
         let all: Vec<PeerLayout> = ids.iter().map(|id| self.peers[id].layout.clone()).collect();
         for layout in &all {
-            let yaml = server_yaml(layout, &all, &self.extra_yaml);
+            let yaml = self.yaml(layout, &all);
             std::fs::write(&layout.config, yaml).map_err(|source| ClusterError::File {
                 path: layout.config.clone(),
                 source,
@@ -167,7 +190,7 @@ impl Cluster {
             .collect();
         all.push(self.peers[&id].layout.clone());
         let layout = &self.peers[&id].layout;
-        let yaml = server_yaml(layout, &all, &self.extra_yaml);
+        let yaml = self.yaml(layout, &all);
         std::fs::write(&layout.config, yaml).map_err(|source| ClusterError::File {
             path: layout.config.clone(),
             source,
@@ -194,6 +217,11 @@ impl Cluster {
 
     pub fn admin(&self, id: u64) -> String {
         self.peers[&id].layout.admin_url()
+    }
+
+    /// The base URL of peer `id`'s in-peer router.
+    pub fn router_url(&self, id: u64) -> String {
+        format!("http://{}:{ROUTER_PORT}", self.net.peer_ip(id))
     }
 
     pub fn grpc(&self, id: u64) -> String {

@@ -7,6 +7,7 @@
 //! `chaos/tests` call [`scenario::run`] directly.
 
 pub mod cluster;
+pub mod fleet;
 pub mod history;
 pub mod invariants;
 pub mod linearizability;
@@ -68,6 +69,10 @@ pub struct RunArgs {
     /// single-leader check fail.
     #[arg(long, hide = true)]
     pub forge_leader_sample: bool,
+    /// Test-only: fabricate a second replica on a GPU a live shard holds,
+    /// to see the GPU check fail.
+    #[arg(long, hide = true)]
+    pub forge_gpu_double: bool,
 }
 
 /// The catalogue as `llmgw chaos list` prints it.
@@ -86,6 +91,7 @@ pub fn summary(reports: &[RunReport]) -> String {
         "seed".to_owned(),
         "faults".to_owned(),
         "ops (ok/failed/unknown)".to_owned(),
+        "router (ok/all)".to_owned(),
         "invariants".to_owned(),
         "violations".to_owned(),
         "secs".to_owned(),
@@ -99,12 +105,17 @@ pub fn summary(reports: &[RunReport]) -> String {
                 "{} ({}/{}/{})",
                 r.ops, r.ops_ok, r.ops_failed, r.ops_unknown
             ),
+            if r.router_ops == 0 {
+                "-".to_owned()
+            } else {
+                format!("{}/{}", r.router_ok, r.router_ops)
+            },
             r.checked.len().to_string(),
             r.violations().to_string(),
             format!("{:.0}", r.seconds),
         ]);
     }
-    let widths: Vec<usize> = (0..7)
+    let widths: Vec<usize> = (0..8)
         .map(|c| rows.iter().map(|row| row[c].len()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -121,9 +132,10 @@ pub fn summary(reports: &[RunReport]) -> String {
         }
     }
     let total_ops: usize = reports.iter().map(|r| r.ops).sum();
+    let total_router: usize = reports.iter().map(|r| r.router_ops).sum();
     let total_violations: usize = reports.iter().map(RunReport::violations).sum();
     out.push_str(&format!(
-        "{} runs, {total_ops} operations, {total_violations} violations\n",
+        "{} runs, {total_ops} operations, {total_router} router requests, {total_violations} violations\n",
         reports.len()
     ));
     out
@@ -217,6 +229,7 @@ fn run_cli(args: RunArgs) -> ExitCode {
         workers: args.workers.max(1),
         verbose: true,
         forge_leader_sample: args.forge_leader_sample,
+        forge_gpu_double: args.forge_gpu_double,
     };
     println!(
         "chaos: {} scenario(s) x {} seed(s) from seed {first_seed}",

@@ -92,6 +92,9 @@ pub struct Net {
     hub: String,
     host_if: String,
     peers: BTreeMap<u64, String>,
+    /// Ids in `peers` that are simulated nodes (agents), not control-plane
+    /// peers: `isolate` leaves them alone.
+    nodes: std::collections::BTreeSet<u64>,
     netem: bool,
     destroyed: bool,
 }
@@ -109,6 +112,7 @@ impl Net {
             hub: format!("llmgw-chaos-{run_id}-hub"),
             host_if: format!("lgc{run_id}"),
             peers: BTreeMap::new(),
+            nodes: std::collections::BTreeSet::new(),
             netem: false,
             destroyed: false,
         };
@@ -229,10 +233,46 @@ impl Net {
         )
     }
 
+    /// A namespace for a simulated node (an agent and its engines), on the
+    /// bridge like a peer; `isolate` never touches it.
+    pub fn add_node(&mut self, id: u64) -> Result<(), NetError> {
+        self.add_peer(id)?;
+        self.nodes.insert(id);
+        Ok(())
+    }
+
+    /// Cuts the control stream between node `node` and peers `peers`, both
+    /// ways: every TCP packet to or from the peers' gRPC port `port`. The
+    /// node's engines stay reachable (the data plane is untouched).
+    pub fn cut_stream(&self, node: u64, peers: &[u64], port: u16) -> Result<(), NetError> {
+        for &peer in peers {
+            self.nft(
+                node,
+                &format!(
+                    "add rule inet {TABLE} input ip saddr {} tcp sport {port} drop\n",
+                    self.peer_ip(peer)
+                ),
+            )?;
+            self.nft(
+                peer,
+                &format!(
+                    "add rule inet {TABLE} input ip saddr {} tcp dport {port} drop\n",
+                    self.peer_ip(node)
+                ),
+            )?;
+        }
+        Ok(())
+    }
+
     /// Cuts `side` off from every other peer, both ways. Clients on the
-    /// host still reach every peer.
+    /// host still reach every peer; simulated nodes are not involved.
     pub fn isolate(&self, side: &[u64]) -> Result<(), NetError> {
-        let ids: Vec<u64> = self.peers.keys().copied().collect();
+        let ids: Vec<u64> = self
+            .peers
+            .keys()
+            .copied()
+            .filter(|id| !self.nodes.contains(id))
+            .collect();
         for &a in side {
             for &b in &ids {
                 if !side.contains(&b) {

@@ -38,6 +38,10 @@ fn llmgw_bin() -> PathBuf {
 }
 
 fn options(forge: bool) -> RunOptions {
+    options_with(forge, false)
+}
+
+fn options_with(forge: bool, forge_gpu: bool) -> RunOptions {
     RunOptions {
         bin: llmgw_bin(),
         work_dir: std::env::temp_dir().join("llmgw-chaos-tests"),
@@ -45,19 +49,23 @@ fn options(forge: bool) -> RunOptions {
         workers: 3,
         verbose: true,
         forge_leader_sample: forge,
+        forge_gpu_double: forge_gpu,
     }
 }
 
 /// Runs one scenario, or `None` (after saying why) where namespaces are
 /// not available.
 fn run(name: &str, seed: u64, forge: bool) -> Option<RunReport> {
+    run_with(name, seed, options(forge))
+}
+
+fn run_with(name: &str, seed: u64, options: RunOptions) -> Option<RunReport> {
     let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if let Err(why) = llmgw_chaos::preflight() {
         println!("SKIPPED: {why}");
         return None;
     }
     let scenario = scenario::find(name).expect("scenario in the catalogue");
-    let options = options(forge);
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let report = runtime
         .block_on(scenario::run(scenario, seed, &options))
@@ -129,6 +137,62 @@ fn a_forged_second_leader_is_reported_as_that_exact_violation() {
         .expect("a run with a violation keeps its logs");
     assert!(kept.join("history.txt").exists());
     let _ = std::fs::remove_dir_all(kept);
+}
+
+#[test]
+fn a_forged_double_gpu_assignment_is_reported_as_that_exact_violation() {
+    // A real fleet scenario (agents, engines, routers, a stream cut below
+    // the TTL) with one fabricated replica sample that puts a second
+    // replica on a GPU a live shard holds.
+    let Some(report) = run_with("agent-cut-below-ttl", 3, options_with(false, true)) else {
+        return;
+    };
+    for name in [
+        invariants::NO_UNREACHABLE_WHILE_HEALTHY,
+        invariants::REPLICAS_READY_AFTER_HEALING,
+        invariants::ROUTER_HEALTHY_SERVED,
+        invariants::NO_DEPOSED_COMMAND,
+        "cut-node-stayed-ready",
+        "replicas-untouched",
+    ] {
+        let c = checked(&report, name);
+        assert!(c.violations.is_empty(), "{}", llmgw_chaos::details(&report));
+    }
+    let gpu = checked(&report, invariants::NO_GPU_TWICE);
+    assert_eq!(gpu.violations.len(), 1, "{}", llmgw_chaos::details(&report));
+    let violation = &gpu.violations[0];
+    assert!(
+        violation.starts_with("node ")
+            && violation.contains(" assigned to 2 live shards: ")
+            && violation.contains("-forged rank 0"),
+        "{violation}"
+    );
+    assert_eq!(report.violations(), 1, "{}", llmgw_chaos::details(&report));
+    assert!(report.router_ok >= 10, "router load ran: {report:?}");
+    let kept = report
+        .kept
+        .as_ref()
+        .expect("a run with a violation keeps its logs");
+    assert!(kept.join("fleet.txt").exists());
+    let _ = std::fs::remove_dir_all(kept);
+}
+
+/// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
+/// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
+#[test]
+#[ignore = "runs the scenario named in CHAOS_SCENARIO"]
+fn one_named_scenario() {
+    let name = std::env::var("CHAOS_SCENARIO").expect("CHAOS_SCENARIO names a scenario");
+    let seed = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let mut options = options(false);
+    options.keep = std::env::var_os("CHAOS_KEEP").is_some();
+    let Some(report) = run_with(&name, seed, options) else {
+        return;
+    };
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
 }
 
 fn op(
