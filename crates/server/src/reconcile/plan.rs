@@ -353,8 +353,16 @@ impl Round<'_> {
     }
 
     fn scale_models(&mut self, models: &HashMap<String, Model>) {
+        // The biggest replicas first: a two-node model placed after small
+        // ones have spread over its nodes might never fit.
         let mut names: Vec<&String> = models.keys().collect();
-        names.sort();
+        let size = |name: &String| {
+            models[name]
+                .managed()
+                .and_then(|m| m.profiles.first())
+                .map_or(0, |p| p.total_gpus())
+        };
+        names.sort_by_key(|name| (std::cmp::Reverse(size(name)), *name));
         for name in names {
             let model = &models[name];
             let Some(record) = self.fleet.models.get(name) else {

@@ -348,3 +348,20 @@ fn a_shard_that_stops_on_its_own_restarts_its_replica() {
         "the healthy rank is stopped too"
     );
 }
+
+#[test]
+fn bigger_models_are_placed_first_so_small_ones_do_not_fragment_their_nodes() {
+    // "a-small" sorts first by name, but "z-big" needs both nodes whole.
+    let mut w = World::new(&[
+        node("a", 8, Some("ib-a")),
+        node("b", 8, Some("ib-a")),
+        node("c", 4, None),
+        model("a-small", 2, 1, 1),
+        model("z-big", 1, 2, 8),
+    ]);
+    w.round();
+    assert_eq!(w.replicas_of("z-big").len(), 1, "the two-node model fits");
+    for id in w.replicas_of("a-small") {
+        assert_eq!(w.node_of(&id), "c");
+    }
+}
