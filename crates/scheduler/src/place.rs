@@ -155,37 +155,46 @@ fn evaluate(
     if honour_avoid && request.avoid.contains(&node.id) {
         return Err(Reason::Avoided);
     }
-    let allowed: Vec<_> = node
-        .gpus
-        .iter()
-        .filter(|g| profile.accepts_gpu_model(&g.name))
-        .collect();
-    if allowed.is_empty() {
+    // One pass over the GPUs, no allocation until a node is known to fit:
+    // this runs for every node of the fleet for every replica placed.
+    let min_mib = u64::from(profile.min_gpu_memory_gb) * 1000 * 1000 * 1000 / (1024 * 1024);
+    let (mut any_allowed, mut any_big, mut free) = (false, false, 0u32);
+    for gpu in &node.gpus {
+        if !profile.accepts_gpu_model(&gpu.name) {
+            continue;
+        }
+        any_allowed = true;
+        // Vendors quote GPU memory in decimal GB; NVML reports MiB a little
+        // under the label (81559 MiB for an "80GB" H100), so allow 5% slack.
+        if gpu.memory_mib * 100 < min_mib * 95 {
+            continue;
+        }
+        any_big = true;
+        if gpu.free {
+            free += 1;
+        }
+    }
+    if !any_allowed {
         return Err(Reason::WrongGpuModel);
     }
-    let min_mib = u64::from(profile.min_gpu_memory_gb) * 1000 * 1000 * 1000 / (1024 * 1024);
-    // Vendors quote GPU memory in decimal GB; NVML reports MiB a little
-    // under the label (81559 MiB for an "80GB" H100), so allow 5% slack.
-    let big_enough: Vec<_> = allowed
-        .into_iter()
-        .filter(|g| g.memory_mib * 100 >= min_mib * 95)
-        .collect();
-    if big_enough.is_empty() {
+    if !any_big {
         return Err(Reason::GpuMemoryTooSmall {
             need_gb: profile.min_gpu_memory_gb,
         });
     }
-    let eligible: Vec<u32> = big_enough
-        .iter()
-        .filter(|g| g.free)
-        .map(|g| g.index)
-        .collect();
-    if eligible.len() < profile.gpus_per_node as usize {
+    if free < profile.gpus_per_node {
         return Err(Reason::NotEnoughFreeGpus {
-            free: eligible.len() as u32,
+            free,
             need: profile.gpus_per_node,
         });
     }
+    let eligible: Vec<u32> = node
+        .gpus
+        .iter()
+        .filter(|g| g.free && profile.accepts_gpu_model(&g.name))
+        .filter(|g| g.memory_mib * 100 >= min_mib * 95)
+        .map(|g| g.index)
+        .collect();
     Ok(eligible)
 }
 

@@ -15,6 +15,7 @@ mod auth;
 mod security;
 
 mod model_spec;
+mod propose;
 pub mod reconcile;
 pub mod routes;
 mod serve;

@@ -218,6 +218,12 @@ impl FleetState {
                 self.removed_peers.insert(*peer);
                 Outcome::Applied
             }
+            Command::Batch { commands, .. } => {
+                for command in commands {
+                    self.apply(command);
+                }
+                Outcome::Applied
+            }
             Command::Unknown => Outcome::Applied,
         }
     }

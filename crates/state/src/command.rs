@@ -112,6 +112,13 @@ pub enum Command {
         drain_deadline_ms: Option<u64>,
         at_ms: u64,
     },
+    /// Independent commands proposed together so they share one log entry
+    /// (and one synced write). Each applies or is refused on its own, in
+    /// order; the batch is not atomic and its own outcome is `Applied`.
+    Batch {
+        commands: Vec<Command>,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -135,6 +142,7 @@ impl Command {
             Command::RemoveReplica { .. } => "remove_replica",
             Command::RetirePeer { .. } => "retire_peer",
             Command::StopReplica { .. } => "stop_replica",
+            Command::Batch { .. } => "batch",
             Command::Unknown => "unknown",
         }
     }
@@ -155,6 +163,7 @@ impl std::fmt::Display for Command {
             Command::PutModel { name, .. } | Command::DeleteModel { name, .. } => name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
+            Command::Batch { commands, .. } => format!("of {}", commands.len()),
             Command::Unknown => return f.write_str("unknown"),
         };
         write!(f, "{} {subject}", self.kind())

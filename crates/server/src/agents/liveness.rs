@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_state::{Command, NodeRecord, NodeStatus};
 use tokio::sync::watch;
@@ -109,28 +108,20 @@ pub async fn run_liveness(
                 })
                 .collect()
         });
-        // Concurrent proposals: openraft batches them, so a rack going
-        // dark is a few appends, not hundreds of sequential ones.
-        futures::stream::iter(changes)
-            .map(|(id, from, to)| {
-                let control = control.clone();
-                async move {
-                    let command = Command::SetNodeStatus {
-                        id: id.clone(),
-                        status: to,
-                        at_ms,
-                    };
-                    match control.write(command).await {
-                        Ok(_) => tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed"),
-                        Err(error) => {
-                            tracing::warn!(node = %id, %error, "cannot commit a node status change");
-                        }
-                    }
-                }
+        // One batch: a rack going dark is one log entry, not hundreds.
+        let commands = changes
+            .iter()
+            .map(|(id, _, status)| Command::SetNodeStatus {
+                id: id.clone(),
+                status: *status,
+                at_ms,
             })
-            .buffer_unordered(64)
-            .collect::<()>()
-            .await;
+            .collect();
+        if crate::propose::propose_all(&control, commands).await {
+            for (id, from, to) in &changes {
+                tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
+            }
+        }
     }
 }
 

@@ -4,16 +4,12 @@
 
 use std::collections::HashMap;
 
-use futures::StreamExt;
 use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_state::{Command, FleetState};
 use tokio::sync::mpsc;
 
 use super::convert::{failure, shard_state};
 use super::service::Report;
-
-/// Writes in flight at once; openraft batches concurrent proposals.
-const CONCURRENT_WRITES: usize = 64;
 
 /// Runs until the channel closes. Reports that arrive while this peer does
 /// not lead are dropped: agents report to the leader only, and the next
@@ -33,19 +29,7 @@ pub async fn write_reports(control: ControlPlane, mut reports: mpsc::UnboundedRe
                 .filter_map(|report| to_command(fleet, report))
                 .collect()
         });
-        futures::stream::iter(commands)
-            .map(|command| {
-                let control = control.clone();
-                async move {
-                    let what = command.to_string();
-                    if let Err(error) = control.write(command).await {
-                        tracing::warn!(%error, "cannot record {what}");
-                    }
-                }
-            })
-            .buffer_unordered(CONCURRENT_WRITES)
-            .collect::<()>()
-            .await;
+        let _ = crate::propose::propose_all(&control, commands).await;
     }
 }
 

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::node_facts;
 use super::hub::{Hub, Refusal};
-use crate::reconcile::specs::{desired_by_node, managed_models};
+use crate::reconcile::specs::{desired_for_node, managed_models};
 
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -155,9 +155,7 @@ impl AgentService for AgentStreams {
         }
         let desired = self.control.read(|fleet| {
             let models = managed_models(fleet);
-            desired_by_node(fleet, &models)
-                .remove(&node)
-                .unwrap_or_default()
+            desired_for_node(fleet, &models, &node)
         });
         let session = self
             .hub

@@ -10,8 +10,7 @@ pub mod specs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use llmgw_raft::{ControlError, ControlPlane, now_ms};
+use llmgw_raft::{ControlPlane, now_ms};
 use tokio::sync::watch;
 
 pub use fleet_view::{held_gpus, node_views};
@@ -20,8 +19,6 @@ pub use plan::{Memory, PlanSettings, decide};
 use crate::agents::Hub;
 
 const ROUND: Duration = Duration::from_millis(250);
-/// Proposals in flight at once; openraft batches concurrent proposals.
-const CONCURRENT_WRITES: usize = 256;
 
 /// Runs rounds while this peer leads, until `stop` turns true.
 pub async fn run_reconciler(
@@ -50,23 +47,7 @@ pub async fn run_reconciler(
             led_term = Some(term);
         }
         let commands = control.read(|fleet| decide(fleet, &mut memory, &settings, now_ms()));
-        futures::stream::iter(commands)
-            .map(|command| {
-                let control = control.clone();
-                async move {
-                    let what = command.to_string();
-                    match control.write(command).await {
-                        Ok(_) => {}
-                        Err(ControlError::Rejected(rejection)) => {
-                            tracing::debug!(%rejection, "{what} was refused; the next round decides again");
-                        }
-                        Err(error) => tracing::warn!(%error, "{what} did not commit"),
-                    }
-                }
-            })
-            .buffer_unordered(CONCURRENT_WRITES)
-            .collect::<()>()
-            .await;
+        let _ = crate::propose::propose_all(&control, commands).await;
         dispatch(&control, &hub);
     }
 }

@@ -418,7 +418,9 @@ impl Round<'_> {
         let Some(managed) = model.managed() else {
             return false;
         };
-        let siblings = self.siblings_of(&model.name).clone();
+        // Lent to the request and given back, not cloned: a model with a
+        // thousand replicas would copy its sibling maps for every placement.
+        let siblings = std::mem::take(self.siblings_of(&model.name));
         let avoid = self
             .memory
             .failures
@@ -435,7 +437,9 @@ impl Round<'_> {
             avoid,
             strategy: self.settings.strategy,
         };
-        match llmgw_scheduler::place(&self.views, &request) {
+        let placed = llmgw_scheduler::place(&self.views, &request);
+        *self.siblings_of(&model.name) = request.siblings;
+        match placed {
             Ok(placement) => match self.commit_placement(model, placement, replaces) {
                 Some(command) => {
                     self.memory.unplaced.remove(&model.name);

@@ -119,11 +119,34 @@ pub fn desired_by_node(
     fleet: &FleetState,
     models: &HashMap<String, Model>,
 ) -> BTreeMap<String, Vec<Desired>> {
+    desired_where(fleet, models, |_| true)
+}
+
+/// One node's orders, for its `Registered`: a fleet reconnecting after a
+/// failover must not cost a whole-fleet computation per node.
+pub fn desired_for_node(
+    fleet: &FleetState,
+    models: &HashMap<String, Model>,
+    node: &str,
+) -> Vec<Desired> {
+    desired_where(fleet, models, |n| n == node)
+        .remove(node)
+        .unwrap_or_default()
+}
+
+fn desired_where(
+    fleet: &FleetState,
+    models: &HashMap<String, Model>,
+    wanted: impl Fn(&str) -> bool,
+) -> BTreeMap<String, Vec<Desired>> {
     let mut out: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
     for replica in fleet.replicas.values() {
+        if !replica.shards.iter().any(|s| wanted(&s.node)) {
+            continue;
+        }
         let failed = replica.state() == ReplicaState::Failed;
         for shard in &replica.shards {
-            if shard.state == ShardState::Stopped {
+            if shard.state == ShardState::Stopped || !wanted(&shard.node) {
                 continue;
             }
             let shard_id = replica.shard_id(shard.rank);

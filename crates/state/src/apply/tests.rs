@@ -453,3 +453,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_batch_applies_each_command_on_its_own() {
+    let mut one_by_one = FleetState::default();
+    let commands = vec![
+        register("gpu-1", 1),
+        put_model("llama", 1),
+        place("r1", "llama", vec![shard("gpu-1", &[0], 0)]),
+        // Refused (GPU 0 is taken) without undoing the others.
+        place("r2", "llama", vec![shard("gpu-1", &[0], 0)]),
+        place("r3", "llama", vec![shard("gpu-1", &[1], 0)]),
+    ];
+    for command in &commands {
+        one_by_one.apply(command);
+    }
+    let mut batched = FleetState::default();
+    let batch = Command::Batch {
+        commands,
+        at_ms: 10,
+    };
+    let wire: Command = serde_json::from_slice(&serde_json::to_vec(&batch).unwrap()).unwrap();
+    assert_eq!(batched.apply(&wire), Outcome::Applied);
+    assert_eq!(batched, one_by_one);
+    assert!(batched.replicas.contains_key("r3") && !batched.replicas.contains_key("r2"));
+}

@@ -1,0 +1,49 @@
+//! Proposing many leader decisions at once: they travel in batches, so a
+//! round that places thousands of replicas, or a fleet reporting at once,
+//! costs a few log entries and synced writes instead of thousands.
+
+use futures::StreamExt;
+use llmgw_raft::{ControlError, ControlPlane, now_ms};
+use llmgw_state::Command;
+
+/// Commands per log entry.
+const BATCH: usize = 256;
+/// Batches in flight at once.
+const IN_FLIGHT: usize = 4;
+
+/// Proposes `commands`, batched. A failure is logged (the next round or
+/// report decides again); the answer says whether every batch committed.
+pub async fn propose_all(control: &ControlPlane, commands: Vec<Command>) -> bool {
+    let mut batches = Vec::new();
+    let mut commands = commands.into_iter().peekable();
+    while commands.peek().is_some() {
+        let chunk: Vec<Command> = commands.by_ref().take(BATCH).collect();
+        batches.push(chunk);
+    }
+    futures::stream::iter(batches)
+        .map(|mut chunk| async move {
+            let command = if chunk.len() == 1 {
+                chunk.remove(0)
+            } else {
+                Command::Batch {
+                    commands: chunk,
+                    at_ms: now_ms(),
+                }
+            };
+            let what = command.to_string();
+            match control.write(command).await {
+                Ok(_) => true,
+                Err(ControlError::Rejected(rejection)) => {
+                    tracing::debug!(%rejection, "{what} was refused; the next round decides again");
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "{what} did not commit");
+                    false
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .fold(true, |all, ok| async move { all && ok })
+        .await
+}
