@@ -1,7 +1,7 @@
 //! The scheduler's view of the fleet and of a request. The server builds
 //! these from its replicated state; the scheduler sees nothing else.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -81,10 +81,13 @@ pub enum Strategy {
 
 /// Where the other replicas of the same model already are, so a new one
 /// spreads across nodes and racks.
+///
+/// Looked up for every candidate node of every placement, so these are hash
+/// maps; nothing iterates them, so their order cannot leak into a decision.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Siblings {
-    pub nodes: BTreeMap<String, u32>,
-    pub racks: BTreeMap<String, u32>,
+    pub nodes: HashMap<String, u32>,
+    pub racks: HashMap<String, u32>,
 }
 
 impl Siblings {

@@ -69,7 +69,11 @@ fn place_profile(
     if !profile.is_multi_node() {
         // One pass for the best node: a fleet of thousands is not sorted
         // for every single-node replica.
-        let Some(best) = candidates.iter().min_by(|a, b| node_order(a, b, request)) else {
+        let Some((_, best)) = candidates
+            .iter()
+            .map(|c| (order_key(c, request), c))
+            .min_by(|(ka, a), (kb, b)| ka.cmp(kb).then_with(|| a.node.id.cmp(&b.node.id)))
+        else {
             return Err(explanation(None));
         };
         return Ok(Placement {
@@ -198,25 +202,28 @@ fn evaluate(
     Ok(eligible)
 }
 
+/// What makes a node a better home, smaller first: fewer replicas of the
+/// model on it, then in its rack, then room as the strategy wants it.
+fn order_key(c: &Candidate<'_>, request: &Request<'_>) -> (u32, u32, usize) {
+    let on_node = request.siblings.nodes.get(&c.node.id).copied().unwrap_or(0);
+    let in_rack = c
+        .node
+        .rack()
+        .and_then(|r| request.siblings.racks.get(r))
+        .copied()
+        .unwrap_or(0);
+    let free = c.eligible.len();
+    let room = match request.strategy {
+        Strategy::Spread => usize::MAX - free,
+        Strategy::Binpack => free,
+    };
+    (on_node, in_rack, room)
+}
+
 fn node_order(a: &Candidate<'_>, b: &Candidate<'_>, request: &Request<'_>) -> std::cmp::Ordering {
-    let siblings_on =
-        |c: &Candidate<'_>| request.siblings.nodes.get(&c.node.id).copied().unwrap_or(0);
-    let siblings_in_rack = |c: &Candidate<'_>| {
-        c.node
-            .rack()
-            .and_then(|r| request.siblings.racks.get(r))
-            .copied()
-            .unwrap_or(0)
-    };
-    let key = |c: &Candidate<'_>| {
-        let free = c.eligible.len();
-        let room = match request.strategy {
-            Strategy::Spread => usize::MAX - free,
-            Strategy::Binpack => free,
-        };
-        (siblings_on(c), siblings_in_rack(c), room)
-    };
-    key(a).cmp(&key(b)).then_with(|| a.node.id.cmp(&b.node.id))
+    order_key(a, request)
+        .cmp(&order_key(b, request))
+        .then_with(|| a.node.id.cmp(&b.node.id))
 }
 
 /// Above this many subsets the choice is made greedily.
