@@ -232,3 +232,62 @@ async fn chat_works(http: &reqwest::Client, router: &str) -> bool {
         Ok(response) if response.status().is_success()
     )
 }
+
+/// The nodes and replicas as the cluster sees them once it serves.
+pub(crate) async fn fleet_tables(apis: &[String]) -> String {
+    let progress = Progress::new(apis.to_vec());
+    let mut out = String::new();
+    if let Some(nodes) = progress.get("/api/v1/nodes").await {
+        out.push_str(&format!(
+            "\n{:<10} {:<12} {:<6} {:<10} {}\n",
+            "NODE", "STATUS", "GPUS", "FABRIC", "SHARDS"
+        ));
+        for node in nodes.as_array().into_iter().flatten() {
+            let fabrics: Vec<&str> = node["fabrics"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            out.push_str(&format!(
+                "{:<10} {:<12} {:<6} {:<10} {}\n",
+                node["id"].as_str().unwrap_or("?"),
+                node["status"].as_str().unwrap_or("?"),
+                format!(
+                    "{}/{}",
+                    node["gpus_used"].as_u64().unwrap_or(0),
+                    node["gpus_total"].as_u64().unwrap_or(0)
+                ),
+                if fabrics.is_empty() {
+                    "-".to_owned()
+                } else {
+                    fabrics.join(",")
+                },
+                node["shards"].as_array().map_or(0, Vec::len),
+            ));
+        }
+    }
+    if let Some(replicas) = progress.get("/api/v1/replicas").await {
+        out.push_str(&format!(
+            "\n{:<26} {:<10} {:<8} {:<26} {}\n",
+            "REPLICA", "MODEL", "STATE", "ENDPOINT", "SHARDS"
+        ));
+        for replica in replicas.as_array().into_iter().flatten() {
+            let shards: Vec<String> = replica["shards"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| format!("{}{}", s["node"].as_str().unwrap_or("?"), s["gpus"]))
+                .collect();
+            out.push_str(&format!(
+                "{:<26} {:<10} {:<8} {:<26} {}\n",
+                replica["id"].as_str().unwrap_or("?"),
+                replica["model"].as_str().unwrap_or("?"),
+                replica["state"].as_str().unwrap_or("?"),
+                replica["endpoint"].as_str().unwrap_or("-"),
+                shards.join(" + "),
+            ));
+        }
+    }
+    out
+}

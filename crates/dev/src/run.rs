@@ -153,6 +153,8 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
         return Err(error);
     }
     print!("{}", render(&running, &work_dir, &router_addr));
+    let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
+    print!("{}", crate::progress::fleet_tables(&apis).await);
     if args.insecure {
         println!("gRPC: plaintext (--insecure)");
     } else {

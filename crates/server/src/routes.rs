@@ -52,6 +52,14 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
                 why.push_str(&format!(", {n} {state}"));
             }
             why.push(')');
+            // Nothing placed at all: say why, as `explain` would.
+            if counts.is_empty()
+                && let Ok(explained) =
+                    crate::api::explain_model(fleet, &model.name, Default::default())
+                && let Some(text) = explained.explanation
+            {
+                why.push_str(&format!("; {text}"));
+            }
             if let Some(failure) = &record.last_failure {
                 why.push_str(&format!(
                     "; last failure on node {}: {}",
@@ -104,4 +112,46 @@ pub fn publish(control: ControlPlane) -> watch::Receiver<Arc<RoutingTable>> {
         }
     });
     rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llmgw_state::{Command, Gpu, NodeInventory};
+
+    #[test]
+    fn a_model_with_nothing_placed_says_why_in_its_503() {
+        let mut fleet = FleetState::default();
+        fleet.apply(&Command::RegisterNode {
+            id: "n1".into(),
+            mgmt_addr: "10.0.0.1".into(),
+            inventory: NodeInventory {
+                gpus: vec![Gpu {
+                    index: 0,
+                    model: "NVIDIA L40S".into(),
+                    memory_mb: 46_068,
+                    ..Gpu::default()
+                }],
+                ..NodeInventory::default()
+            },
+            fabrics: vec![],
+            labels: Default::default(),
+            at_ms: 1,
+        });
+        fleet.apply(&Command::PutModel {
+            name: "big".into(),
+            spec: serde_json::json!({"name": "big", "source": "org/big", "replicas": 1,
+                "profiles": [{"name": "p", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                              "tensor_parallel": 1, "pipeline_parallel": 1,
+                              "min_gpu_memory_gb": 0, "gpu_models": ["B200"]}]}),
+            replicas: 1,
+            at_ms: 1,
+        });
+        let table = routing_table(&fleet);
+        let why = table.models[0].unavailable_reason.clone().unwrap();
+        assert!(
+            why.contains("0/1 nodes fit big profile p: 1 have no allowed GPU model"),
+            "{why}"
+        );
+    }
 }

@@ -20,6 +20,7 @@ use crate::agents::Hub;
 use crate::reconcile::PlanSettings;
 
 pub use error::ApiError;
+pub(crate) use explain::explain_model;
 
 #[derive(Clone)]
 pub struct ApiState {
