@@ -2,7 +2,11 @@
 //! system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read at run time, not baked in with env!: a build-script binary that
+    // cargo reuses from another checkout sharing the target directory must
+    // still find this checkout's protos.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR")?;
+    let root = std::path::Path::new(&manifest_dir).join("../../proto");
     let files = ["agent.proto", "raft.proto"];
     for file in files {
         println!("cargo:rerun-if-changed={}", root.join(file).display());
