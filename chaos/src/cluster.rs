@@ -78,6 +78,17 @@ pub struct Peer {
 /// Admin URLs of the current members, shared with the load and sampler.
 pub type Members = Arc<RwLock<BTreeMap<u64, String>>>;
 
+/// The members (id and URL) as they are now, so no lock is held across an
+/// await.
+pub fn snapshot(members: &RwLock<BTreeMap<u64, String>>) -> Vec<(u64, String)> {
+    members
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(id, url)| (*id, url.clone()))
+        .collect()
+}
+
 pub struct Cluster {
     pub net: Net,
     pub dir: PathBuf,

@@ -20,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, ClusterError, Members, get_json, is_alive, signal_group};
+use crate::cluster::{Cluster, ClusterError, Members, get_json, is_alive, signal_group, snapshot};
 use crate::history::History;
 
 /// The peers' gRPC port, which carries the agents' control streams.
@@ -420,12 +420,7 @@ pub async fn sample_once(
     history: &History,
 ) -> FleetSample {
     let at_us = history.now_us();
-    let peers: Vec<(u64, String)> = members
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|(id, url)| (*id, url.clone()))
-        .collect();
+    let peers: Vec<(u64, String)> = snapshot(members);
     let mut sample = FleetSample {
         at_us,
         ..FleetSample::default()
@@ -543,12 +538,7 @@ pub async fn router_worker(
         .expect("an HTTP client with default TLS settings");
     let mut rng = StdRng::seed_from_u64(seed ^ (0x5bd1_e995 * (worker as u64 + 1)));
     while !stop.load(Ordering::Relaxed) {
-        let peers: Vec<(u64, String)> = routers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, url)| (*id, url.clone()))
-            .collect();
+        let peers: Vec<(u64, String)> = snapshot(&routers);
         if peers.is_empty() || models.is_empty() {
             tokio::time::sleep(pause).await;
             continue;

@@ -15,7 +15,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use crate::cluster::{Members, get_json};
+use crate::cluster::{Members, get_json, snapshot};
 use crate::history::{History, OpRecord, Outcome};
 use crate::linearizability::{RegOp, RegRet};
 
@@ -127,12 +127,7 @@ pub async fn worker(
     let mut rng = StdRng::seed_from_u64(seed ^ (0x9e37_79b9 * (worker as u64 + 1)));
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let peers: Vec<(u64, String)> = members
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, url)| (*id, url.clone()))
-            .collect();
+        let peers: Vec<(u64, String)> = snapshot(&members);
         if peers.is_empty() {
             tokio::time::sleep(pause).await;
             continue;
@@ -196,12 +191,7 @@ pub async fn sampler(
         .expect("an HTTP client with default TLS settings");
     let mut samples = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let peers: Vec<(u64, String)> = members
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, url)| (*id, url.clone()))
-            .collect();
+        let peers: Vec<(u64, String)> = snapshot(&members);
         let asks = peers.into_iter().map(|(id, base)| {
             let http = http.clone();
             let history = history.clone();
