@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use llmgw_proto::raft::RaftPayload;
-use llmgw_state::{Command, FleetState, Outcome};
+use llmgw_state::{Command, FleetState, Leadership, Outcome};
 use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
@@ -263,7 +263,7 @@ impl ControlPlane {
     pub async fn propose_as_leader(
         &self,
         term: u64,
-        command: Command,
+        commands: Vec<Command>,
     ) -> Result<u64, ControlError> {
         let superseded = || {
             ControlError::NoLeader(format!(
@@ -274,8 +274,18 @@ impl ControlPlane {
         if self.leading_term() != Some(term) {
             return Err(superseded());
         }
+        // Apply refuses it unless this very leadership appends it, even if
+        // this peer loses and regains leadership before the append.
+        let decided = Command::Decided {
+            leader: Leadership {
+                term,
+                leader: self.inner.id,
+            },
+            commands,
+            at_ms: now_ms(),
+        };
         match self
-            .handle_locally(ForwardRequest::Write(Box::new(command)))
+            .handle_locally(ForwardRequest::Write(Box::new(decided)))
             .await
         {
             ForwardResponse::Written {

@@ -151,7 +151,7 @@ impl AgentService for AgentStreams {
                 .await
                 .map_err(|_| Status::unavailable("the peer is shutting down"))?;
             let command = facts.into_command(now_ms());
-            if let Err(error) = self.control.propose_as_leader(term, command).await {
+            if let Err(error) = self.control.propose_as_leader(term, vec![command]).await {
                 tracing::warn!(node, %error, "cannot register the node now");
                 return Err(Status::unavailable(format!(
                     "registration of node {node} was not committed: {error}"
