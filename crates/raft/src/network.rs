@@ -25,6 +25,9 @@ use tonic::transport::Channel;
 /// Snapshot chunks stay well under tonic's default 4 MiB message limit.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// HTTP/2 ping interval and answer deadline on peer connections.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// How long a peer that refused a connection is reported unreachable
 /// without being dialled again.
 const DOWN_HOLD: Duration = Duration::from_millis(200);
@@ -58,9 +61,16 @@ impl Peers {
         if let Some(channel) = channels.get(addr) {
             return Ok(RaftServiceClient::new(channel.clone()));
         }
+        // HTTP/2 pings find a connection that went dead under a partition
+        // (its TCP stuck in retransmission backoff, where every RPC only
+        // times out) within a few seconds, so the next RPC dials afresh
+        // instead of waiting out the backoff for tens of seconds.
         let endpoint = llmgw_tls::endpoint(addr)?
             .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .keep_alive_while_idle(true);
         let channel = llmgw_tls::connect_lazy(&endpoint, self.tls.as_ref());
         channels.insert(addr.to_owned(), channel.clone());
         Ok(RaftServiceClient::new(channel)

@@ -94,16 +94,28 @@ pub async fn serve(
         "llmgw server peer started"
     );
 
+    let hub = Arc::new(Hub::for_peer(options.id));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
+    {
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            // Agents re-home now rather than after their leader_timeout,
+            // and the gRPC server has no open stream to wait for.
+            let closed = hub.close_all();
+            if closed > 0 {
+                tracing::info!(
+                    closed,
+                    "closed the agent streams; agents find the next leader"
+                );
+            }
+            let _ = stop_tx.send(true);
+        });
+    }
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let hub = Arc::new(Hub::for_peer(options.id));
     let (reports, report_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(write_reports(control.clone(), report_rx));
     tokio::spawn(run_liveness(
