@@ -381,6 +381,7 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             &evidence.peer_logs,
             &evidence.fleet_samples,
             &evidence.windows,
+            evidence.wall_zero_us,
         ));
         checked.push(invariants::router_healthy(
             &evidence.router_ops,
@@ -390,6 +391,12 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
         checked.push(invariants::no_deposed_command(
             &evidence.fleet_samples,
             &evidence.agent_logs,
+        ));
+        let models: Vec<&str> = ctx.desired.keys().map(String::as_str).collect();
+        checked.push(invariants::no_retirement_while_reachable(
+            &evidence.fleet_samples,
+            &evidence.windows,
+            &models,
         ));
     }
     checked.append(&mut ctx.extra_checks);
