@@ -116,6 +116,21 @@ impl Ctx {
         Ok(())
     }
 
+    /// SIGSTOP to peer `id`, with a fault window on it (its router stops
+    /// answering; no node is touched).
+    pub(super) fn pause(&mut self, id: u64) {
+        self.open_window(Subject::Peer(id), true);
+        self.cluster.pause(id);
+        self.fault(format!("SIGSTOP peer {id}"));
+    }
+
+    /// SIGCONT to peer `id`; closes its window.
+    pub(super) fn resume(&mut self, id: u64) {
+        self.cluster.resume(id);
+        self.close_window(&Subject::Peer(id));
+        self.fault(format!("SIGCONT peer {id}"));
+    }
+
     pub(super) fn heal(&mut self) -> Result<(), ScenarioError> {
         self.cluster.net.heal()?;
         let now = self.history.now_us();
@@ -126,6 +141,11 @@ impl Ctx {
         }
         self.fault("heal the network");
         Ok(())
+    }
+
+    /// Runs `check` on the whole run's evidence once the load stopped.
+    pub(super) fn check_later(&mut self, check: impl FnOnce(&Evidence) -> Checked + 'static) {
+        self.later.push(Box::new(check));
     }
 
     pub(super) fn open_window(&mut self, subject: Subject, data_plane: bool) {

@@ -26,6 +26,7 @@ mod fleet_faults;
 mod record;
 mod run;
 mod setup;
+mod silent_peers;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -162,6 +163,62 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         schedule: |ctx| Box::pin(control_plane::peer_replacement(ctx)),
+    },
+    Scenario {
+        name: "leader-sigstop-10s-fleet",
+        about: "SIGSTOP the leader for 10 s under a fleet: agents re-home, no node is marked down, no replica moves",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::leader_sigstop_10s(ctx)),
+    },
+    Scenario {
+        name: "leader-sigstop-30s-fleet",
+        about: "SIGSTOP the leader for 30 s under a fleet (five times lost_after): agents re-home, no node is marked down",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::leader_sigstop_30s(ctx)),
+    },
+    Scenario {
+        name: "follower-sigstop-10s-fleet",
+        about: "SIGSTOP a follower for 10 s under a fleet: no term change, the leader keeps its agent streams",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::follower_sigstop_10s(ctx)),
+    },
+    Scenario {
+        name: "leader-cut-from-peers-fleet",
+        about: "cut the leader off from both peers (agents and clients still reach it) for 2 x lost_after",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::leader_cut_from_peers(ctx)),
+    },
+    Scenario {
+        name: "one-way-leader-to-peers-fleet",
+        about: "drop everything the leader sends to both peers (agents and clients untouched) for 2 x lost_after",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::one_way_leader_to_peers(ctx)),
+    },
+    Scenario {
+        name: "one-way-peers-to-leader-fleet",
+        about: "drop everything both peers send to the leader (agents and clients untouched) for 2 x lost_after",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::one_way_peers_to_leader(ctx)),
+    },
+    Scenario {
+        name: "partition-60s-fleet",
+        about: "the leader in a minority of one for 60 s (agents and clients reach every peer), then heal",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::partition_60s(ctx)),
+    },
+    Scenario {
+        name: "rolling-restart-fleet",
+        about: "restart all three peers one after another (SIGTERM, start, caught up) under router and admin load",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        schedule: |ctx| Box::pin(silent_peers::rolling_restart(ctx)),
     },
 ];
 
