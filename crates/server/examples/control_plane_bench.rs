@@ -4,7 +4,9 @@
 //!
 //! `cargo build -p llmgw-cli && cargo run -p llmgw-server --example control_plane_bench`
 //! (release: add `--release` to both). `FAILOVERS=N` changes the number of
-//! leader kills (default 20); `WRITE_SECONDS=S` the length of each
+//! leader kills (default 20); `PAUSES=N` the number of leader SIGSTOPs
+//! (default 5) and `PAUSE_SECONDS=S` their length (default 10);
+//! `WRITE_SECONDS=S` the length of each
 //! throughput run (default 5). `TLS=1` runs the peers with mTLS (the
 //! default, plaintext, is `insecure: true`).
 
@@ -77,6 +79,46 @@ async fn main() {
             downtimes.len(),
             percentile(&downtimes, 0.5).as_secs_f64(),
             downtimes.last().unwrap().as_secs_f64()
+        );
+    }
+
+    let pauses = env_u64("PAUSES", 5);
+    let pause_for = Duration::from_secs(env_u64("PAUSE_SECONDS", 10));
+    let mut stalls = Vec::new();
+    for round in 0..pauses {
+        let leader = cluster.wait_leader().await;
+        cluster.wait_converged().await;
+        let survivor = (1..=3).find(|id| *id != leader).unwrap();
+        cluster.pause(leader);
+        let paused_at = Instant::now();
+        let name = format!("pause-{round}");
+        loop {
+            if let Ok((200, _)) = cluster.put_model(survivor, &name).await {
+                break;
+            }
+            assert!(
+                paused_at.elapsed() < pause_for,
+                "no write accepted during a {pause_for:?} pause of the leader"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stall = paused_at.elapsed();
+        println!(
+            "pause {round:>2}: SIGSTOP leader {leader}, write accepted after {:.3} s",
+            stall.as_secs_f64()
+        );
+        stalls.push(stall);
+        tokio::time::sleep(pause_for.saturating_sub(paused_at.elapsed())).await;
+        cluster.resume(leader);
+    }
+    stalls.sort();
+    if !stalls.is_empty() {
+        println!(
+            "pause: {} leader SIGSTOPs of {:?}, time until a write is accepted again: median {:.3} s, max {:.3} s",
+            stalls.len(),
+            pause_for,
+            percentile(&stalls, 0.5).as_secs_f64(),
+            stalls.last().unwrap().as_secs_f64()
         );
     }
 
