@@ -25,9 +25,9 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         Self {
-            heartbeat_interval: Duration::from_millis(100),
-            election_timeout_min: Duration::from_millis(500),
-            election_timeout_max: Duration::from_millis(900),
+            heartbeat_interval: Duration::from_millis(80),
+            election_timeout_min: Duration::from_millis(250),
+            election_timeout_max: Duration::from_millis(450),
             rpc_timeout: Duration::from_millis(1000),
             snapshot_timeout: Duration::from_secs(30),
             snapshot_after_entries: 5000,
