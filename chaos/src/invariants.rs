@@ -22,6 +22,7 @@ pub const NO_DEPOSED_COMMAND: &str = "no-deposed-leader-command-executed";
 pub const NO_RETIREMENT_WHILE_REACHABLE: &str = "no-replica-retired-while-node-reachable";
 pub const NO_TERM_CHANGE_FOLLOWER_PAUSED: &str = "no-term-change-while-follower-paused";
 pub const HEALTHY_LEADER_KEPT_STREAMS: &str = "healthy-leader-kept-agent-streams";
+pub const REJOINED_AFTER_HEALING: &str = "healed-peer-rejoined-promptly";
 
 /// How long after a node's fault window closes a mark or a retirement
 /// caused by it may still be logged: the agent reconnects with backoff
@@ -784,6 +785,69 @@ pub fn healthy_leader_kept_streams(
     )
 }
 
+/// Once peer `peer`'s fault healed (run time `healed_us`), it names the
+/// leader and term the other peers name within `within_us`: a deposed or
+/// cut-off leader learns of its successor, so it stops serving stale
+/// reads and routes. The target is what the other peers report most in
+/// that span.
+pub fn rejoined_after_healing(
+    samples: &[LeaderSample],
+    peer: u64,
+    healed_us: u64,
+    within_us: u64,
+) -> Checked {
+    let until = healed_us.saturating_add(within_us);
+    let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.peer != peer && s.at_us >= healed_us && s.at_us <= until)
+    {
+        if let Some(leader) = s.leader {
+            *votes.entry((s.term, leader)).or_default() += 1;
+        }
+    }
+    let scope = |what: String| {
+        format!(
+            "peer {peer}, healed at {:.1}s, within {:.0}s: {what}",
+            healed_us as f64 / 1e6,
+            within_us as f64 / 1e6
+        )
+    };
+    let Some(((term, leader), _)) = votes.into_iter().max_by_key(|(_, n)| *n) else {
+        return Checked::new(
+            REJOINED_AFTER_HEALING,
+            scope("the other peers named no leader".into()),
+            vec![format!(
+                "no other peer named a leader within {:.0}s of healing",
+                within_us as f64 / 1e6
+            )],
+        );
+    };
+    let agrees = |s: &&LeaderSample| s.peer == peer && s.term == term && s.leader == Some(leader);
+    let first = samples
+        .iter()
+        .filter(|s| s.at_us >= healed_us)
+        .filter(agrees)
+        .map(|s| s.at_us)
+        .min();
+    let violations = match first {
+        Some(at) if at <= until => Vec::new(),
+        Some(at) => vec![format!(
+            "peer {peer} first named leader {leader} of term {term} {:.1}s after healing (the others did within {:.0}s)",
+            (at - healed_us) as f64 / 1e6,
+            within_us as f64 / 1e6
+        )],
+        None => vec![format!(
+            "peer {peer} never named leader {leader} of term {term} after healing"
+        )],
+    };
+    Checked::new(
+        REJOINED_AFTER_HEALING,
+        scope(format!("the others name leader {leader} of term {term}")),
+        violations,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1179,6 +1243,36 @@ mod tests {
             checked
                 .scope
                 .contains("4 streams closed by peers, 1 stream losses")
+        );
+    }
+
+    #[test]
+    fn a_healed_peer_that_names_the_new_leader_late_is_reported() {
+        let at = |at_us, peer, term, leader| LeaderSample {
+            at_us,
+            peer,
+            term,
+            leader,
+        };
+        let samples = vec![
+            at(100, 2, 2, Some(2)),
+            at(100, 3, 2, Some(2)),
+            at(100, 1, 1, Some(1)),
+            at(5_000_000, 1, 1, Some(1)),
+            at(43_000_100, 1, 2, Some(2)),
+        ];
+        let checked = rejoined_after_healing(&samples, 1, 100, 10_000_000);
+        assert_eq!(
+            checked.violations,
+            vec![
+                "peer 1 first named leader 2 of term 2 43.0s after healing (the others did within 10s)"
+            ]
+        );
+        let prompt = vec![at(100, 2, 2, Some(2)), at(2_000_000, 1, 2, Some(2))];
+        assert!(
+            rejoined_after_healing(&prompt, 1, 100, 10_000_000)
+                .violations
+                .is_empty()
         );
     }
 }

@@ -25,6 +25,19 @@ use crate::invariants;
 /// a wrong liveness decision to be taken (`node_ttl` + `lost_after`).
 const WATCH_AFTER: (u64, u64) = (6000, 8000);
 
+/// How soon after its fault heals a cut-off or woken leader must name its
+/// successor (election timeouts are 250-450 ms, heartbeats 80 ms).
+const REJOIN_WITHIN_US: u64 = 10_000_000;
+
+/// Checks later that `peer` named the others' leader within
+/// `REJOIN_WITHIN_US` of now (its fault just healed).
+fn check_rejoined(ctx: &mut Ctx, peer: u64) {
+    let healed_us = ctx.history.now_us();
+    ctx.check_later(move |ev| {
+        invariants::rejoined_after_healing(&ev.leader_samples, peer, healed_us, REJOIN_WITHIN_US)
+    });
+}
+
 /// Sleeps `total`, noting the first moment at which one of `among`
 /// names a leader of `among` (a new leader on the majority side).
 async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: Duration) {
@@ -120,6 +133,7 @@ async fn pause_leader(ctx: &mut Ctx, secs: u64) -> Result<(), ScenarioError> {
     ));
     hold_watching_majority(ctx, &followers, Duration::from_secs(secs)).await;
     ctx.resume(leader);
+    check_rejoined(ctx, leader);
     ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
     Ok(())
 }
@@ -209,6 +223,7 @@ async fn cut_leader_from_peers(
     hold_watching_majority(ctx, &followers, hold).await;
     ctx.heal()?;
     ctx.close_window(&Subject::Peer(leader));
+    check_rejoined(ctx, leader);
     ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
     Ok(())
 }
@@ -254,6 +269,7 @@ async fn one_way(ctx: &mut Ctx, to_peers: bool) -> Result<(), ScenarioError> {
     hold_watching_majority(ctx, &followers, hold).await;
     ctx.heal()?;
     ctx.close_window(&Subject::Peer(leader));
+    check_rejoined(ctx, leader);
     ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
     Ok(())
 }
