@@ -311,6 +311,33 @@ impl Cluster {
         peer.stopped = false;
     }
 
+    /// SIGTERM to the peer's group (a clean shutdown, as an operator's
+    /// restart does), then SIGKILL if it has not exited within `within`.
+    /// Returns whether it exited by itself, and how long that took.
+    pub fn terminate(&mut self, id: u64, within: Duration) -> (bool, Duration) {
+        let started = Instant::now();
+        let peer = self.peers.get_mut(&id).expect("known peer");
+        let Some(mut child) = peer.child.take() else {
+            return (true, Duration::ZERO);
+        };
+        signal_group(child.id(), libc::SIGCONT);
+        signal_group(child.id(), libc::SIGTERM);
+        let mut clean = false;
+        while started.elapsed() < within {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                clean = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !clean {
+            signal_group(child.id(), libc::SIGKILL);
+            let _ = child.wait();
+        }
+        peer.stopped = false;
+        (clean, started.elapsed())
+    }
+
     pub fn pause(&mut self, id: u64) {
         let peer = self.peers.get_mut(&id).expect("known peer");
         if let Some(child) = &peer.child {

@@ -19,6 +19,16 @@ pub const NO_UNREACHABLE_WHILE_HEALTHY: &str = "no-node-unreachable-while-stream
 pub const REPLICAS_READY_AFTER_HEALING: &str = "replicas-ready-after-healing";
 pub const ROUTER_HEALTHY_SERVED: &str = "router-requests-to-healthy-replicas-served";
 pub const NO_DEPOSED_COMMAND: &str = "no-deposed-leader-command-executed";
+pub const NO_RETIREMENT_WHILE_REACHABLE: &str = "no-replica-retired-while-node-reachable";
+pub const NO_TERM_CHANGE_FOLLOWER_PAUSED: &str = "no-term-change-while-follower-paused";
+pub const HEALTHY_LEADER_KEPT_STREAMS: &str = "healthy-leader-kept-agent-streams";
+pub const REJOINED_AFTER_HEALING: &str = "healed-peer-rejoined-promptly";
+
+/// How long after a node's fault window closes a mark or a retirement
+/// caused by it may still be logged: the agent reconnects with backoff
+/// (at most 2 s in these runs), the liveness loop and the reconciler run
+/// a round later.
+const NODE_FAULT_SLACK_US: u64 = 15_000_000;
 
 /// One invariant's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,7 +247,7 @@ pub fn no_gpu_twice(samples: &[FleetSample]) -> Checked {
     )
 }
 
-/// Nodes a fault touched (their stream was cut or worse).
+/// Nodes a fault touched (their stream was cut or worse), at any time.
 fn faulted_nodes(windows: &[Window]) -> BTreeSet<&str> {
     windows
         .iter()
@@ -248,13 +258,76 @@ fn faulted_nodes(windows: &[Window]) -> BTreeSet<&str> {
         .collect()
 }
 
-/// No node whose stream no fault touched was ever marked `unreachable` or
-/// `lost`: not in any peer's log (`node status changed ... to=...`), not
-/// in any sampled `GET /api/v1/nodes`.
+/// The fault windows on node `node`. A fault on a control-plane peer
+/// never touches a node: the node's own stream and engines are fine, and
+/// a peer that stops answering must not make the fleet look down.
+fn node_windows<'a>(windows: &'a [Window], node: &'a str) -> impl Iterator<Item = &'a Window> {
+    windows
+        .iter()
+        .filter(move |w| matches!(&w.subject, Subject::Node(n) if n == node))
+}
+
+/// Whether a window on `node` covers run time `at_us` (with the slack
+/// after it closes).
+fn node_fault_at(windows: &[Window], node: &str, at_us: u64) -> bool {
+    node_windows(windows, node).any(|w| {
+        w.from_us <= at_us
+            && at_us
+                <= w.to_us
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(NODE_FAULT_SLACK_US)
+    })
+}
+
+/// The wall-clock time of a tracing log line (`2026-12-03T07:06:07.123456Z
+/// ...`) as microseconds since the Unix epoch.
+pub fn log_time_us(line: &str) -> Option<u64> {
+    let stamp = line.split_whitespace().next()?;
+    let stamp = stamp.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let mut date = date.splitn(3, '-').map(str::parse::<i64>);
+    let (y, m, d) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut hms = hms.splitn(3, ':').map(str::parse::<i64>);
+    let (hh, mm, ss) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
+    let micros: i64 = if frac.is_empty() {
+        0
+    } else {
+        let digits: String = frac.chars().take(6).collect();
+        let n: i64 = digits.parse().ok()?;
+        n * 10_i64.pow(6 - digits.len() as u32)
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
+    u64::try_from(secs * 1_000_000 + micros).ok()
+}
+
+/// A log line's time in run time (microseconds since the run's time
+/// zero), given the wall-clock time of that zero.
+fn run_time_us(line: &str, wall_zero_us: u64) -> Option<u64> {
+    log_time_us(line).map(|t| t.saturating_sub(wall_zero_us))
+}
+
+/// No node was marked `unreachable` or `lost` unless a fault window on
+/// that node covers the moment: not in any peer's log (`node status
+/// changed ... to=...`, placed in run time by its timestamp), not in any
+/// sampled `GET /api/v1/nodes`. A sampled status that is not `ready` stays
+/// excused after its window until the node is seen `ready` again. A fault
+/// on a peer (killed, paused, cut off) touches no node. `wall_zero_us` is
+/// the wall-clock time of the run's zero; 0 places no log line in time,
+/// so any window on the node excuses it.
 pub fn no_unreachable_while_healthy(
     peer_logs: &[(String, String)],
     samples: &[FleetSample],
     windows: &[Window],
+    wall_zero_us: u64,
 ) -> Checked {
     let faulted = faulted_nodes(windows);
     let mut violations = BTreeSet::new();
@@ -264,28 +337,59 @@ pub fn no_unreachable_while_healthy(
             transitions += 1;
             let node = field(line, "node");
             let to = field(line, "to");
-            if matches!(to.as_deref(), Some("unreachable" | "lost"))
-                && let Some(node) = node
-                && !faulted.contains(node.as_str())
-            {
+            let Some(node) = node else { continue };
+            if !matches!(to.as_deref(), Some("unreachable" | "lost")) {
+                continue;
+            }
+            let at = (wall_zero_us > 0)
+                .then(|| run_time_us(line, wall_zero_us))
+                .flatten();
+            let excused = match at {
+                Some(at) => node_fault_at(windows, &node, at),
+                None => faulted.contains(node.as_str()),
+            };
+            if !excused {
                 violations.insert(format!(
-                    "{name}: node {node} marked {} although no fault touched its stream: {}",
+                    "{name}: node {node} marked {}{} although no fault touched it: {}",
                     to.unwrap_or_default(),
+                    at.map_or(String::new(), |at| format!(" at {:.1}s", at as f64 / 1e6)),
                     line.trim()
                 ));
             }
         }
     }
+    // Per node: the window that excuses its non-ready samples, until the
+    // node is seen ready after that window closed.
+    let mut excusing: BTreeMap<&str, bool> = BTreeMap::new();
     for sample in samples {
         for (node, (status, _)) in sample.nodes.iter().flatten() {
-            if status != "ready" && !faulted.contains(node.as_str()) {
+            let at = sample.at_us;
+            let covered = node_fault_at(windows, node, at);
+            if status == "ready" {
+                if !covered {
+                    excusing.insert(node, false);
+                }
+                continue;
+            }
+            if covered {
+                excusing.insert(node, true);
+                continue;
+            }
+            let still = excusing.get(node.as_str()).copied().unwrap_or(false)
+                && node_windows(windows, node).any(|w| w.from_us <= at);
+            if !still {
                 violations.insert(format!(
-                    "node {node} was {status} at {:.1}s (peer {}) although no fault touched its stream",
-                    sample.at_us as f64 / 1e6,
+                    "node {node} was {status} at {:.1}s (peer {}) although no fault touched it",
+                    at as f64 / 1e6,
                     sample.peer.map_or("?".to_owned(), |p| p.to_string()),
                 ));
             }
         }
+    }
+    let total = violations.len();
+    let mut shown: Vec<String> = violations.into_iter().take(10).collect();
+    if total > shown.len() {
+        shown.push(format!("... and {} more", total - shown.len()));
     }
     Checked::new(
         NO_UNREACHABLE_WHILE_HEALTHY,
@@ -293,7 +397,7 @@ pub fn no_unreachable_while_healthy(
             "{transitions} status changes logged, {} node samples, faulted nodes {faulted:?}",
             samples.iter().filter(|s| s.nodes.is_some()).count()
         ),
-        violations.into_iter().take(10).collect(),
+        shown,
     )
 }
 
@@ -413,6 +517,337 @@ pub fn no_deposed_command(samples: &[FleetSample], agent_logs: &[(String, String
     )
 }
 
+/// The replica a shard id (`<replica>-r<rank>`) belongs to.
+fn replica_of_shard(shard_id: &str) -> &str {
+    match shard_id.rsplit_once("-r") {
+        Some((replica, rank)) if !rank.is_empty() && rank.bytes().all(|b| b.is_ascii_digit()) => {
+            replica
+        }
+        _ => shard_id,
+    }
+}
+
+/// What is known of one replica over the run.
+#[derive(Default)]
+struct ReplicaTrack {
+    model: String,
+    nodes: BTreeSet<String>,
+    /// A shard or the replica was `failed`: its engine failed, and the
+    /// reconciler may stop and remove it.
+    failed: bool,
+    /// The last sample that listed it.
+    last_listed_us: u64,
+    /// The first sample that showed it ordered away (`draining`,
+    /// `stopping`, `stopped`).
+    ordered_away_us: Option<u64>,
+    /// The first agent sample after its last shard state file vanished.
+    files_gone_us: Option<(String, u64)>,
+}
+
+/// No replica of `models` was retired (removed, stopped, drained away, or
+/// its engine stopped on its node) while every node it ran on was
+/// reachable from a majority of peers. A node is unreachable from the
+/// majority only inside a fault window on that node (its stream cut from
+/// every peer); a failed engine and an operator's drain are the other
+/// reasons a replica may go. Evidence: the sampled `GET /api/v1/replicas`
+/// (the replica disappears for good, or is ordered away) and, from outside
+/// the control plane, every agent's shard state files (the file of a
+/// shard vanishes for good).
+pub fn no_retirement_while_reachable(
+    samples: &[FleetSample],
+    windows: &[Window],
+    models: &[&str],
+) -> Checked {
+    let mut tracks: BTreeMap<String, ReplicaTrack> = BTreeMap::new();
+    let mut draining_since: BTreeMap<String, u64> = BTreeMap::new();
+    let mut last_api_us = None;
+    for sample in samples {
+        for (node, (_, draining)) in sample.nodes.iter().flatten() {
+            if *draining {
+                draining_since.entry(node.clone()).or_insert(sample.at_us);
+            }
+        }
+        let Some(replicas) = &sample.replicas else {
+            continue;
+        };
+        last_api_us = Some(sample.at_us);
+        for r in replicas
+            .iter()
+            .filter(|r| models.contains(&r.model.as_str()))
+        {
+            let track = tracks.entry(r.id.clone()).or_default();
+            track.model.clone_from(&r.model);
+            track.last_listed_us = sample.at_us;
+            track.nodes.extend(r.shards.iter().map(|s| s.node.clone()));
+            track.failed |= r.state == "failed" || r.shards.iter().any(|s| s.state == "failed");
+            if matches!(r.state.as_str(), "draining" | "stopping" | "stopped") {
+                track.ordered_away_us.get_or_insert(sample.at_us);
+            }
+        }
+    }
+    // Agent files: per (node, replica), the last sample holding a file
+    // of it, and the first agent sample after that.
+    let mut files: BTreeMap<(String, String), (u64, Option<u64>)> = BTreeMap::new();
+    for sample in samples {
+        for agent in &sample.agents {
+            let held: BTreeSet<&str> = agent
+                .shards
+                .iter()
+                .map(|s| replica_of_shard(&s.shard_id))
+                .collect();
+            for replica in &held {
+                files.insert(
+                    (agent.node.clone(), (*replica).to_owned()),
+                    (sample.at_us, None),
+                );
+            }
+            for ((node, replica), (_, gone)) in files.iter_mut() {
+                if node == &agent.node && !held.contains(replica.as_str()) && gone.is_none() {
+                    *gone = Some(sample.at_us);
+                }
+            }
+        }
+    }
+    for ((node, replica), (_, gone)) in &files {
+        if let (Some(gone), Some(track)) = (gone, tracks.get_mut(replica)) {
+            track.nodes.insert(node.clone());
+            if track.files_gone_us.as_ref().is_none_or(|(_, at)| gone < at) {
+                track.files_gone_us = Some((node.clone(), *gone));
+            }
+        }
+    }
+    let mut violations = Vec::new();
+    let mut retired = 0;
+    for (id, track) in &tracks {
+        let removed_us = last_api_us
+            .filter(|last| *last > track.last_listed_us)
+            .and_then(|_| {
+                samples
+                    .iter()
+                    .filter(|s| s.replicas.is_some())
+                    .map(|s| s.at_us)
+                    .find(|at| *at > track.last_listed_us)
+            });
+        let mut how: Vec<(u64, String)> = Vec::new();
+        if let Some(at) = track.ordered_away_us {
+            how.push((at, "ordered away (draining/stopping/stopped)".into()));
+        }
+        if let Some(at) = removed_us {
+            how.push((at, "removed from GET /api/v1/replicas".into()));
+        }
+        if let Some((node, at)) = &track.files_gone_us {
+            how.push((*at, format!("its shard state file vanished from {node}")));
+        }
+        let Some(at) = how.iter().map(|(at, _)| *at).min() else {
+            continue;
+        };
+        retired += 1;
+        if track.failed {
+            continue;
+        }
+        let excused = track.nodes.iter().any(|node| {
+            node_fault_at(windows, node, at)
+                || draining_since.get(node).is_some_and(|since| *since <= at)
+        });
+        if !excused {
+            violations.push(format!(
+                "replica {id} of {} on {:?} retired at {:.1}s while every one of its nodes was reachable from a majority of peers (no fault on them, no drain, no engine failure): {}",
+                track.model,
+                track.nodes,
+                at as f64 / 1e6,
+                how.iter()
+                    .map(|(at, what)| format!("{what} at {:.1}s", *at as f64 / 1e6))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    let total = violations.len();
+    let mut shown: Vec<String> = violations.into_iter().take(10).collect();
+    if total > shown.len() {
+        shown.push(format!("... and {} more", total - shown.len()));
+    }
+    Checked::new(
+        NO_RETIREMENT_WHILE_REACHABLE,
+        format!(
+            "{} replicas of {models:?} seen, {retired} retired, faulted nodes {:?}",
+            tracks.len(),
+            faulted_nodes(windows)
+        ),
+        shown,
+    )
+}
+
+/// While only follower `paused` was paused (`from_us` to `to_us`, which
+/// includes a while after it woke), and leader `leader` of term `term`
+/// was healthy, no peer reported another term or another leader: every
+/// peer's sampled `GET /api/v1/cluster`, the woken follower's included.
+pub fn no_term_change_while_follower_paused(
+    samples: &[LeaderSample],
+    paused: u64,
+    leader: u64,
+    term: u64,
+    from_us: u64,
+    to_us: u64,
+) -> Checked {
+    let inside: Vec<&LeaderSample> = samples
+        .iter()
+        .filter(|s| s.at_us >= from_us && s.at_us <= to_us)
+        .collect();
+    let mut changed: BTreeMap<(u64, u64, Option<u64>), (u64, usize)> = BTreeMap::new();
+    for s in &inside {
+        let other_leader = s.leader.is_some_and(|l| l != leader);
+        if s.term != term || other_leader {
+            let entry = changed
+                .entry((s.peer, s.term, s.leader))
+                .or_insert((s.at_us, 0));
+            entry.1 += 1;
+        }
+    }
+    let violations = changed
+        .iter()
+        .map(|((peer, t, l), (first, n))| {
+            format!(
+                "peer {peer} reported term {t} leader {l:?} ({n} samples from {:.1}s) while follower {paused} was paused and leader {leader} of term {term} was healthy",
+                *first as f64 / 1e6
+            )
+        })
+        .collect();
+    Checked::new(
+        NO_TERM_CHANGE_FOLLOWER_PAUSED,
+        format!(
+            "{} samples from {:.1}s to {:.1}s: follower {paused} paused, leader {leader}, term {term}",
+            inside.len(),
+            from_us as f64 / 1e6,
+            to_us as f64 / 1e6
+        ),
+        violations,
+    )
+}
+
+/// While the leader was healthy (run times `from_us` to `to_us`), no peer
+/// closed its agent streams for losing leadership (`no longer leading;
+/// closed the agent streams`, with how many) and no agent lost its
+/// control-plane stream (the agents' own logs).
+pub fn healthy_leader_kept_streams(
+    peer_logs: &[(String, String)],
+    agent_logs: &[(String, String)],
+    wall_zero_us: u64,
+    from_us: u64,
+    to_us: u64,
+) -> Checked {
+    let within =
+        |line: &str| run_time_us(line, wall_zero_us).filter(|at| *at >= from_us && *at <= to_us);
+    let mut violations = Vec::new();
+    let mut closed = 0;
+    for (name, text) in peer_logs {
+        for line in text
+            .lines()
+            .filter(|l| l.contains("no longer leading; closed the agent streams"))
+        {
+            if let Some(at) = within(line) {
+                let n: usize = field(line, "closed")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+                closed += n;
+                violations.push(format!(
+                    "{name}: closed {n} agent streams at {:.1}s while the leader was healthy: {}",
+                    at as f64 / 1e6,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    let mut lost = 0;
+    for (node, text) in agent_logs {
+        let times: Vec<u64> = text
+            .lines()
+            .filter(|l| l.contains("control-plane stream lost"))
+            .filter_map(within)
+            .collect();
+        if let Some(first) = times.first() {
+            lost += times.len();
+            violations.push(format!(
+                "agent {node} lost its control-plane stream {} time(s) from {:.1}s while the leader was healthy",
+                times.len(),
+                *first as f64 / 1e6
+            ));
+        }
+    }
+    Checked::new(
+        HEALTHY_LEADER_KEPT_STREAMS,
+        format!(
+            "{:.1}s to {:.1}s: {closed} streams closed by peers, {lost} stream losses in agent logs",
+            from_us as f64 / 1e6,
+            to_us as f64 / 1e6
+        ),
+        violations,
+    )
+}
+
+/// Once peer `peer`'s fault healed (run time `healed_us`), it names the
+/// leader and term the other peers name within `within_us`: a deposed or
+/// cut-off leader learns of its successor, so it stops serving stale
+/// reads and routes. The target is what the other peers report most in
+/// that span.
+pub fn rejoined_after_healing(
+    samples: &[LeaderSample],
+    peer: u64,
+    healed_us: u64,
+    within_us: u64,
+) -> Checked {
+    let until = healed_us.saturating_add(within_us);
+    let mut votes: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.peer != peer && s.at_us >= healed_us && s.at_us <= until)
+    {
+        if let Some(leader) = s.leader {
+            *votes.entry((s.term, leader)).or_default() += 1;
+        }
+    }
+    let scope = |what: String| {
+        format!(
+            "peer {peer}, healed at {:.1}s, within {:.0}s: {what}",
+            healed_us as f64 / 1e6,
+            within_us as f64 / 1e6
+        )
+    };
+    let Some(((term, leader), _)) = votes.into_iter().max_by_key(|(_, n)| *n) else {
+        return Checked::new(
+            REJOINED_AFTER_HEALING,
+            scope("the other peers named no leader".into()),
+            vec![format!(
+                "no other peer named a leader within {:.0}s of healing",
+                within_us as f64 / 1e6
+            )],
+        );
+    };
+    let agrees = |s: &&LeaderSample| s.peer == peer && s.term == term && s.leader == Some(leader);
+    let first = samples
+        .iter()
+        .filter(|s| s.at_us >= healed_us)
+        .filter(agrees)
+        .map(|s| s.at_us)
+        .min();
+    let violations = match first {
+        Some(at) if at <= until => Vec::new(),
+        Some(at) => vec![format!(
+            "peer {peer} first named leader {leader} of term {term} {:.1}s after healing (the others did within {:.0}s)",
+            (at - healed_us) as f64 / 1e6,
+            within_us as f64 / 1e6
+        )],
+        None => vec![format!(
+            "peer {peer} never named leader {leader} of term {term} after healing"
+        )],
+    };
+    Checked::new(
+        REJOINED_AFTER_HEALING,
+        scope(format!("the others name leader {leader} of term {term}")),
+        violations,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,7 +949,7 @@ mod tests {
             to_us: Some(1),
             data_plane: false,
         }];
-        let checked = no_unreachable_while_healthy(&logs, &[], &windows);
+        let checked = no_unreachable_while_healthy(&logs, &[], &windows, 0);
         assert_eq!(checked.violations.len(), 1, "{checked:?}");
         assert!(checked.violations[0].contains("node n2 marked unreachable"));
     }
@@ -582,5 +1017,262 @@ mod tests {
         assert!(state_hashes(&states).violations.is_empty());
         states.insert(3, Some((10, "bb".to_owned())));
         assert_eq!(state_hashes(&states).violations.len(), 1);
+    }
+
+    #[test]
+    fn log_times_are_read_as_unix_microseconds() {
+        assert_eq!(
+            log_time_us("1970-01-01T00:00:01.000002Z  INFO x: y"),
+            Some(1_000_002)
+        );
+        // 2026-12-03T07:06:07.5Z, checked against `date -d ... +%s`.
+        assert_eq!(
+            log_time_us("2026-12-03T07:06:07.5Z  WARN a: b"),
+            Some(1_796_281_567_500_000)
+        );
+        assert_eq!(log_time_us("not a time"), None);
+    }
+
+    fn window(subject: Subject, from_us: u64, to_us: u64) -> Window {
+        Window {
+            subject,
+            from_us,
+            to_us: Some(to_us),
+            data_plane: false,
+        }
+    }
+
+    #[test]
+    fn a_mark_outside_the_node_window_or_during_a_peer_fault_is_reported() {
+        // Run time zero at 1970-01-01T00:00:00Z: log times are run times.
+        let logs = vec![(
+            "server-2.1.log".to_owned(),
+            "1970-01-01T00:00:05.000000Z  WARN l: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n\
+             1970-01-01T00:01:00.000000Z  WARN l: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n\
+             1970-01-01T00:00:12.000000Z  WARN l: node status changed node=n2 from=\"ready\" to=\"lost\"\n"
+                .to_owned(),
+        )];
+        let windows = vec![
+            window(Subject::Node("n1".into()), 4_000_000, 8_000_000),
+            // A paused leader touches no node.
+            window(Subject::Peer(1), 0, 30_000_000),
+        ];
+        let node_sample = |at_us, status: &str| FleetSample {
+            at_us,
+            peer: Some(2),
+            nodes: Some(BTreeMap::from([(
+                "n1".to_owned(),
+                (status.to_owned(), false),
+            )])),
+            ..FleetSample::default()
+        };
+        let samples = vec![
+            node_sample(5_000_000, "unreachable"),
+            // Still down after the window: excused until seen ready.
+            node_sample(30_000_000, "lost"),
+            node_sample(31_000_000, "ready"),
+            node_sample(50_000_000, "unreachable"),
+        ];
+        let checked = no_unreachable_while_healthy(&logs, &samples, &windows, 1);
+        let text = checked.violations.join("\n");
+        assert_eq!(checked.violations.len(), 3, "{text}");
+        assert!(
+            text.contains("node n1 marked unreachable at 60.0s"),
+            "{text}"
+        );
+        assert!(text.contains("node n2 marked lost at 12.0s"), "{text}");
+        assert!(text.contains("node n1 was unreachable at 50.0s"), "{text}");
+    }
+
+    fn fleet(
+        at_us: u64,
+        replicas: Vec<crate::fleet::ReplicaObs>,
+        agents: Vec<(&str, Vec<&str>)>,
+    ) -> FleetSample {
+        FleetSample {
+            at_us,
+            peer: Some(1),
+            replicas: Some(replicas),
+            nodes: Some(BTreeMap::from([
+                ("n1".to_owned(), ("ready".to_owned(), false)),
+                ("n2".to_owned(), ("ready".to_owned(), false)),
+            ])),
+            agents: agents
+                .into_iter()
+                .map(|(node, shards)| crate::fleet::AgentObs {
+                    node: node.into(),
+                    leader_term: 1,
+                    shards: shards
+                        .into_iter()
+                        .map(|id| crate::fleet::AgentShard {
+                            shard_id: id.into(),
+                            term: 1,
+                            gpus: vec![0],
+                            pgids: vec![],
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_replica_retired_while_its_node_was_reachable_is_reported() {
+        let samples = vec![
+            fleet(
+                1_000_000,
+                vec![
+                    replica("q-1", "n1", &[0], "ready"),
+                    replica("q-2", "n2", &[0], "ready"),
+                ],
+                vec![("n1", vec!["q-1-r0"]), ("n2", vec!["q-2-r0"])],
+            ),
+            // A majority's leader that cannot hear the agents retires
+            // both; only n2 had a fault.
+            fleet(9_000_000, vec![], vec![("n1", vec![]), ("n2", vec![])]),
+            fleet(
+                10_000_000,
+                vec![replica("q-3", "n1", &[1], "ready")],
+                vec![("n1", vec!["q-3-r0"])],
+            ),
+        ];
+        let windows = vec![window(Subject::Node("n2".into()), 2_000_000, 6_000_000)];
+        let checked = no_retirement_while_reachable(&samples, &windows, &["qwen"]);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        let v = &checked.violations[0];
+        assert!(
+            v.starts_with("replica q-1 of qwen on {\"n1\"} retired at 9.0s"),
+            "{v}"
+        );
+        assert!(
+            v.contains("removed from GET /api/v1/replicas at 9.0s"),
+            "{v}"
+        );
+        assert!(
+            v.contains("its shard state file vanished from n1 at 9.0s"),
+            "{v}"
+        );
+        // Only the agents saw it: the engine stopped, the API still lists it.
+        let samples = vec![
+            fleet(
+                1_000_000,
+                vec![replica("q-1", "n1", &[0], "ready")],
+                vec![("n1", vec!["q-1-r0"])],
+            ),
+            fleet(
+                2_000_000,
+                vec![replica("q-1", "n1", &[0], "ready")],
+                vec![("n1", vec![])],
+            ),
+        ];
+        let checked = no_retirement_while_reachable(&samples, &[], &["qwen"]);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        // A failed engine or another model is not a retirement to report.
+        let samples = vec![
+            fleet(
+                1_000_000,
+                vec![replica("q-1", "n1", &[0], "failed")],
+                vec![],
+            ),
+            fleet(2_000_000, vec![], vec![]),
+        ];
+        assert!(
+            no_retirement_while_reachable(&samples, &[], &["qwen"])
+                .violations
+                .is_empty()
+        );
+        assert!(
+            no_retirement_while_reachable(&samples, &[], &["other"])
+                .violations
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_term_change_while_only_a_follower_was_paused_is_reported() {
+        let at = |at_us, peer, term, leader| LeaderSample {
+            at_us,
+            peer,
+            term,
+            leader,
+        };
+        let samples = vec![
+            at(1, 1, 5, Some(1)),
+            at(2, 2, 5, Some(1)),
+            // The woken follower campaigns, the leader steps down.
+            at(3, 3, 6, None),
+            at(4, 3, 6, None),
+            at(5, 1, 6, Some(2)),
+            // Outside the window.
+            at(50, 1, 9, Some(3)),
+        ];
+        let checked = no_term_change_while_follower_paused(&samples, 3, 1, 5, 1, 10);
+        assert_eq!(checked.violations.len(), 2, "{checked:?}");
+        assert!(checked.violations[0].starts_with("peer 1 reported term 6 leader Some(2)"));
+        assert!(checked.violations[1].starts_with("peer 3 reported term 6 leader None (2 samples"));
+        assert!(
+            no_term_change_while_follower_paused(&samples[..2], 3, 1, 5, 1, 10)
+                .violations
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn streams_closed_by_a_healthy_leader_are_counted_and_reported() {
+        let peers = vec![(
+            "server-1.1.log".to_owned(),
+            "1970-01-01T00:00:07.000000Z  INFO l: no longer leading; closed the agent streams so agents find the new leader term=3 closed=4\n\
+             1970-01-01T00:00:40.000000Z  INFO l: no longer leading; closed the agent streams so agents find the new leader term=4 closed=4\n"
+                .to_owned(),
+        )];
+        let agents = vec![
+            (
+                "n1".to_owned(),
+                "1970-01-01T00:00:07.100000Z  WARN c: control-plane stream lost peer=10.0.0.1:7070 why=x\n".to_owned(),
+            ),
+            ("n2".to_owned(), String::new()),
+        ];
+        let checked = healthy_leader_kept_streams(&peers, &agents, 1, 5_000_000, 20_000_000);
+        assert_eq!(checked.violations.len(), 2, "{checked:?}");
+        assert!(checked.violations[0].contains("closed 4 agent streams at 7.0s"));
+        assert!(
+            checked.violations[1]
+                .starts_with("agent n1 lost its control-plane stream 1 time(s) from 7.1s")
+        );
+        assert!(
+            checked
+                .scope
+                .contains("4 streams closed by peers, 1 stream losses")
+        );
+    }
+
+    #[test]
+    fn a_healed_peer_that_names_the_new_leader_late_is_reported() {
+        let at = |at_us, peer, term, leader| LeaderSample {
+            at_us,
+            peer,
+            term,
+            leader,
+        };
+        let samples = vec![
+            at(100, 2, 2, Some(2)),
+            at(100, 3, 2, Some(2)),
+            at(100, 1, 1, Some(1)),
+            at(5_000_000, 1, 1, Some(1)),
+            at(43_000_100, 1, 2, Some(2)),
+        ];
+        let checked = rejoined_after_healing(&samples, 1, 100, 10_000_000);
+        assert_eq!(
+            checked.violations,
+            vec![
+                "peer 1 first named leader 2 of term 2 43.0s after healing (the others did within 10s)"
+            ]
+        );
+        let prompt = vec![at(100, 2, 2, Some(2)), at(2_000_000, 1, 2, Some(2))];
+        assert!(
+            rejoined_after_healing(&prompt, 1, 100, 10_000_000)
+                .violations
+                .is_empty()
+        );
     }
 }

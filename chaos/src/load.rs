@@ -7,8 +7,9 @@
 //! acknowledged one must be on every peer at the end). Every value is
 //! unique to the run.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -178,7 +179,13 @@ pub struct LeaderSample {
     pub leader: Option<u64>,
 }
 
-/// Asks every member `GET /api/v1/cluster` every `every` until `stop`.
+/// Asks every member `GET /api/v1/cluster` every `every` until `stop`,
+/// each member on its own: a peer whose answer is slow (paused, or waiting
+/// on a peer it cannot reach: the view includes every peer's status) gets
+/// no new request until it answers or 3 s pass, and never delays the
+/// others' samples. With one shared round and a short timeout instead,
+/// every peer's samples vanished for as long as any peer was cut off.
+/// A sample carries the time its request was sent.
 pub async fn sampler(
     members: Members,
     history: History,
@@ -186,46 +193,44 @@ pub async fn sampler(
     every: Duration,
 ) -> Vec<LeaderSample> {
     let http = reqwest::Client::builder()
-        .timeout(Duration::from_millis(800))
+        .timeout(Duration::from_secs(3))
         .build()
         .expect("an HTTP client with default TLS settings");
-    let mut samples = Vec::new();
+    let samples: Arc<Mutex<Vec<LeaderSample>>> = Arc::default();
+    let busy: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
+    let mut asks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
-        let peers: Vec<(u64, String)> = snapshot(&members);
-        let asks = peers.into_iter().map(|(id, base)| {
-            let http = http.clone();
-            let history = history.clone();
-            async move {
-                let at_us = history.now_us();
-                match get_json(&http, &base, "/api/v1/cluster").await {
-                    Ok((200, view)) => view["term"].as_u64().map(|term| LeaderSample {
-                        at_us,
-                        peer: id,
-                        term,
-                        leader: view["leader_id"].as_u64(),
-                    }),
-                    _ => None,
-                }
+        for (id, base) in snapshot(&members) {
+            if !busy.lock().unwrap_or_else(|p| p.into_inner()).insert(id) {
+                continue;
             }
-        });
-        samples.extend(futures_join(asks).await.into_iter().flatten());
+            let (http, history) = (http.clone(), history.clone());
+            let (samples, busy) = (samples.clone(), busy.clone());
+            asks.push(tokio::spawn(async move {
+                let at_us = history.now_us();
+                if let Ok((200, view)) = get_json(&http, &base, "/api/v1/cluster").await
+                    && let Some(term) = view["term"].as_u64()
+                {
+                    samples
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(LeaderSample {
+                            at_us,
+                            peer: id,
+                            term,
+                            leader: view["leader_id"].as_u64(),
+                        });
+                }
+                busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            }));
+        }
+        asks.retain(|ask| !ask.is_finished());
         tokio::time::sleep(every).await;
     }
-    samples
-}
-
-/// Runs the futures concurrently and collects their results in order.
-async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futures.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for handle in handles {
-        if let Ok(value) = handle.await {
-            out.push(value);
-        }
+    for ask in asks {
+        let _ = ask.await;
     }
-    out
+    let mut samples = std::mem::take(&mut *samples.lock().unwrap_or_else(|p| p.into_inner()));
+    samples.sort_by_key(|s| (s.at_us, s.peer));
+    samples
 }

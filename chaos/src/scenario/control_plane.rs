@@ -1,0 +1,290 @@
+//! Fault schedules of the control plane alone (no fleet): kills,
+//! pauses, partitions, loss, membership changes.
+
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use rand::seq::SliceRandom;
+
+use super::{Ctx, ScenarioError};
+use crate::invariants::{self, Checked};
+
+pub(super) async fn leader_sigkill(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    for _ in 0..2 {
+        let leader = ctx.leader().await?;
+        ctx.kill(leader);
+        ctx.hold(2500, 5000).await;
+        ctx.restart(leader)?;
+        ctx.hold(1500, 3000).await;
+    }
+    Ok(())
+}
+
+pub(super) async fn follower_kill_restart(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    for _ in 0..2 {
+        let leader = ctx.leader().await?;
+        let followers = ctx.followers(leader);
+        let victim = ctx.pick(&followers);
+        ctx.kill(victim);
+        ctx.hold(2000, 5000).await;
+        ctx.restart(victim)?;
+        ctx.hold(1500, 3000).await;
+    }
+    Ok(())
+}
+
+pub(super) async fn leader_isolated_minority(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let leader = ctx.leader().await?;
+    ctx.cluster.net.isolate(&[leader])?;
+    ctx.fault(format!("isolate leader {leader} from both followers"));
+    ctx.hold(4000, 8000).await;
+    ctx.heal()?;
+    ctx.hold(1500, 3000).await;
+    Ok(())
+}
+
+pub(super) async fn one_way_partition(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let leader = ctx.leader().await?;
+    for follower in ctx.followers(leader) {
+        ctx.cluster.net.block(leader, follower)?;
+    }
+    ctx.fault(format!(
+        "drop all traffic from leader {leader} to the followers"
+    ));
+    ctx.hold(4000, 7000).await;
+    ctx.heal()?;
+    ctx.hold(1500, 3000).await;
+    let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
+    let sender = ctx.pick(&followers);
+    for other in ctx.cluster.member_ids() {
+        if other != sender {
+            ctx.cluster.net.block(sender, other)?;
+        }
+    }
+    ctx.fault(format!(
+        "drop all traffic from follower {sender} to the others"
+    ));
+    ctx.hold(4000, 7000).await;
+    ctx.heal()?;
+    ctx.hold(1500, 3000).await;
+    Ok(())
+}
+
+pub(super) async fn lossy_links(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    for id in ctx.cluster.member_ids() {
+        let loss = ctx.rng.random_range(10..30);
+        let delay = ctx.rng.random_range(20..80);
+        let how = ctx.cluster.net.degrade(id, loss, delay)?;
+        ctx.fault(format!("peer {id}: {how}"));
+    }
+    ctx.hold(6000, 10000).await;
+    ctx.heal()?;
+    ctx.hold(1500, 3000).await;
+    Ok(())
+}
+
+pub(super) async fn leader_sigstop(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let leader = ctx.leader().await?;
+    ctx.cluster.pause(leader);
+    ctx.fault(format!("SIGSTOP leader {leader}"));
+    // The election timeout is at most 1.6 s.
+    ctx.hold(3000, 6000).await;
+    ctx.cluster.resume(leader);
+    ctx.fault(format!("SIGCONT peer {leader}"));
+    ctx.hold(2000, 4000).await;
+    Ok(())
+}
+
+pub(super) async fn write_burst_crash(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    ctx.start_burst(6);
+    ctx.hold(300, 1500).await;
+    let leader = ctx.leader().await?;
+    ctx.kill(leader);
+    ctx.hold(2000, 4000).await;
+    ctx.restart(leader)?;
+    ctx.hold(1000, 2000).await;
+    ctx.stop_burst().await;
+    ctx.fault("stop the burst");
+    Ok(())
+}
+
+pub(super) async fn whole_cluster_restart(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let mut ids = ctx.cluster.member_ids();
+    ids.shuffle(&mut ctx.rng);
+    for &id in &ids {
+        ctx.kill(id);
+        ctx.hold(0, 300).await;
+    }
+    ctx.hold(1000, 3000).await;
+    ids.shuffle(&mut ctx.rng);
+    for &id in &ids {
+        ctx.restart(id)?;
+        ctx.hold(0, 1500).await;
+    }
+    ctx.leader().await?;
+    ctx.hold(1500, 3000).await;
+    Ok(())
+}
+
+pub(super) async fn follower_lag_snapshot(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
+    let lagging = ctx.pick(&followers);
+    let installed_before = ctx
+        .cluster
+        .metric(lagging, "llmgw_raft_snapshots_installed_total")
+        .await
+        .unwrap_or(0.0);
+    let applied_before = ctx
+        .cluster
+        .own_state(lagging)
+        .await
+        .map(|(applied, _)| applied)
+        .unwrap_or(0);
+    ctx.cluster.net.isolate(&[lagging])?;
+    ctx.fault(format!("isolate follower {lagging}"));
+    ctx.start_burst_avoiding(3, Some(lagging));
+    // Until the leader's snapshot is well past what the follower holds
+    // (the log behind it purged), bounded.
+    let deadline = Instant::now() + Duration::from_secs(45);
+    let mut snapshot = 0.0;
+    while Instant::now() < deadline {
+        let leader = ctx.cluster.wait_leader_among(&followers).await;
+        if let Some(leader) = leader {
+            snapshot = ctx
+                .cluster
+                .metric(leader, "llmgw_raft_snapshot_index")
+                .await
+                .unwrap_or(0.0);
+            if snapshot >= (applied_before + 40) as f64 {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctx.fault(format!(
+        "leader snapshot at index {snapshot}, follower {lagging} applied {applied_before}"
+    ));
+    ctx.stop_burst().await;
+    ctx.heal()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut installed = installed_before;
+    while Instant::now() < deadline {
+        installed = ctx
+            .cluster
+            .metric(lagging, "llmgw_raft_snapshots_installed_total")
+            .await
+            .unwrap_or(installed);
+        if installed > installed_before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ctx.extra_checks.push(Checked::new(
+        invariants::SNAPSHOT_INSTALLED,
+        format!("follower {lagging}"),
+        if installed > installed_before {
+            Vec::new()
+        } else {
+            vec![format!(
+                "follower {lagging} installed no snapshot within 30s of healing \
+                 (leader snapshot index {snapshot}, follower had applied {applied_before})"
+            )]
+        },
+    ));
+    ctx.hold(1000, 2000).await;
+    Ok(())
+}
+
+pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    const NEW: u64 = 4;
+    let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
+    let retiring = ctx.pick(&followers);
+    ctx.cluster.prepare_new_peer(NEW, &[1, 2, 3])?;
+    ctx.cluster.spawn(NEW)?;
+    ctx.fault(format!("start new peer {NEW}"));
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(75))
+        .build()
+        .expect("an HTTP client with default TLS settings");
+    let body = serde_json::json!({
+        "id": NEW,
+        "grpc": ctx.cluster.grpc(NEW),
+        "admin": ctx.cluster.admin(NEW),
+    })
+    .to_string();
+    let via = ctx.cluster.admin(retiring);
+    let add = {
+        let http = http.clone();
+        let body = body.clone();
+        let url = format!("{via}/api/v1/cluster/peers");
+        tokio::spawn(async move {
+            http.post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    ctx.fault(format!("ask peer {retiring} to add peer {NEW}"));
+    ctx.hold(0, 800).await;
+    ctx.kill(leader);
+    ctx.hold(2000, 4000).await;
+    ctx.restart(leader)?;
+    let first = add.await;
+    ctx.fault(format!("the first add answered {first:?}"));
+    // Until peer 4 is a voter, asking again (the change may or may not
+    // have survived the crash).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if ctx.cluster.membership_of(NEW).await == Ok(Some("voter".to_owned())) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(ScenarioError::Setup(format!(
+                "peer {NEW} did not become a voter within 90s"
+            )));
+        }
+        let leader = ctx.leader().await?;
+        let url = format!("{}/api/v1/cluster/peers", ctx.cluster.admin(leader));
+        let answer = http
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .map(|r| r.status().as_u16());
+        ctx.fault(format!("ask leader {leader} to add peer {NEW}: {answer:?}"));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ctx.cluster.set_member(NEW, true);
+    ctx.fault(format!("peer {NEW} is a voter"));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let leader = ctx.leader().await?;
+        let url = format!(
+            "{}/api/v1/cluster/peers/{retiring}",
+            ctx.cluster.admin(leader)
+        );
+        let answer = http.delete(url).send().await.map(|r| r.status().as_u16());
+        ctx.fault(format!(
+            "ask leader {leader} to remove peer {retiring}: {answer:?}"
+        ));
+        if matches!(answer, Ok(200)) || ctx.cluster.membership_of(retiring).await == Ok(None) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(ScenarioError::Setup(format!(
+                "peer {retiring} was not removed within 90s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ctx.cluster.set_member(retiring, false);
+    ctx.kill(retiring);
+    ctx.hold(1500, 3000).await;
+    Ok(())
+}

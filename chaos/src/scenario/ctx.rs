@@ -1,0 +1,279 @@
+//! What a schedule drives: the cluster, the seeded generator, the log of
+//! faults, the fault windows, and checks of the scenario's own promises,
+//! including those that need the whole run's evidence.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use rand::rngs::StdRng;
+use tokio::task::JoinHandle;
+
+use super::ScenarioError;
+use crate::cluster::Cluster;
+use crate::fleet::{self, Fleet, FleetLog, FleetSample, RouterOp, Subject, Window};
+use crate::history::History;
+use crate::invariants::Checked;
+use crate::load::{self, LeaderSample};
+/// The fault-injection side of a run: the cluster, the seeded schedule,
+/// and the log of what was done.
+pub struct Ctx {
+    pub cluster: Cluster,
+    pub(super) rng: StdRng,
+    pub(super) faults: Vec<String>,
+    pub(super) history: History,
+    pub(super) verbose: bool,
+    /// Extra load started by the scenario (a burst).
+    pub(super) burst: Vec<JoinHandle<()>>,
+    pub(super) burst_stop: Arc<AtomicBool>,
+    pub(super) seed: u64,
+    pub(super) run_id: String,
+    pub(super) extra_checks: Vec<Checked>,
+    /// The agents and their engines, in fleet scenarios.
+    pub fleet: Option<Fleet>,
+    pub(super) fleet_log: FleetLog,
+    /// What each fault touched and when.
+    pub(super) windows: Vec<Window>,
+    /// Fleet models and their desired replica counts.
+    pub(super) desired: BTreeMap<String, u64>,
+    /// Checks of this scenario's promises that need the whole run's
+    /// evidence (every peer's leader samples, every log), run after the
+    /// load has stopped.
+    pub(super) later: Vec<LaterCheck>,
+}
+
+/// A check that runs on the run's [`Evidence`] once it is collected.
+pub type LaterCheck = Box<dyn FnOnce(&Evidence) -> Checked>;
+
+/// Everything a run recorded, for the checks after it: evidence from
+/// outside the control plane where it can be had (the sampled leadership
+/// of every peer, the agents' own logs and files, the router requests).
+#[derive(Debug, Clone, Default)]
+pub struct Evidence {
+    /// Every peer's answer to "who leads?", every 150 ms.
+    pub leader_samples: Vec<LeaderSample>,
+    /// Replicas, nodes and every agent's files, every 250 ms.
+    pub fleet_samples: Vec<FleetSample>,
+    /// (path, text) of every peer log, one per start.
+    pub peer_logs: Vec<(String, String)>,
+    /// (node, text) of every agent's logs.
+    pub agent_logs: Vec<(String, String)>,
+    pub router_ops: Vec<RouterOp>,
+    /// What each fault touched and when.
+    pub windows: Vec<Window>,
+    /// Unix time in microseconds at the run's time zero: log lines carry
+    /// wall-clock times, samples carry run times.
+    pub wall_zero_us: u64,
+}
+
+impl Ctx {
+    pub(super) fn fault(&mut self, what: impl Into<String>) {
+        let what = what.into();
+        let line = format!("{:6.1}s {what}", self.history.elapsed().as_secs_f64());
+        if self.verbose {
+            println!("  {line}");
+        }
+        self.faults.push(line);
+    }
+
+    /// Waits a seeded time in `[min_ms, max_ms)`.
+    pub(super) async fn hold(&mut self, min_ms: u64, max_ms: u64) {
+        let ms = self.rng.random_range(min_ms..max_ms);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    pub(super) async fn leader(&self) -> Result<u64, ScenarioError> {
+        Ok(self.cluster.wait_leader(Duration::from_secs(60)).await?)
+    }
+
+    pub(super) fn followers(&self, leader: u64) -> Vec<u64> {
+        self.cluster
+            .member_ids()
+            .into_iter()
+            .filter(|id| *id != leader)
+            .collect()
+    }
+
+    pub(super) fn pick(&mut self, from: &[u64]) -> u64 {
+        from[self.rng.random_range(0..from.len())]
+    }
+
+    pub(super) fn kill(&mut self, id: u64) {
+        // Opened before the signal: a request cut by the kill completes
+        // before `kill` returns.
+        self.open_window(Subject::Peer(id), true);
+        self.cluster.kill(id);
+        self.fault(format!("SIGKILL peer {id}"));
+    }
+
+    pub(super) fn restart(&mut self, id: u64) -> Result<(), ScenarioError> {
+        self.cluster.spawn(id)?;
+        self.close_window(&Subject::Peer(id));
+        self.fault(format!("restart peer {id}"));
+        Ok(())
+    }
+
+    /// SIGSTOP to peer `id`, with a fault window on it (its router stops
+    /// answering; no node is touched).
+    pub(super) fn pause(&mut self, id: u64) {
+        self.open_window(Subject::Peer(id), true);
+        self.cluster.pause(id);
+        self.fault(format!("SIGSTOP peer {id}"));
+    }
+
+    /// SIGCONT to peer `id`; closes its window.
+    pub(super) fn resume(&mut self, id: u64) {
+        self.cluster.resume(id);
+        self.close_window(&Subject::Peer(id));
+        self.fault(format!("SIGCONT peer {id}"));
+    }
+
+    pub(super) fn heal(&mut self) -> Result<(), ScenarioError> {
+        self.cluster.net.heal()?;
+        let now = self.history.now_us();
+        for window in &mut self.windows {
+            if !matches!(window.subject, Subject::Peer(_)) {
+                window.to_us.get_or_insert(now);
+            }
+        }
+        self.fault("heal the network");
+        Ok(())
+    }
+
+    /// Runs `check` on the whole run's evidence once the load stopped.
+    pub(super) fn check_later(&mut self, check: impl FnOnce(&Evidence) -> Checked + 'static) {
+        self.later.push(Box::new(check));
+    }
+
+    pub(super) fn open_window(&mut self, subject: Subject, data_plane: bool) {
+        self.windows.push(Window {
+            subject,
+            from_us: self.history.now_us(),
+            to_us: None,
+            data_plane,
+        });
+    }
+
+    pub(super) fn close_window(&mut self, subject: &Subject) {
+        let now = self.history.now_us();
+        for window in &mut self.windows {
+            if &window.subject == subject {
+                window.to_us.get_or_insert(now);
+            }
+        }
+    }
+
+    pub(super) fn work_dirs(&self) -> Vec<(String, PathBuf)> {
+        self.fleet
+            .as_ref()
+            .map(Fleet::work_dirs)
+            .unwrap_or_default()
+    }
+
+    /// A fresh fleet sample that passes `check`, within `within`.
+    pub(super) async fn wait_fleet<F>(
+        &self,
+        within: Duration,
+        check: F,
+    ) -> Result<FleetSample, String>
+    where
+        F: FnMut(&FleetSample) -> Result<(), String>,
+    {
+        fleet::wait_sample(
+            &self.cluster.members,
+            &self.work_dirs(),
+            &self.history,
+            within,
+            check,
+        )
+        .await
+    }
+
+    /// Starts `n` extra workers with no pause between requests.
+    pub(super) fn start_burst(&mut self, n: usize) {
+        self.start_burst_avoiding(n, None);
+    }
+
+    /// Like `start_burst`, with workers that never send to `avoid`.
+    pub(super) fn start_burst_avoiding(&mut self, n: usize, avoid: Option<u64>) {
+        let targets = crate::cluster::Members::default();
+        {
+            let members = self
+                .cluster
+                .members
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
+            let mut targets = targets.write().unwrap_or_else(|p| p.into_inner());
+            targets.extend(
+                members
+                    .iter()
+                    .filter(|(id, _)| Some(**id) != avoid)
+                    .map(|(id, url)| (*id, url.clone())),
+            );
+        }
+        for i in 0..n {
+            self.burst.push(tokio::spawn(load::worker(
+                100 + i,
+                self.seed,
+                self.run_id.clone(),
+                targets.clone(),
+                self.history.clone(),
+                self.burst_stop.clone(),
+                Duration::ZERO,
+            )));
+        }
+        match avoid {
+            Some(peer) => self.fault(format!("start a burst of {n} writers, none to peer {peer}")),
+            None => self.fault(format!("start a burst of {n} writers")),
+        }
+    }
+
+    pub(super) async fn stop_burst(&mut self) {
+        self.burst_stop.store(true, Ordering::Relaxed);
+        for handle in self.burst.drain(..) {
+            let _ = handle.await;
+        }
+    }
+}
+
+/// A check of this scenario's own promise.
+pub(super) fn promise(
+    ctx: &mut Ctx,
+    name: &'static str,
+    scope: String,
+    result: Result<(), String>,
+) {
+    ctx.extra_checks.push(Checked::new(
+        name,
+        scope,
+        result.err().into_iter().collect(),
+    ));
+}
+
+/// The latest fleet sample; an error when the sampler has none yet.
+pub(super) fn latest(ctx: &Ctx) -> Result<FleetSample, ScenarioError> {
+    fleet::latest(&ctx.fleet_log)
+        .ok_or_else(|| ScenarioError::Setup("the fleet sampler has no sample yet".into()))
+}
+
+/// A seeded node among those that hold a shard of the small model.
+pub(super) fn pick_small_node(
+    ctx: &mut Ctx,
+    sample: &FleetSample,
+) -> Result<String, ScenarioError> {
+    let nodes = fleet::nodes_of(sample, fleet::SMALL);
+    if nodes.is_empty() {
+        return Err(ScenarioError::Setup(format!(
+            "no node holds a shard of {}",
+            fleet::SMALL
+        )));
+    }
+    Ok(nodes[ctx.rng.random_range(0..nodes.len())].clone())
+}
+
+pub(super) fn node_addr(ctx: &Ctx, node: &str) -> u64 {
+    ctx.fleet.as_ref().expect("a fleet scenario").agents[node].addr
+}
