@@ -177,6 +177,30 @@ fn a_forged_double_gpu_assignment_is_reported_as_that_exact_violation() {
     let _ = std::fs::remove_dir_all(kept);
 }
 
+/// The leader cut off from both peers while agents and clients still reach
+/// it, for twice `lost_after`: the majority elects a new leader and the
+/// agents move to it; no node is marked down, no replica is retired, and
+/// no engine is stopped.
+#[test]
+fn a_leader_cut_off_from_its_peers_costs_the_fleet_nothing() {
+    let Some(report) = run("leader-cut-from-peers-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        invariants::NO_UNREACHABLE_WHILE_HEALTHY,
+        invariants::NO_RETIREMENT_WHILE_REACHABLE,
+        invariants::REPLICAS_READY_AFTER_HEALING,
+        invariants::ROUTER_HEALTHY_SERVED,
+        invariants::NO_DEPOSED_COMMAND,
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    assert!(report.router_ok >= 10, "router load ran: {report:?}");
+}
+
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
 /// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
 #[test]
