@@ -38,8 +38,11 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// Adding a peer waits for it to catch up as a learner first.
 const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
 const STATUS_DEADLINE: Duration = Duration::from_millis(800);
-/// The shortest deadline for one forwarded request.
-const FORWARD_ATTEMPT_MIN: Duration = Duration::from_secs(1);
+/// One forwarded request's deadline. A paused or cut-off leader is left
+/// sooner, as soon as this peer sees the leader change; this only bounds a
+/// leader that still leads but does not answer. Long enough for a commit on
+/// a busy leader (seconds under load on 2 cores).
+const FORWARD_ATTEMPT: Duration = Duration::from_secs(5);
 
 /// Everything the server needs from Raft. Cheap to clone.
 #[derive(Clone)]
@@ -423,12 +426,9 @@ impl ControlPlane {
         }
     }
 
-    /// One forwarding attempt's deadline: a leader that does not answer
-    /// within a few election timeouts is paused or cut off, and the
-    /// follower will soon know a new one. Never past the caller's deadline.
+    /// One forwarding attempt's deadline, never past the caller's.
     fn forward_deadline(&self, started: Instant, deadline: Duration) -> Duration {
-        let attempt = (self.inner.settings.election_timeout_max * 2).max(FORWARD_ATTEMPT_MIN);
-        attempt
+        FORWARD_ATTEMPT
             .min(deadline.saturating_sub(started.elapsed()))
             .max(Duration::from_millis(1))
     }
