@@ -14,6 +14,7 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
 
 use crate::LlmgwRaft;
+use crate::disk::DiskGuard;
 use crate::error::ControlError;
 use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
 use crate::network::{self, Failure, NetworkFactory, Peers};
@@ -54,6 +55,7 @@ struct Inner {
     settings: RaftSettings,
     configured: BTreeMap<u64, PeerNode>,
     pristine_at_start: bool,
+    disk: DiskGuard,
     membership_lock: tokio::sync::Mutex<()>,
     counters: Arc<RaftCounters>,
 }
@@ -90,6 +92,10 @@ impl ControlPlane {
         }
         let config = settings.to_openraft().map_err(StartError::Settings)?;
         let store = llmgw_store::open(data_dir)?;
+        let disk = DiskGuard {
+            dir: data_dir.to_owned(),
+            min_free: settings.min_free_disk_bytes,
+        };
         let pristine_at_start = store.is_pristine();
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
@@ -108,7 +114,7 @@ impl ControlPlane {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let counters = Arc::new(RaftCounters::default());
         spawn_leader_watch(raft.clone(), counters.clone());
-        Ok(Self {
+        let control = Self {
             inner: Arc::new(Inner {
                 id,
                 raft,
@@ -118,10 +124,17 @@ impl ControlPlane {
                 settings,
                 configured,
                 pristine_at_start,
+                disk,
                 membership_lock: tokio::sync::Mutex::new(()),
                 counters,
             }),
-        })
+        };
+        crate::disk::spawn_disk_watch(control.clone());
+        Ok(control)
+    }
+
+    pub(crate) fn disk(&self) -> &DiskGuard {
+        &self.inner.disk
     }
 
     pub fn id(&self) -> u64 {
@@ -142,6 +155,10 @@ impl ControlPlane {
 
     pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
         self.inner.raft.metrics().borrow_watched().clone()
+    }
+
+    pub(crate) fn applied_state(&self) -> Arc<RwLock<AppliedState>> {
+        self.inner.applied.clone()
     }
 
     pub(crate) fn store_was_pristine(&self) -> bool {
@@ -185,6 +202,9 @@ impl ControlPlane {
     /// Proposes a command through the leader and waits for it to be applied.
     /// Returns the log index it was committed at.
     pub async fn write(&self, command: Command) -> Result<u64, ControlError> {
+        // Refused here first, so a peer low on space answers at once and
+        // clearly; the leader checks its own disk again below.
+        self.inner.disk.check()?;
         match self
             .submit(ForwardRequest::Write(Box::new(command)), WRITE_DEADLINE)
             .await?
@@ -342,6 +362,12 @@ impl ControlPlane {
     async fn handle_locally(&self, request: ForwardRequest) -> ForwardResponse {
         let raft = &self.inner.raft;
         match request {
+            ForwardRequest::Write(_) if self.inner.disk.check().is_err() => {
+                match self.inner.disk.check() {
+                    Err(error) => error.into(),
+                    Ok(()) => ForwardResponse::NotLeader { leader: None },
+                }
+            }
             ForwardRequest::Write(command) => match raft.client_write(*command).await {
                 Ok(response) => ForwardResponse::Written {
                     outcome: response.data,

@@ -13,7 +13,7 @@ type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 /// Models in the base state: enough JSON (about 1.5 MB) that building a
 /// snapshot takes long enough for an install to land in the middle.
 const MODELS: usize = 4_000;
-const ITERATIONS: u64 = 150;
+const ITERATIONS: u64 = 40;
 
 fn log_id(index: u64) -> LogId {
     LogId::new(
@@ -101,7 +101,9 @@ async fn concurrent_build_and_install_never_store_an_older_snapshot() {
     let mut sm = store.state_machine;
     let base = base_fleet();
     let (meta, data) = snapshot_of(&base, 1);
-    sm.install_snapshot(&meta, data).await.expect("install base");
+    sm.install_snapshot(&meta, data)
+        .await
+        .expect("install base");
 
     let mut problems = Vec::new();
     let mut installed = 1;
