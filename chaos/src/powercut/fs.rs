@@ -84,7 +84,13 @@ impl Shared {
             .map(|(p, i)| (p.clone(), *i))
             .collect();
         for (old, ino) in moved {
-            let new = to.join(old.strip_prefix(from).unwrap_or(Path::new("")));
+            let rest = old.strip_prefix(from).unwrap_or(Path::new(""));
+            // `join("")` would add a trailing slash to a file's path.
+            let new = if rest.as_os_str().is_empty() {
+                to.to_owned()
+            } else {
+                to.join(rest)
+            };
             self.by_path.remove(&old);
             self.by_path.insert(new.clone(), ino);
             self.paths.insert(ino, new);

@@ -113,11 +113,28 @@ impl LazyDisk {
         let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         let shared = &mut *shared;
         let tear = tear.and_then(|keep| {
-            let (ino, total) = shared
-                .pending
-                .unsynced_bytes()
-                .into_iter()
-                .max_by_key(|(_, bytes)| *bytes)?;
+            let unsynced = shared.pending.unsynced_bytes();
+            // The record in flight when the power goes is in a WAL
+            // (`NNNNNN.log`) when there is one; otherwise tear the file
+            // with the most unsynced bytes.
+            let is_wal = |ino: &u64| {
+                shared
+                    .paths
+                    .get(ino)
+                    .and_then(|p| p.file_name())
+                    .is_some_and(|name| {
+                        let name = name.to_string_lossy();
+                        name.strip_suffix(".log").is_some_and(|stem| {
+                            !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_digit())
+                        })
+                    })
+            };
+            let (ino, total) = unsynced
+                .iter()
+                .filter(|(ino, _)| is_wal(ino))
+                .max_by_key(|(_, bytes)| **bytes)
+                .or_else(|| unsynced.iter().max_by_key(|(_, bytes)| **bytes))
+                .map(|(ino, bytes)| (*ino, *bytes))?;
             Some((ino, keep(total)))
         });
         let paths = &shared.paths;
