@@ -81,7 +81,7 @@ fn open_db(dir: &Path) -> Result<DB, StoreError> {
         if is_damage(&source) {
             StoreError::Corrupt {
                 path: dir.to_owned(),
-                detail: damage::describe(dir, &source.to_string()),
+                detail: damage::describe(dir, source.as_ref()),
             }
         } else {
             StoreError::Open {
