@@ -5,7 +5,7 @@
 //! leader's term.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use llmgw_config::AgentConfig;
 use llmgw_discovery::Inventory;
@@ -30,12 +30,54 @@ use crate::supervisor::Supervisor;
 /// name each other cannot spin the agent.
 const MAX_REDIRECTS: u32 = 3;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Added to `leader_timeout` for the registration answer, which may wait
+/// on a Raft commit.
+const REGISTER_SLACK: Duration = Duration::from_secs(3);
 
 /// Why a session with one peer ended.
 #[derive(Debug)]
 enum SessionEnd {
-    Redirect { leader: String, reason: String },
-    Lost { why: String, was_registered: bool },
+    Redirect {
+        leader: String,
+        reason: String,
+    },
+    Lost {
+        why: String,
+        was_registered: bool,
+    },
+    /// The peer said nothing for `leader_timeout`: paused, cut off, or no
+    /// longer leading. It is avoided for a while so the agent finds the
+    /// real leader instead of waiting on it again.
+    Silent {
+        why: String,
+    },
+}
+
+/// A peer that went silent, avoided until `until`.
+struct Avoid {
+    addr: String,
+    until: Instant,
+}
+
+impl Avoid {
+    fn covers(avoid: &Option<Avoid>, addr: &str) -> bool {
+        avoid
+            .as_ref()
+            .is_some_and(|a| same_peer(&a.addr, addr) && Instant::now() < a.until)
+    }
+}
+
+/// Whether two spellings name one peer: config lists may carry a scheme
+/// (`https://host:port`), redirects name the bare `host:port`.
+fn same_peer(a: &str, b: &str) -> bool {
+    fn bare(addr: &str) -> &str {
+        let addr = addr
+            .strip_prefix("https://")
+            .or_else(|| addr.strip_prefix("http://"))
+            .unwrap_or(addr);
+        addr.trim_end_matches('/')
+    }
+    bare(a) == bare(b)
 }
 
 pub struct StreamClient {
@@ -91,6 +133,13 @@ impl StreamClient {
         self
     }
 
+    /// How long the peer may stay silent before the agent leaves it.
+    fn leader_timeout(&self) -> Duration {
+        self.config
+            .leader_timeout
+            .unwrap_or_else(|| (self.heartbeat_interval * 2).max(Duration::from_secs(2)))
+    }
+
     /// Runs forever.
     pub async fn run(mut self) {
         let peers = self.config.servers.clone();
@@ -98,16 +147,26 @@ impl StreamClient {
         let mut redirect: Option<String> = None;
         let mut redirects = 0u32;
         let mut attempt = 0u32;
+        let mut avoid: Option<Avoid> = None;
         loop {
             let target = match redirect.take() {
                 Some(leader) => leader,
                 None => {
-                    let peer = peers[next_peer % peers.len()].clone();
+                    let mut peer = peers[next_peer % peers.len()].clone();
                     next_peer += 1;
+                    if peers.len() > 1 && Avoid::covers(&avoid, &peer) {
+                        peer = peers[next_peer % peers.len()].clone();
+                        next_peer += 1;
+                    }
                     peer
                 }
             };
             match self.session(&target).await {
+                SessionEnd::Redirect { leader, reason } if Avoid::covers(&avoid, &leader) => {
+                    // The peer has not noticed yet that its leader went
+                    // silent; an election is due. Ask again shortly.
+                    tracing::info!(peer = %target, %leader, %reason, "redirected to the peer that went silent; waiting for an election");
+                }
                 SessionEnd::Redirect { leader, reason } if !leader.is_empty() => {
                     tracing::info!(peer = %target, %leader, %reason, "redirected to the leader");
                     redirects += 1;
@@ -128,6 +187,18 @@ impl StreamClient {
                     if was_registered {
                         attempt = 0;
                     }
+                }
+                SessionEnd::Silent { why } => {
+                    tracing::warn!(peer = %target, %why, "leaving a silent peer; finding the leader through the others");
+                    avoid = Some(Avoid {
+                        addr: target.clone(),
+                        until: Instant::now() + self.leader_timeout(),
+                    });
+                    // Straight to the next peer: the node's grace period on
+                    // the new leader is running.
+                    redirects = 0;
+                    attempt = 0;
+                    continue;
                 }
             }
             redirects = 0;
@@ -157,9 +228,17 @@ impl StreamClient {
             why,
             was_registered: false,
         };
-        let channel = match self.channel(addr).await {
-            Ok(c) => c,
-            Err(why) => return lost(why),
+        // A paused peer accepts TCP connections in its kernel and then
+        // never answers: every step up to the stream is bounded.
+        let setup_limit = self.leader_timeout();
+        let channel = match tokio::time::timeout(setup_limit, self.channel(addr)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(why)) => return lost(why),
+            Err(_) => {
+                return SessionEnd::Silent {
+                    why: format!("{addr} did not complete a connection within {setup_limit:?}"),
+                };
+            }
         };
         let (tx, rx) = mpsc::channel::<AgentMessage>(1024);
         let register = register::register(
@@ -172,16 +251,31 @@ impl StreamClient {
             body: Some(Up::Register(register)),
         });
         let mut client = AgentServiceClient::new(channel);
-        let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
-            Ok(r) => r.into_inner(),
-            Err(status) => return lost(format!("{addr} refused the stream: {status}")),
-        };
+        // Registration may wait for a Raft write; give it the same bound
+        // plus the time a commit can take on a busy leader.
+        let register_limit = setup_limit + REGISTER_SLACK;
+        let mut inbound =
+            match tokio::time::timeout(register_limit, client.connect(ReceiverStream::new(rx)))
+                .await
+            {
+                Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(status)) => return lost(format!("{addr} refused the stream: {status}")),
+                Err(_) => {
+                    return SessionEnd::Silent {
+                        why: format!(
+                            "{addr} did not answer the registration within {register_limit:?}"
+                        ),
+                    };
+                }
+            };
         tracing::info!(peer = %addr, node = %self.config.node_id, "stream open; registered");
         let mut seq = 0u64;
         let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut registered = false;
+        let mut last_heard = Instant::now();
         loop {
+            let silence_limit = self.leader_timeout();
             // Statuses from an earlier session go first, in order.
             while let Some(status) = self.unsent.pop_front() {
                 if let Err(e) = tx.try_send(up_status(status)) {
@@ -194,6 +288,7 @@ impl StreamClient {
             tokio::select! {
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {
+                        last_heard = Instant::now();
                         match self.handle(message, &tx) {
                             Some(end) => return end,
                             None => registered = true,
@@ -208,9 +303,22 @@ impl StreamClient {
                 _ = heartbeat.tick() => {
                     seq += 1;
                     let beat = AgentMessage { body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: unix_ms() })) };
-                    if tx.send(beat).await.is_err() {
-                        return SessionEnd::Lost { why: "stream closed".into(), was_registered: registered };
+                    // Never wait on a stuck stream here: the silence check
+                    // below must keep running.
+                    match tx.try_send(beat) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            tracing::warn!(peer = %addr, "the stream is not draining; heartbeat skipped");
+                        }
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            return SessionEnd::Lost { why: "stream closed".into(), was_registered: registered };
+                        }
                     }
+                }
+                _ = tokio::time::sleep_until((last_heard + silence_limit).into()) => {
+                    return SessionEnd::Silent {
+                        why: format!("{addr} sent nothing for {:.1}s (leader_timeout {silence_limit:?})", last_heard.elapsed().as_secs_f64()),
+                    };
                 }
                 Some(status) = self.statuses.recv() => {
                     self.unsent.push_back(status);
@@ -231,6 +339,17 @@ impl StreamClient {
                 leader: r.leader_addr,
                 reason: r.reason,
             });
+        }
+        if let Down::HeartbeatAck(_) = body {
+            return match self.terms.check(message.term) {
+                Ok(TermCheck::Stale { command, highest }) => Some(SessionEnd::Lost {
+                    why: format!(
+                        "the peer answers for leader term {command}, but term {highest} has been seen: it was deposed"
+                    ),
+                    was_registered: true,
+                }),
+                _ => None,
+            };
         }
         let id = message.command_id;
         let ack = |accepted: bool, text: String| {
@@ -262,6 +381,7 @@ impl StreamClient {
         let term = message.term;
         match body {
             Down::Redirect(_) => unreachable!("handled above"),
+            Down::HeartbeatAck(_) => unreachable!("handled above"),
             Down::Registered(registered) => self.reconcile(registered, term),
             Down::Start(start) => {
                 let outcome = match start.spec.as_ref().map(LaunchSpec::from_proto) {
@@ -340,6 +460,13 @@ fn up_status(status: ShardStatus) -> AgentMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_is_the_same_with_or_without_a_scheme() {
+        assert!(same_peer("https://10.0.0.1:7443", "10.0.0.1:7443"));
+        assert!(same_peer("http://10.0.0.1:7443/", "10.0.0.1:7443"));
+        assert!(!same_peer("10.0.0.1:7443", "10.0.0.2:7443"));
+    }
 
     #[test]
     fn backoff_stays_within_base_tenth_and_cap() {

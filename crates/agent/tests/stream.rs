@@ -223,6 +223,58 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
     task.abort();
 }
 
+/// A leader that stops answering (paused, cut off) loses its agents: the
+/// agent hears nothing for `leader_timeout`, leaves, and registers with
+/// another peer instead of waiting on the silent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_leaves_a_silent_leader_and_registers_elsewhere() {
+    let first = FakePeer::leader().await;
+    let second = FakePeer::leader().await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = agent_yaml(
+        dir.path(),
+        &[first.addr.to_string(), second.addr.to_string()],
+    ) + "leader_timeout: 1s\n";
+    let config = llmgw_config::AgentConfig::parse("agent.yaml", &yaml).unwrap();
+    let inventory = llmgw_discovery::discover(&config.discovery, &config.fabrics);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let node = node_facts(dir.path(), &NodeSetup::default());
+    let (supervisor, _) = Supervisor::new(config.supervisor.clone(), node, tx).unwrap();
+    let terms = TermStore::open(dir.path()).unwrap();
+    let task = tokio::spawn(StreamClient::new(config, inventory, supervisor, terms, rx).run());
+
+    first
+        .wait_for("Register on the first peer", LONG, |_, body| {
+            matches!(body, Up::Register(_)).then_some(())
+        })
+        .await;
+    // Answered heartbeats keep the agent where it is, well past the timeout.
+    first
+        .wait_for(
+            "heartbeats past leader_timeout",
+            LONG,
+            |_, body| match body {
+                Up::Heartbeat(h) if h.seq >= 10 => Some(()),
+                _ => None,
+            },
+        )
+        .await;
+    assert_eq!(
+        second.connections(),
+        0,
+        "the agent left an answering leader"
+    );
+
+    first.set_silent(true);
+    second
+        .wait_for("Register on the second peer", LONG, |_, body| {
+            matches!(body, Up::Register(_)).then_some(())
+        })
+        .await;
+    assert_eq!(first.connections(), 1, "the silent peer was dialled again");
+    task.abort();
+}
+
 /// The `llmgw` binary, next to the simulator.
 fn llmgw_bin() -> PathBuf {
     let bin = std::env::var_os("LLMGW_BIN")

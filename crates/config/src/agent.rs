@@ -23,6 +23,10 @@ pub struct AgentConfig {
     pub mgmt_interface: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub heartbeat_interval: Duration,
+    /// Hearing nothing from the peer it is attached to for this long, the
+    /// agent drops the stream and finds the leader again. `None`: twice the
+    /// heartbeat interval in force, and at least 2 s.
+    pub leader_timeout: Option<Duration>,
     pub reconnect_base: Duration,
     pub reconnect_max: Duration,
     pub fabrics: Vec<FabricConfig>,
@@ -181,6 +185,7 @@ const AGENT_KEYS: &[&str] = &[
     "mgmt_interface",
     "labels",
     "heartbeat_interval",
+    "leader_timeout",
     "reconnect_base",
     "reconnect_max",
     "fabrics",
@@ -206,6 +211,14 @@ impl Decode for AgentConfig {
         let mgmt_addr: Option<String> = f.required(cx, "mgmt_addr");
         let labels: BTreeMap<String, String> = f.or(cx, "labels", BTreeMap::new());
         let heartbeat_interval: Duration = f.or(cx, "heartbeat_interval", Duration::from_secs(5));
+        let leader_timeout: Option<Duration> = f.optional(cx, "leader_timeout");
+        if leader_timeout.is_some_and(|t| t <= heartbeat_interval) {
+            f.report(
+                cx,
+                "leader_timeout",
+                "must be longer than heartbeat_interval: the leader answers each heartbeat",
+            );
+        }
         let reconnect_base: Duration = f.or(cx, "reconnect_base", Duration::from_secs(1));
         let reconnect_max: Duration = f.or(cx, "reconnect_max", Duration::from_secs(30));
         if heartbeat_interval < Duration::from_millis(100)
@@ -247,6 +260,7 @@ impl Decode for AgentConfig {
             mgmt_interface: f.optional(cx, "mgmt_interface"),
             labels,
             heartbeat_interval,
+            leader_timeout,
             reconnect_base,
             reconnect_max,
             fabrics,

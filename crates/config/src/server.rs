@@ -111,9 +111,12 @@ pub struct LivenessConfig {
 impl RaftTiming {
     pub fn defaults() -> Self {
         RaftTiming {
-            heartbeat_interval: Duration::from_millis(150),
-            election_timeout_min: Duration::from_millis(800),
-            election_timeout_max: Duration::from_millis(1600),
+            // Failover in about a second (docs/performance.md). Pre-vote and
+            // the leader lease keep a short timeout from deposing a healthy
+            // leader: a lone slow follower cannot win a pre-vote.
+            heartbeat_interval: Duration::from_millis(80),
+            election_timeout_min: Duration::from_millis(250),
+            election_timeout_max: Duration::from_millis(450),
             snapshot_after_logs: 10_000,
             keep_logs_after_snapshot: 1_000,
             install_snapshot_timeout: Duration::from_secs(30),

@@ -59,7 +59,7 @@ fn server_defaults_are_filled_in() {
     assert_eq!(config.grpc_advertise, "b:7443");
     assert_eq!(config.peers[1].admin, "http://b:7480");
     assert_eq!(config.router_listen.unwrap().port(), 8080);
-    assert_eq!(config.raft.heartbeat_interval, Duration::from_millis(150));
+    assert_eq!(config.raft.heartbeat_interval, Duration::from_millis(80));
     let off = ServerConfig::parse(
         "server.yaml",
         "id: 1\nrouter_listen: null\npeers: [{id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}]\n",

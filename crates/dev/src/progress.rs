@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::run::{DevError, Running, check_children};
+use crate::run::{DevError, Phase, Running, check_children};
 
 pub(crate) struct Progress {
     apis: Vec<String>,
@@ -58,7 +58,7 @@ impl Progress {
         println!("starting {} control-plane peers", self.apis.len());
         let started = Instant::now();
         loop {
-            check_children(running)?;
+            check_children(running, Phase::Forming)?;
             if let Some(cluster) = self.get("/api/v1/cluster").await
                 && let Some(leader) = cluster["leader_id"].as_u64()
             {
@@ -94,7 +94,7 @@ impl Progress {
         println!("starting {count} simulated GPU nodes");
         let started = Instant::now();
         loop {
-            check_children(running)?;
+            check_children(running, Phase::Formed)?;
             let nodes = self.get("/api/v1/nodes").await.unwrap_or(Value::Null);
             let mut ready = 0;
             for node in nodes.as_array().into_iter().flatten() {
@@ -160,7 +160,7 @@ pub(crate) async fn wait_serving(
     println!("placing and loading the demo models (simulated engines)");
     let started = Instant::now();
     loop {
-        check_children(running)?;
+        check_children(running, Phase::Formed)?;
         let models = progress.get("/api/v1/models").await.unwrap_or(Value::Null);
         let replicas = progress
             .get("/api/v1/replicas")

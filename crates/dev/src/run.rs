@@ -59,6 +59,8 @@ pub(crate) struct Running {
     pub(crate) log: PathBuf,
     /// An agent's work directory: its engines' state files live there.
     pub(crate) agent_work_dir: Option<PathBuf>,
+    /// Its exit was already shown.
+    pub(crate) exit_reported: bool,
 }
 
 /// A work directory may hold an earlier `llmgw dev`: refuse while it still
@@ -277,10 +279,17 @@ async fn start_all(
     progress
         .wait_nodes(running, args.nodes as usize, timeout, work_dir)
         .await?;
-    if !args.no_demo {
-        wait_serving(&mut progress, running, &router_url, timeout, work_dir).await?;
+    if args.no_demo {
+        return Ok(());
     }
-    Ok(())
+    if args.nodes == 0 {
+        println!(
+            "  no simulated nodes (--nodes 0): the demo models wait for agents to join; \
+             `llmgw ctl explain qwen-0.5b` says why"
+        );
+        return Ok(());
+    }
+    wait_serving(&mut progress, running, &router_url, timeout, work_dir).await
 }
 
 /// `deploy/fixtures/nodes` of the source tree this binary was built from,
@@ -331,6 +340,7 @@ fn spawn(
         child,
         log: log_path.to_owned(),
         agent_work_dir,
+        exit_reported: false,
     })
 }
 
@@ -352,17 +362,50 @@ fn write_dev_json(
         .map_err(io("cannot write", &path))
 }
 
-/// Fails when a child exited: start-up cannot go on without it.
-pub(crate) fn check_children(running: &mut [Running]) -> Result<(), DevError> {
+/// Whether a peer's exit is a fault the cluster rides out, or a failed
+/// start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// No leader yet: every process is needed to get one.
+    Forming,
+    /// A leader was elected: a peer dying is what the cluster is for (the
+    /// README invites a `kill -9` of the leader), so it is shown and
+    /// start-up goes on while a majority of peers runs.
+    Formed,
+}
+
+/// Fails when a child exited and start-up cannot go on without it; shows
+/// a peer's exit once the control plane has formed.
+pub(crate) fn check_children(running: &mut [Running], phase: Phase) -> Result<(), DevError> {
+    let servers = running
+        .iter()
+        .filter(|r| r.process.role == "server")
+        .count();
+    let mut servers_down = 0;
     for r in running.iter_mut() {
-        if let Ok(Some(status)) = r.child.try_wait() {
-            return Err(DevError::Exited {
-                role: r.process.role.clone(),
-                id: r.process.id.to_string(),
-                status: status.to_string(),
-                log: r.log.clone(),
-            });
+        let Ok(Some(status)) = r.child.try_wait() else {
+            continue;
+        };
+        let is_server = r.process.role == "server";
+        if is_server {
+            servers_down += 1;
         }
+        if phase == Phase::Formed && is_server && 2 * servers_down < servers {
+            if !r.exit_reported {
+                r.exit_reported = true;
+                println!(
+                    "  server {} exited ({status}); the other peers carry on (its command line is in dev.json)",
+                    r.process.id
+                );
+            }
+            continue;
+        }
+        return Err(DevError::Exited {
+            role: r.process.role.clone(),
+            id: r.process.id.to_string(),
+            status: status.to_string(),
+            log: r.log.clone(),
+        });
     }
     Ok(())
 }
@@ -370,13 +413,12 @@ pub(crate) fn check_children(running: &mut [Running]) -> Result<(), DevError> {
 /// Says when a process exits on its own (a killed peer, say) and keeps
 /// the rest running: that is what the cluster is for. Never resolves.
 async fn report_exits(running: &mut [Running]) {
-    let mut reported = std::collections::BTreeSet::new();
     loop {
-        for (i, r) in running.iter_mut().enumerate() {
-            if !reported.contains(&i)
+        for r in running.iter_mut() {
+            if !r.exit_reported
                 && let Ok(Some(status)) = r.child.try_wait()
             {
-                reported.insert(i);
+                r.exit_reported = true;
                 println!(
                     "{} {} exited ({status}); the rest keeps running. Its command line is in dev.json",
                     r.process.role, r.process.id

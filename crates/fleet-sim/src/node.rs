@@ -163,6 +163,10 @@ async fn session(
                 if let Down::Redirect(r) = body {
                     return Ok(Some(r.leader_addr));
                 }
+                // Only a sign of life; the simulated node never leaves.
+                if let Down::HeartbeatAck(_) = body {
+                    continue;
+                }
                 if message.term < *highest_term {
                     stats.refused.fetch_add(1, Ordering::Relaxed);
                     let _ = tx.try_send(ack(message.command_id, false, "stale term".into()));
@@ -244,7 +248,7 @@ fn answer(body: Down) -> Vec<AgentMessage> {
             ShardState::Stopped,
             0,
         )],
-        Down::Redirect(_) => vec![],
+        Down::Redirect(_) | Down::HeartbeatAck(_) => vec![],
     }
 }
 

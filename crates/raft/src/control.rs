@@ -11,7 +11,7 @@ use llmgw_state::{Command, FleetState, Outcome};
 use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
-use openraft::{ChangeMembers, RaftMetrics, ReadPolicy, ServerState};
+use openraft::{ChangeMembers, Instant as _, RaftMetrics, ReadPolicy, ServerState};
 
 use crate::LlmgwRaft;
 use crate::disk::DiskGuard;
@@ -39,6 +39,8 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// Adding a peer waits for it to catch up as a learner first.
 const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
 const STATUS_DEADLINE: Duration = Duration::from_millis(800);
+/// The shortest deadline for one forwarded request.
+const FORWARD_ATTEMPT_MIN: Duration = Duration::from_secs(1);
 
 /// Everything the server needs from Raft. Cheap to clone.
 #[derive(Clone)]
@@ -176,13 +178,43 @@ impl ControlPlane {
         read(&applied.fleet)
     }
 
-    /// This peer's Raft term while it leads, `None` otherwise. Everything
-    /// the leader sends to agents carries this term (fencing).
+    /// This peer's Raft term while it leads *with a live quorum lease*,
+    /// `None` otherwise. Everything the leader does to the fleet (liveness,
+    /// placement, commands to agents) happens only under this term, and
+    /// everything it sends to agents carries it (fencing). A leader that has
+    /// not heard from a majority within the lease may already be replaced:
+    /// it keeps its Raft role but stops acting on the fleet.
     pub fn leading_term(&self) -> Option<u64> {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow_watched();
-        (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id))
+        let leads =
+            metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id);
+        (leads && lease_lapse(&metrics, self.inner.settings.leader_lease()).is_none())
             .then_some(metrics.current_term)
+    }
+
+    /// Why this peer, while Raft still calls it leader, must not act as
+    /// one: no majority has acknowledged it within the lease. `None` when
+    /// it is not the leader or its lease is live.
+    pub fn lease_problem(&self) -> Option<String> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        if metrics.state != ServerState::Leader {
+            return None;
+        }
+        let lease = self.inner.settings.leader_lease();
+        lease_lapse(&metrics, lease).map(|lapse| {
+            let heard = match lapse {
+                Some(age) => format!("for {:.1}s", age.as_secs_f64()),
+                None => "since it was elected".to_owned(),
+            };
+            format!(
+                "peer {} leads term {} but no majority of peers has answered it {heard} \
+                 (lease {lease:?}); it acts on nothing until a majority answers or another \
+                 peer is elected",
+                self.inner.id, metrics.current_term
+            )
+        })
     }
 
     /// The known leader and how to reach it.
@@ -222,6 +254,46 @@ impl ControlPlane {
                 outcome: Outcome::Rejected(rejection),
                 ..
             } => Err(ControlError::Rejected(rejection)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Proposes a decision this peer took as the leader of `term`
+    /// (liveness, placement, a registration). It is never forwarded: a
+    /// decision taken from a leader's view belongs to that leadership, and
+    /// once this peer no longer leads `term` with a live lease it is
+    /// dropped, for the new leader to decide again from its own view.
+    pub async fn propose_as_leader(
+        &self,
+        term: u64,
+        command: Command,
+    ) -> Result<u64, ControlError> {
+        let superseded = || {
+            ControlError::NoLeader(format!(
+                "peer {} no longer leads term {term}; its decision is dropped",
+                self.inner.id
+            ))
+        };
+        if self.leading_term() != Some(term) {
+            return Err(superseded());
+        }
+        match self
+            .handle_locally(ForwardRequest::Write(Box::new(command)))
+            .await
+        {
+            ForwardResponse::Written {
+                outcome: Outcome::Applied,
+                log_index,
+            } => {
+                self.wait_applied(log_index).await?;
+                Ok(log_index)
+            }
+            ForwardResponse::Written {
+                outcome: Outcome::Rejected(rejection),
+                ..
+            } => Err(ControlError::Rejected(rejection)),
+            ForwardResponse::NotLeader { .. } => Err(superseded()),
+            ForwardResponse::Failed(failure) => Err(failure.into()),
             other => Err(unexpected(other)),
         }
     }
@@ -283,8 +355,29 @@ impl ControlPlane {
         let mut last_problem = "no leader is known yet".to_owned();
         loop {
             let response = match self.leader() {
-                Some((id, _)) if id == self.inner.id => self.handle_locally(request.clone()).await,
-                Some((id, node)) => match self.forward_to(&node, &request, deadline).await {
+                Some((id, _)) if id == self.inner.id => {
+                    match self.handle_locally(request.clone()).await {
+                        // openraft refuses proposals while the quorum lease
+                        // has lapsed; waiting here would only hang the
+                        // client, and no other peer is named to try.
+                        ForwardResponse::NotLeader { leader: None } => {
+                            if let Some(why) = self.lease_problem() {
+                                return Err(ControlError::NoLeader(why));
+                            }
+                            ForwardResponse::NotLeader { leader: None }
+                        }
+                        other => other,
+                    }
+                }
+                Some((id, node)) => match self
+                    .forward_while_leading(
+                        id,
+                        &node,
+                        &request,
+                        self.forward_deadline(started, deadline),
+                    )
+                    .await
+                {
                     Ok(response) => response,
                     Err(Undelivered::Certainly(why)) => {
                         last_problem = format!("leader {id} at {}: {why}", node.grpc);
@@ -320,6 +413,46 @@ impl ControlPlane {
                 ForwardResponse::Failed(failure) => return Err(failure.into()),
                 other => return Ok(other),
             }
+        }
+    }
+
+    /// One forwarding attempt's deadline: a leader that does not answer
+    /// within a few election timeouts is paused or cut off, and the
+    /// follower will soon know a new one. Never past the caller's deadline.
+    fn forward_deadline(&self, started: Instant, deadline: Duration) -> Duration {
+        let attempt = (self.inner.settings.election_timeout_max * 2).max(FORWARD_ATTEMPT_MIN);
+        attempt
+            .min(deadline.saturating_sub(started.elapsed()))
+            .max(Duration::from_millis(1))
+    }
+
+    /// Forwards to leader `id`, giving up as soon as this peer sees that
+    /// `id` no longer leads (it voted in an election, or learned of a new
+    /// leader): a paused leader holds the request until the deadline
+    /// otherwise, while the new one is already taking writes.
+    async fn forward_while_leading(
+        &self,
+        id: u64,
+        node: &PeerNode,
+        request: &ForwardRequest,
+        deadline: Duration,
+    ) -> Result<ForwardResponse, Undelivered> {
+        let mut metrics = self.inner.raft.metrics();
+        let deposed = async move {
+            loop {
+                if metrics.borrow_watched().current_leader != Some(id) {
+                    return;
+                }
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            answer = self.forward_to(node, request, deadline) => answer,
+            () = deposed => Err(Undelivered::Maybe(format!(
+                "peer {id} stopped leading before it answered"
+            ))),
         }
     }
 
@@ -578,6 +711,22 @@ impl ControlPlane {
         if let Err(error) = self.inner.raft.shutdown().await {
             tracing::warn!(%error, "Raft shutdown");
         }
+    }
+}
+
+/// `None` while the leader's quorum lease is live (or it is the only
+/// voter); otherwise how long ago a majority last acknowledged it, itself
+/// `None` when no majority has acknowledged it yet.
+fn lease_lapse(metrics: &RaftMetrics<TypeConfig>, lease: Duration) -> Option<Option<Duration>> {
+    if metrics.membership_config.membership().voter_ids().count() <= 1 {
+        return None;
+    }
+    match metrics.last_quorum_acked.as_deref() {
+        Some(acked) => {
+            let age = acked.elapsed();
+            (age >= lease).then_some(Some(age))
+        }
+        None => Some(None),
     }
 }
 

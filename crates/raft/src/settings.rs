@@ -32,9 +32,9 @@ pub struct RaftSettings {
 impl Default for RaftSettings {
     fn default() -> Self {
         Self {
-            heartbeat_interval: Duration::from_millis(150),
-            election_timeout_min: Duration::from_millis(800),
-            election_timeout_max: Duration::from_millis(1200),
+            heartbeat_interval: Duration::from_millis(80),
+            election_timeout_min: Duration::from_millis(250),
+            election_timeout_max: Duration::from_millis(450),
             rpc_timeout: Duration::from_millis(1000),
             snapshot_timeout: Duration::from_secs(30),
             snapshot_after_entries: 5000,
@@ -46,6 +46,13 @@ impl Default for RaftSettings {
 }
 
 impl RaftSettings {
+    /// How long a leader acts after a majority last acknowledged it:
+    /// openraft's own leader lease. Followers refuse to elect anyone else
+    /// for at least this long after they last heard the leader.
+    pub fn leader_lease(&self) -> Duration {
+        self.election_timeout_max
+    }
+
     pub(crate) fn to_openraft(&self) -> Result<openraft::Config, String> {
         let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let config = openraft::Config {
@@ -57,6 +64,10 @@ impl RaftSettings {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_after_entries),
             max_in_snapshot_log_to_keep: self.keep_entries_after_snapshot,
             purge_batch_size: 1,
+            // A peer that was paused, cut off or restarted asks first
+            // whether it could win; while the leader's lease holds the
+            // answer is no, so it never bumps the term of a healthy cluster.
+            enable_pre_vote: Some(true),
             ..Default::default()
         };
         config.validate().map_err(|e| e.to_string())

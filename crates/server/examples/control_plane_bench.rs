@@ -4,9 +4,14 @@
 //!
 //! `cargo build -p llmgw-cli && cargo run -p llmgw-server --example control_plane_bench`
 //! (release: add `--release` to both). `FAILOVERS=N` changes the number of
-//! leader kills (default 20); `WRITE_SECONDS=S` the length of each
+//! leader kills (default 20); `PAUSES=N` the number of leader SIGSTOPs
+//! (default 5) and `PAUSE_SECONDS=S` their length (default 10);
+//! `WRITE_SECONDS=S` the length of each
 //! throughput run (default 5). `TLS=1` runs the peers with mTLS (the
-//! default, plaintext, is `insecure: true`).
+//! default, plaintext, is `insecure: true`). `RAFT="k: v, ..."` sets
+//! fields of server.yaml's `raft` section. `DISK_HOG_SECONDS=S` (default
+//! 20) counts elections and lapsed leases while a neighbour saturates the
+//! disk with synced writes.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -36,10 +41,18 @@ async fn main() {
     let write_seconds = env_u64("WRITE_SECONDS", 5);
     let tls = env_u64("TLS", 0) == 1;
     println!("peer transport: {}", if tls { "mTLS" } else { "plaintext" });
+    // `RAFT="heartbeat_interval: 80ms, election_timeout_min: 250ms, ..."`
+    // compares timings without a rebuild.
+    let raft = std::env::var("RAFT")
+        .map(|fields| format!("raft: {{{fields}}}\n"))
+        .unwrap_or_default();
+    if !raft.is_empty() {
+        print!("server.yaml {raft}");
+    }
     let mut cluster = if tls {
-        Cluster::start_tls("")
+        Cluster::start_tls(&raft)
     } else {
-        Cluster::start("")
+        Cluster::start(&raft)
     };
     cluster.wait_leader().await;
     cluster.put_model(1, "warm-up").await.expect("first write");
@@ -77,6 +90,80 @@ async fn main() {
             downtimes.len(),
             percentile(&downtimes, 0.5).as_secs_f64(),
             downtimes.last().unwrap().as_secs_f64()
+        );
+    }
+
+    let pauses = env_u64("PAUSES", 5);
+    let pause_for = Duration::from_secs(env_u64("PAUSE_SECONDS", 10));
+    let mut stalls = Vec::new();
+    for round in 0..pauses {
+        let leader = cluster.wait_leader().await;
+        cluster.wait_converged().await;
+        let survivor = (1..=3).find(|id| *id != leader).unwrap();
+        cluster.pause(leader);
+        let paused_at = Instant::now();
+        let name = format!("pause-{round}");
+        loop {
+            if let Ok((200, _)) = cluster.put_model(survivor, &name).await {
+                break;
+            }
+            assert!(
+                paused_at.elapsed() < pause_for,
+                "no write accepted during a {pause_for:?} pause of the leader"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let stall = paused_at.elapsed();
+        println!(
+            "pause {round:>2}: SIGSTOP leader {leader}, write accepted after {:.3} s",
+            stall.as_secs_f64()
+        );
+        stalls.push(stall);
+        tokio::time::sleep(pause_for.saturating_sub(paused_at.elapsed())).await;
+        cluster.resume(leader);
+    }
+    stalls.sort();
+    if !stalls.is_empty() {
+        println!(
+            "pause: {} leader SIGSTOPs of {:?}, time until a write is accepted again: median {:.3} s, max {:.3} s",
+            stalls.len(),
+            pause_for,
+            percentile(&stalls, 0.5).as_secs_f64(),
+            stalls.last().unwrap().as_secs_f64()
+        );
+    }
+
+    // What short timeouts cost: elections and lapsed leases while a
+    // neighbour saturates the disk with synced writes, and no fault.
+    let hog_seconds = env_u64("DISK_HOG_SECONDS", 20);
+    if hog_seconds > 0 {
+        cluster.wait_leader().await;
+        cluster.wait_converged().await;
+        let (changes_before, lapses_before) = disturbances(&cluster).await;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let hog = {
+            let stop = stop.clone();
+            let path = cluster.dir.path().join("disk-hog");
+            std::thread::spawn(move || disk_hog(&path, &stop))
+        };
+        let until = Instant::now() + Duration::from_secs(hog_seconds);
+        let mut writes = 0u64;
+        while Instant::now() < until {
+            if let Ok((200, _)) = cluster
+                .put_model(1 + writes % 3, &format!("hog-{writes}"))
+                .await
+            {
+                writes += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let hogged = hog.join().unwrap_or(0);
+        let (changes_after, lapses_after) = disturbances(&cluster).await;
+        println!(
+            "loaded disk: {hog_seconds} s of 1-client writes ({writes} ok) beside {} MiB of synced 1 MiB writes: {} leader changes, {} lapsed leader leases",
+            hogged >> 20,
+            changes_after - changes_before,
+            lapses_after - lapses_before
         );
     }
 
@@ -118,4 +205,54 @@ async fn main() {
             errors
         );
     }
+}
+
+/// Leader changes seen by any peer (the highest counter), and leases that
+/// lapsed on any peer (its log says so), so far.
+async fn disturbances(cluster: &Cluster) -> (u64, usize) {
+    let mut changes = 0u64;
+    for id in cluster.running() {
+        if let Some(value) = cluster.metric(id, "llmgw_raft_leader_changes_total").await {
+            changes = changes.max(value as u64);
+        }
+    }
+    let lapses = cluster
+        .running()
+        .iter()
+        .map(|&id| {
+            cluster
+                .log_text(id)
+                .matches("no longer leading the fleet")
+                .count()
+        })
+        .sum();
+    (changes, lapses)
+}
+
+/// Writes and syncs 1 MiB at a time beside the peers' data until `stop`;
+/// returns the bytes written.
+fn disk_hog(path: &std::path::Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::io::Write;
+    let Ok(mut file) = std::fs::File::create(path) else {
+        return 0;
+    };
+    let chunk = vec![7u8; 1 << 20];
+    let mut total = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if file
+            .write_all(&chunk)
+            .and_then(|()| file.sync_data())
+            .is_err()
+        {
+            break;
+        }
+        total += chunk.len() as u64;
+        if total % (256 << 20) == 0 {
+            // Stay within a small file: start over.
+            let _ = file.set_len(0);
+            let _ = std::io::Seek::rewind(&mut file);
+        }
+    }
+    let _ = std::fs::remove_file(path);
+    total
 }

@@ -11,9 +11,19 @@ const BATCH: usize = 256;
 /// Batches in flight at once.
 const IN_FLIGHT: usize = 4;
 
+/// Who stands behind a set of commands.
+#[derive(Debug, Clone, Copy)]
+pub enum Author {
+    /// The leader of this term decided them from its own view; they are
+    /// dropped once it no longer leads that term (never forwarded).
+    Leader(u64),
+    /// Facts an agent reported; whoever leads may commit them.
+    Agent,
+}
+
 /// Proposes `commands`, batched. A failure is logged (the next round or
 /// report decides again); the answer says whether every batch committed.
-pub async fn propose_all(control: &ControlPlane, commands: Vec<Command>) -> bool {
+pub async fn propose_all(control: &ControlPlane, author: Author, commands: Vec<Command>) -> bool {
     let mut batches = Vec::new();
     let mut commands = commands.into_iter().peekable();
     while commands.peek().is_some() {
@@ -31,7 +41,11 @@ pub async fn propose_all(control: &ControlPlane, commands: Vec<Command>) -> bool
                 }
             };
             let what = command.to_string();
-            match control.write(command).await {
+            let written = match author {
+                Author::Leader(term) => control.propose_as_leader(term, command).await,
+                Author::Agent => control.write(command).await,
+            };
+            match written {
                 Ok(_) => true,
                 Err(ControlError::Rejected(rejection)) => {
                     tracing::debug!(%rejection, "{what} was refused; the next round decides again");

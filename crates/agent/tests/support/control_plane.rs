@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use llmgw_proto::agent::agent_message::Body as Up;
 use llmgw_proto::agent::agent_service_server::{AgentService, AgentServiceServer};
 use llmgw_proto::agent::control_message::Body as Down;
-use llmgw_proto::agent::{AgentMessage, ControlMessage, Redirect};
+use llmgw_proto::agent::{AgentMessage, ControlMessage, HeartbeatAck, Redirect};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +30,10 @@ struct Shared {
     received: Mutex<Vec<(usize, AgentMessage)>>,
     down: Mutex<Option<DownTx>>,
     connections: Mutex<usize>,
+    /// The term of the last command sent; heartbeats are answered with it.
+    term: Mutex<u64>,
+    /// A silent leader answers nothing, like a paused process.
+    silent: std::sync::atomic::AtomicBool,
 }
 
 #[tonic::async_trait]
@@ -68,10 +72,21 @@ impl AgentService for Fake {
             });
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
-        *self.shared.down.lock().unwrap() = Some(tx);
+        *self.shared.down.lock().unwrap() = Some(tx.clone());
         let shared = self.shared.clone();
         tokio::spawn(async move {
             while let Ok(Some(m)) = inbound.message().await {
+                // Like the real leader: every heartbeat is answered.
+                if let Some(Up::Heartbeat(beat)) = &m.body
+                    && !shared.silent.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    let term = *shared.term.lock().unwrap();
+                    let _ = tx.try_send(Ok(ControlMessage {
+                        term,
+                        command_id: 0,
+                        body: Some(Down::HeartbeatAck(HeartbeatAck { seq: beat.seq })),
+                    }));
+                }
                 shared.received.lock().unwrap().push((connection, m));
             }
         });
@@ -131,8 +146,19 @@ impl FakePeer {
         self.shared.received.lock().unwrap().clone()
     }
 
+    /// Stops (or resumes) answering heartbeats, as a paused leader would.
+    pub fn set_silent(&self, silent: bool) {
+        self.shared
+            .silent
+            .store(silent, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Sends a command down the newest stream.
     pub async fn send(&self, term: u64, command_id: u64, body: Down) {
+        {
+            let mut highest = self.shared.term.lock().unwrap();
+            *highest = (*highest).max(term);
+        }
         let tx = self
             .shared
             .down

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use llmgw_proto::agent::control_message::Body;
 use llmgw_proto::agent::{
-    ControlMessage, DrainShard, Registered, ShardSpec, StartShard, StopShard,
+    ControlMessage, DrainShard, HeartbeatAck, Registered, ShardSpec, StartShard, StopShard,
 };
 use prost::Message;
 use serde::Serialize;
@@ -176,6 +176,26 @@ impl Hub {
         {
             s.last_heard = Instant::now();
         }
+    }
+
+    /// Answers a heartbeat on the node's session, if it is still the one
+    /// open and belongs to `term`. The agent leaves a peer that stops
+    /// answering.
+    pub fn answer_heartbeat(&self, node: &str, session: u64, term: u64, seq: u64) {
+        let state = self.lock();
+        let Some(s) = state.sessions.get(node) else {
+            return;
+        };
+        if s.id != session || s.term != term {
+            return;
+        }
+        // A full outbox means the agent is not reading; `sync` closes such
+        // a session when it next has something to say.
+        let _ = s.tx.try_send(Ok(ControlMessage {
+            term,
+            command_id: 0,
+            body: Some(Body::HeartbeatAck(HeartbeatAck { seq })),
+        }));
     }
 
     pub fn refused(&self, node: &str, refusal: Refusal) {

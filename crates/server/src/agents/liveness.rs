@@ -49,6 +49,32 @@ pub fn next_status(
     }
 }
 
+/// Since when this peer's heartbeat table can be trusted, and under which
+/// term. Trust starts when the peer starts leading (or leads again after
+/// its lease lapsed) and restarts after a stall of its own: a leader that
+/// was paused or cut off received no heartbeats meanwhile, so their age
+/// says nothing about the nodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Trust {
+    pub term: u64,
+    pub since: Instant,
+}
+
+/// Why trust (re)starts at this tick, if it does.
+pub fn trust_restarts(
+    trusted: Option<Trust>,
+    term: u64,
+    gap: Duration,
+    max_gap: Duration,
+) -> Option<&'static str> {
+    match trusted {
+        None => Some("leading"),
+        Some(t) if t.term != term => Some("leading a new term"),
+        Some(_) if gap > max_gap => Some("this peer stalled"),
+        Some(_) => None,
+    }
+}
+
 /// Runs until `stop` turns true.
 pub async fn run_liveness(
     control: ControlPlane,
@@ -57,39 +83,46 @@ pub async fn run_liveness(
     mut stop: watch::Receiver<bool>,
 ) {
     let period = (settings.ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    // A tick this late means the process itself stood still.
+    let max_gap = period * 2 + Duration::from_millis(500);
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leading: Option<(u64, Instant)> = None;
+    let mut trusted: Option<Trust> = None;
+    let mut last_tick = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let term = control.leading_term();
-        match (term, leading) {
-            (Some(term), Some((led, _))) if term == led => {}
-            (Some(term), _) => {
-                tracing::info!(
-                    term,
-                    "leading: every node gets {:?} to reconnect before it can be marked unreachable",
-                    settings.grace
-                );
-                leading = Some((term, Instant::now()));
-            }
-            (None, Some((led, _))) => {
-                let closed = hub.close_all();
-                tracing::info!(
-                    term = led,
-                    closed,
-                    "no longer leading; closed the agent streams so agents find the new leader"
-                );
-                leading = None;
-                continue;
-            }
-            (None, None) => continue,
-        }
-        let Some((_, since)) = leading else { continue };
         let now = Instant::now();
+        let gap = now.duration_since(last_tick);
+        last_tick = now;
+        let Some(term) = control.leading_term() else {
+            if let Some(t) = trusted.take() {
+                let closed = hub.close_all();
+                let why = control
+                    .lease_problem()
+                    .unwrap_or_else(|| "another peer leads".to_owned());
+                tracing::info!(
+                    term = t.term,
+                    closed,
+                    "no longer leading the fleet ({why}); closed the agent streams so agents find the leader"
+                );
+            }
+            continue;
+        };
+        if let Some(why) = trust_restarts(trusted, term, gap, max_gap) {
+            tracing::info!(
+                term,
+                gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
+                "{why}: every node gets {:?} to be heard before it can be marked unreachable",
+                settings.grace
+            );
+            trusted = Some(Trust { term, since: now });
+        }
+        let Some(Trust { since, .. }) = trusted else {
+            continue;
+        };
         let in_grace = now.duration_since(since) < settings.grace;
         let heard: HashMap<String, Instant> = hub
             .nodes()
@@ -108,6 +141,9 @@ pub async fn run_liveness(
                 })
                 .collect()
         });
+        if changes.is_empty() {
+            continue;
+        }
         // One batch: a rack going dark is one log entry, not hundreds.
         let commands = changes
             .iter()
@@ -117,7 +153,8 @@ pub async fn run_liveness(
                 at_ms,
             })
             .collect();
-        if crate::propose::propose_all(&control, commands).await {
+        let author = crate::propose::Author::Leader(term);
+        if crate::propose::propose_all(&control, author, commands).await {
             for (id, from, to) in &changes {
                 tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
             }
@@ -189,6 +226,26 @@ mod tests {
         assert_eq!(
             next_status(&lost, Some(now), now, 0, true, &SETTINGS),
             Some(NodeStatus::Ready)
+        );
+    }
+
+    #[test]
+    fn trust_restarts_on_leading_a_new_term_and_after_a_stall_of_this_peer() {
+        let max_gap = Duration::from_millis(1500);
+        let tick = Duration::from_millis(500);
+        assert_eq!(trust_restarts(None, 3, tick, max_gap), Some("leading"));
+        let t = Trust {
+            term: 3,
+            since: Instant::now(),
+        };
+        assert_eq!(trust_restarts(Some(t), 3, tick, max_gap), None);
+        assert_eq!(
+            trust_restarts(Some(t), 4, tick, max_gap),
+            Some("leading a new term")
+        );
+        assert_eq!(
+            trust_restarts(Some(t), 3, Duration::from_secs(10), max_gap),
+            Some("this peer stalled")
         );
     }
 }

@@ -29,7 +29,8 @@ pub async fn write_reports(control: ControlPlane, mut reports: mpsc::UnboundedRe
                 .filter_map(|report| to_command(fleet, report))
                 .collect()
         });
-        let _ = crate::propose::propose_all(&control, commands).await;
+        let _ =
+            crate::propose::propose_all(&control, crate::propose::Author::Agent, commands).await;
     }
 }
 

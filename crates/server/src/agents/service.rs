@@ -56,6 +56,15 @@ impl AgentStreams {
 
     fn redirect(&self, node: &str, tx: &mpsc::Sender<Result<ControlMessage, Status>>) {
         let (leader_id, leader_addr, reason) = match self.control.leader() {
+            // This peer holds the Raft role but not the lease: naming
+            // itself would bring the agent straight back.
+            Some((id, _)) if id == self.control.id() => (
+                String::new(),
+                String::new(),
+                self.control
+                    .lease_problem()
+                    .unwrap_or_else(|| format!("peer {id} is not leading the fleet now")),
+            ),
             Some((id, peer)) => (
                 id.to_string(),
                 peer.grpc,
@@ -141,7 +150,7 @@ impl AgentService for AgentStreams {
                 .await
                 .map_err(|_| Status::unavailable("the peer is shutting down"))?;
             let command = facts.into_command(now_ms());
-            if let Err(error) = self.control.write(command).await {
+            if let Err(error) = self.control.propose_as_leader(term, command).await {
                 tracing::warn!(node, %error, "cannot register the node now");
                 return Err(Status::unavailable(format!(
                     "registration of node {node} was not committed: {error}"
@@ -166,6 +175,7 @@ impl AgentService for AgentStreams {
             inbound,
             node,
             session,
+            self.control.clone(),
             self.hub.clone(),
             self.reports.clone(),
         ));
@@ -179,6 +189,7 @@ async fn read_agent(
     mut inbound: Streaming<AgentMessage>,
     node: String,
     session: u64,
+    control: ControlPlane,
     hub: Arc<Hub>,
     reports: mpsc::UnboundedSender<Report>,
 ) {
@@ -187,7 +198,14 @@ async fn read_agent(
             Ok(Some(message)) => {
                 hub.heard(&node, session);
                 match message.body {
-                    Some(Up::Heartbeat(_)) => {}
+                    // Answered only while this peer leads with a live
+                    // lease: a leader cut off from its peers must not keep
+                    // its agents attached.
+                    Some(Up::Heartbeat(beat)) => {
+                        if let Some(term) = control.leading_term() {
+                            hub.answer_heartbeat(&node, session, term, beat.seq);
+                        }
+                    }
                     Some(Up::ShardStatus(status)) => {
                         let _ = reports.send(Report {
                             node: node.clone(),

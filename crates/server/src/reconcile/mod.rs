@@ -47,7 +47,9 @@ pub async fn run_reconciler(
             led_term = Some(term);
         }
         let commands = control.read(|fleet| decide(fleet, &mut memory, &settings, now_ms()));
-        let _ = crate::propose::propose_all(&control, commands).await;
+        let _ =
+            crate::propose::propose_all(&control, crate::propose::Author::Leader(term), commands)
+                .await;
         dispatch(&control, &hub);
     }
 }

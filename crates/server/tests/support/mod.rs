@@ -174,6 +174,25 @@ impl Cluster {
         }
     }
 
+    /// SIGSTOP: the peer stands still with its sockets open, like a
+    /// process in a long stall; [`Cluster::resume`] lets it go on.
+    pub fn pause(&self, id: u64) {
+        self.signal(id, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, id: u64) {
+        self.signal(id, libc::SIGCONT);
+    }
+
+    #[allow(unsafe_code)]
+    fn signal(&self, id: u64, signal: i32) {
+        let child = self.peer(id).child.as_ref().expect("peer runs");
+        let pid = i32::try_from(child.id()).expect("pid fits");
+        // SAFETY: kill(2) on a child this cluster started and has not reaped.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "signal {signal} to peer {id}");
+    }
+
     /// The directory with the cluster's CA and peer certificates.
     pub fn tls_dir(&self) -> PathBuf {
         llmgw_dev::certs::tls_dir(self.dir.path())

@@ -1,0 +1,279 @@
+//! A peer that stops for a while costs the fleet nothing: three real
+//! peers, real agents with fixture inventories, a simulated engine, and
+//! SIGSTOP on one peer. A paused leader is replaced, its agents re-home
+//! before their grace period ends, no node is marked unreachable and the
+//! engine keeps answering; a paused follower, once it wakes, changes no
+//! term and closes no agent stream.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use llmgw_dev::{H100_IB_A, L40S_PCIE};
+use reqwest::Method;
+use serde_json::{Value, json};
+use support::agents::Agent;
+use support::{Cluster, eventually};
+
+/// Short enough that a wrong mark shows within the pause: agents beat
+/// every 500 ms and leave a silent peer after 2 s.
+const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 30s\n  leader_grace: 4s\n";
+const NODES: [&str; 2] = ["h100-1", "l40s-1"];
+const PAUSE: Duration = Duration::from_secs(10);
+
+async fn start_fleet() -> (Cluster, Vec<Agent>) {
+    let cluster = Cluster::start(LIVENESS);
+    cluster.wait_leader().await;
+    let agents = vec![
+        Agent::start(&cluster, NODES[0], H100_IB_A, 1),
+        Agent::start(&cluster, NODES[1], L40S_PCIE, 2),
+    ];
+    eventually(&cluster, "both nodes ready", || async {
+        let ready = node_statuses(&cluster, 1).await?;
+        if ready.iter().filter(|(_, s)| s == "ready").count() == NODES.len() {
+            Ok(())
+        } else {
+            Err(format!("{ready:?}"))
+        }
+    })
+    .await;
+    (cluster, agents)
+}
+
+async fn node_statuses(cluster: &Cluster, peer: u64) -> Result<Vec<(String, String)>, String> {
+    match cluster.get(peer, "/api/v1/nodes").await? {
+        (200, Value::Array(nodes)) => Ok(nodes
+            .iter()
+            .map(|n| {
+                (
+                    n["id"].as_str().unwrap_or("?").to_owned(),
+                    n["status"].as_str().unwrap_or("?").to_owned(),
+                )
+            })
+            .collect()),
+        other => Err(format!("{other:?}")),
+    }
+}
+
+/// Nodes whose stream is open on `peer` (only a leader holds streams).
+async fn attached(cluster: &Cluster, peer: u64) -> BTreeSet<String> {
+    match cluster.get(peer, "/api/v1/nodes").await {
+        Ok((200, Value::Array(nodes))) => nodes
+            .iter()
+            .filter(|n| n["stream"]["connected"] == true)
+            .filter_map(|n| n["id"].as_str().map(str::to_owned))
+            .collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+async fn term_and_leader(cluster: &Cluster, peer: u64) -> (u64, Option<u64>) {
+    let (_, view) = cluster.get(peer, "/api/v1/cluster").await.expect("cluster");
+    (
+        view["term"].as_u64().unwrap_or(0),
+        view["leader_id"].as_u64(),
+    )
+}
+
+/// Every status any of `admins` reported that is not `ready`, sampled
+/// until `stop`. Runs on its own task, so it holds no `Cluster`.
+fn watch_statuses(
+    admins: Vec<(u64, String)>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let mut seen = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            for (peer, admin) in &admins {
+                let Ok(response) = http.get(format!("{admin}/api/v1/nodes")).send().await else {
+                    continue;
+                };
+                let Ok(Value::Array(nodes)) = response.json::<Value>().await else {
+                    continue;
+                };
+                for node in nodes.iter().filter(|n| n["status"] != "ready") {
+                    seen.push(format!(
+                        "peer {peer}: node {} {}",
+                        node["id"], node["status"]
+                    ));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seen
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
+    let (cluster, _agents) = start_fleet().await;
+    let (status, body) = cluster
+        .send(
+            1,
+            Method::PUT,
+            "/api/v1/models/small",
+            Some(
+                json!({"name": "small", "replicas": 1, "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                       "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1}]})
+                .to_string(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let endpoint: String = eventually(&cluster, "small ready", || async {
+        match cluster.get(1, "/api/v1/replicas").await? {
+            (200, Value::Array(all)) => all
+                .iter()
+                .find(|r| r["model"] == "small" && r["state"] == "ready")
+                .and_then(|r| r["endpoint"].as_str().map(str::to_owned))
+                .ok_or_else(|| format!("{all:?}")),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let old = cluster.wait_leader().await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let admins = followers
+        .iter()
+        .map(|&id| (id, cluster.admin(id)))
+        .collect();
+    let statuses = watch_statuses(admins, stop.clone());
+    let (chats, failures) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let chat = {
+        let (stop, chats, failures) = (stop.clone(), chats.clone(), failures.clone());
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        tokio::spawn(async move {
+            let body = json!({"model": "small", "max_tokens": 4,
+                              "messages": [{"role": "user", "content": "hello"}]});
+            while !stop.load(Ordering::Relaxed) {
+                chats.fetch_add(1, Ordering::Relaxed);
+                let ok = http
+                    .post(format!("{endpoint}/v1/chat/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if !ok {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    cluster.pause(old);
+    let paused = Instant::now();
+    // A follower takes over and both agents attach to it while the old
+    // leader is still stopped.
+    let mut rehomed = None;
+    while paused.elapsed() < PAUSE {
+        for &peer in &followers {
+            let (_, leader) = term_and_leader(&cluster, peer).await;
+            if leader == Some(peer) && attached(&cluster, peer).await.len() == NODES.len() {
+                rehomed.get_or_insert(paused.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.resume(old);
+    // The old leader wakes with a stale table: give it time to (not) act.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::Relaxed);
+    let not_ready = statuses.await.unwrap();
+    chat.await.unwrap();
+
+    let rehomed = rehomed.unwrap_or_else(|| {
+        panic!(
+            "the agents were not attached to a new leader within the {PAUSE:?} pause\n{}",
+            cluster.log_tails()
+        )
+    });
+    println!(
+        "agents re-homed {:.1}s after the leader stopped; {} chats, {} failed",
+        rehomed.as_secs_f64(),
+        chats.load(Ordering::Relaxed),
+        failures.load(Ordering::Relaxed)
+    );
+    assert!(
+        not_ready.is_empty(),
+        "a node was marked down although only a peer paused: {not_ready:?}\n{}",
+        cluster.log_tails()
+    );
+    assert_eq!(failures.load(Ordering::Relaxed), 0, "chats failed");
+    let old_log = cluster.log_text(old);
+    assert!(
+        old_log.contains("no longer leading the fleet"),
+        "the resumed leader did not give up its agents:\n{old_log}"
+    );
+    let resumed_at = old_log.rfind("no longer leading the fleet").unwrap();
+    assert!(
+        !old_log[resumed_at..].contains("node status changed"),
+        "the resumed leader changed a node's status:\n{old_log}"
+    );
+    let after = node_statuses(&cluster, old)
+        .await
+        .expect("nodes from the resumed peer");
+    assert!(after.iter().all(|(_, s)| s == "ready"), "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_follower_wakes_without_changing_the_term_or_any_stream() {
+    let (cluster, agents) = start_fleet().await;
+    let leader = cluster.wait_leader().await;
+    eventually(&cluster, "both agents attached to the leader", || async {
+        let on = attached(&cluster, leader).await;
+        (on.len() == NODES.len())
+            .then_some(())
+            .ok_or(format!("{on:?}"))
+    })
+    .await;
+    let (term, _) = term_and_leader(&cluster, leader).await;
+    let opened = |agents: &[Agent]| -> usize {
+        agents
+            .iter()
+            .map(|a| a.log_text().matches("stream open; registered").count())
+            .sum()
+    };
+    let streams_before = opened(&agents);
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+
+    cluster.pause(follower);
+    tokio::time::sleep(PAUSE).await;
+    cluster.resume(follower);
+    // Long enough for the woken follower to try for an election several
+    // times over (election timeouts are under a second).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let (term_after, leader_after) = term_and_leader(&cluster, leader).await;
+    assert_eq!(
+        (term_after, leader_after),
+        (term, Some(leader)),
+        "a woken follower changed the term or the leader\n{}",
+        cluster.log_tails()
+    );
+    let (follower_term, _) = term_and_leader(&cluster, follower).await;
+    assert_eq!(follower_term, term, "the follower's own term moved");
+    assert_eq!(
+        opened(&agents),
+        streams_before,
+        "an agent stream was closed and reopened"
+    );
+    assert!(
+        !cluster
+            .log_text(leader)
+            .contains("closed the agent streams"),
+        "the leader closed its agent streams"
+    );
+}
