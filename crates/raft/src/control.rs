@@ -495,22 +495,36 @@ impl ControlPlane {
     async fn handle_locally(&self, request: ForwardRequest) -> ForwardResponse {
         let raft = &self.inner.raft;
         match request {
-            ForwardRequest::Write(_) if self.inner.disk.check().is_err() => {
-                match self.inner.disk.check() {
-                    Err(error) => error.into(),
-                    Ok(()) => ForwardResponse::NotLeader { leader: None },
+            // The leader refuses a write its own disk may not hold, even
+            // when the peer that took it has room.
+            ForwardRequest::Write(command) => {
+                if let Err(error) = self.inner.disk.check() {
+                    return error.into();
+                }
+                match raft.client_write(*command).await {
+                    Ok(response) => ForwardResponse::Written {
+                        outcome: response.data,
+                        log_index: response.log_id.index,
+                    },
+                    Err(error) => write_error(error),
                 }
             }
-            ForwardRequest::Write(command) => match raft.client_write(*command).await {
-                Ok(response) => ForwardResponse::Written {
-                    outcome: response.data,
-                    log_index: response.log_id.index,
-                },
-                Err(error) => write_error(error),
-            },
             ForwardRequest::ReadIndex => {
                 match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-                    Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
+                    // Never below this leader's own last log entry: a
+                    // leader that restarts resumes its term (openraft's
+                    // leader restore) with the committed index it persisted
+                    // without sync, which a power cut can set back, and
+                    // openraft's read index is then below writes it had
+                    // acknowledged. Every entry in its log is its own term's
+                    // or older and will commit while it leads, so waiting
+                    // for it is safe, and costs a read at most the entries
+                    // in flight.
+                    Ok(read_log_id) => ForwardResponse::ReadIndex(
+                        read_log_id
+                            .index()
+                            .max(self.metrics().last_log_index.unwrap_or(0)),
+                    ),
                     Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
                         ForwardResponse::NotLeader {
                             leader: forward.leader_id.zip(forward.leader_node),

@@ -69,10 +69,10 @@ fn open_db(dir: &Path) -> Result<DB, StoreError> {
     // and the peer starts. Damage before the tail (a checksum mismatch
     // followed by more records) is still refused: that data was synced.
     options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
-    // The MANIFEST records every WAL and, once synced and closed, its
-    // size: a WAL that was deleted, or cut below what was synced, is then
-    // refused as damage instead of opening as an older store (our creation
-    // marker alone misses it once the marker was flushed to a table file).
+    // The MANIFEST then records the WALs that were synced and closed, with
+    // their sizes: one of those deleted, or cut below what was synced, is
+    // refused as damage. The live WAL is not tracked there; the generation
+    // file (`generation.rs`) notices when it is lost.
     options.set_track_and_verify_wals_in_manifest(true);
     let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
         .into_iter()
