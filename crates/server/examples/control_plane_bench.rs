@@ -247,7 +247,7 @@ fn disk_hog(path: &std::path::Path, stop: &std::sync::atomic::AtomicBool) -> u64
             break;
         }
         total += chunk.len() as u64;
-        if total % (256 << 20) == 0 {
+        if total.is_multiple_of(256 << 20) {
             // Stay within a small file: start over.
             let _ = file.set_len(0);
             let _ = std::io::Seek::rewind(&mut file);
