@@ -638,6 +638,7 @@ pub async fn run(
     leftovers.extend(ctx.cluster.net.destroy());
     // Unmount the lazy disks before the run directory can be removed.
     ctx.cluster.disks.clear();
+    leftovers.extend(crate::powercut::mounts_under(&dir));
     let listed = crate::netns::run("ip", &["netns", "list"]).unwrap_or_default();
     leftovers.extend(
         listed

@@ -148,10 +148,30 @@ impl LazyDisk {
     }
 }
 
+/// Lazy filesystems still mounted under `dir`, as leftovers to report.
+pub fn mounts_under(dir: &Path) -> Vec<String> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    table
+        .lines()
+        .filter(|line| line.contains("llmgw-lazyfs"))
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|mountpoint| Path::new(mountpoint).starts_with(dir))
+        .map(|mountpoint| format!("lazy filesystem still mounted on {mountpoint}"))
+        .collect()
+}
+
 impl Drop for LazyDisk {
     fn drop(&mut self) {
         if let Some(session) = self.session.take() {
             session.join();
+        }
+        // fuser's unmount can fail quietly (a straggler still in the
+        // directory); detach it so no run leaves a mount behind.
+        if !mounts_under(&self.mountpoint).is_empty() {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.mountpoint)
+                .status();
         }
     }
 }
