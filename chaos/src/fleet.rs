@@ -341,9 +341,10 @@ pub struct AgentObs {
 
 /// Reads an agent's `leader-term` and `shards/*.json`.
 pub fn observe_agent(node: &str, work_dir: &Path) -> AgentObs {
+    // `TERM LEADER` (or `TERM` from older agents).
     let leader_term = std::fs::read_to_string(work_dir.join("leader-term"))
         .ok()
-        .and_then(|t| t.trim().parse().ok())
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
     let mut shards = Vec::new();
     if let Ok(entries) = std::fs::read_dir(work_dir.join("shards")) {

@@ -245,7 +245,7 @@ impl StreamClient {
             &self.config,
             &self.inventory,
             self.supervisor.running(),
-            self.terms.highest(),
+            self.terms.highest().term,
         );
         let _ = tx.try_send(AgentMessage {
             body: Some(Up::Register(register)),
@@ -341,10 +341,10 @@ impl StreamClient {
             });
         }
         if let Down::HeartbeatAck(_) = body {
-            return match self.terms.check(message.term) {
+            return match self.terms.check(message.term, message.leader_id) {
                 Ok(TermCheck::Stale { command, highest }) => Some(SessionEnd::Lost {
                     why: format!(
-                        "the peer answers for leader term {command}, but term {highest} has been seen: it was deposed"
+                        "the peer answers for leader {command}, but {highest} has been seen: it was deposed"
                     ),
                     was_registered: true,
                 }),
@@ -361,13 +361,20 @@ impl StreamClient {
                 })),
             });
         };
-        match self.terms.check(message.term) {
+        match self.terms.check(message.term, message.leader_id) {
             Ok(TermCheck::Current) => {}
             Ok(TermCheck::Stale { command, highest }) => {
                 let text = format!(
-                    "refused: command {id} carries leader term {command}, but this agent has already seen term {highest}"
+                    "refused: command {id} carries leader {command}, but this agent has already seen {highest}"
                 );
-                tracing::warn!(command_id = id, term = command, highest, "{text}");
+                tracing::warn!(
+                    command_id = id,
+                    term = command.term,
+                    leader = command.leader,
+                    highest_term = highest.term,
+                    highest_leader = highest.leader,
+                    "{text}"
+                );
                 ack(false, text);
                 return None;
             }
@@ -414,7 +421,8 @@ impl StreamClient {
     }
 
     /// `Registered` names every shard this node should run: start what is
-    /// missing (idempotent for adopted ones), stop the rest.
+    /// missing (idempotent for adopted ones), keep draining what drains
+    /// (a reconnect never cuts a drain short), stop the rest.
     fn reconcile(&mut self, registered: Registered, term: u64) {
         if registered.heartbeat_interval_ms > 0 {
             self.heartbeat_interval = Duration::from_millis(registered.heartbeat_interval_ms);
@@ -429,6 +437,15 @@ impl StreamClient {
                 }
                 Err(e) => tracing::warn!("registered shard refused: {e}"),
             }
+        }
+        for drain in &registered.drains {
+            let outcome = self.supervisor.drain(
+                &drain.shard_id,
+                Duration::from_millis(drain.deadline_ms),
+                &drain.reason,
+            );
+            tracing::info!(accepted = outcome.accepted, "{}", outcome.message);
+            wanted.push(drain.shard_id.clone());
         }
         for running in self.supervisor.running() {
             if !wanted.contains(&running.shard_id) {

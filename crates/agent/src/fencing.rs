@@ -1,85 +1,183 @@
-//! Fencing: the highest leader term this agent has seen, persisted in
-//! `work_dir`, so that a deposed leader cannot act on a node the new leader
-//! has already reached, even across an agent restart.
+//! Fencing: the highest leadership (Raft term, leader peer id) this agent
+//! has seen, persisted in `work_dir`, so that a deposed leader cannot act on
+//! a node the new leader has already reached, even across an agent restart
+//! or a power cut.
+//!
+//! Raft may elect more than one leader in one term (a higher peer id wins
+//! the term over a lower one), so leaderships are compared as
+//! (term, leader id), in that order; the term alone cannot fence.
 
-use std::io;
+use std::fmt;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-/// The verdict on a command's term.
+/// A leadership: the term and the leader's peer id (0 from a leader that
+/// predates leader ids). Ordered by term, then id.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Leadership {
+    pub term: u64,
+    pub leader: u64,
+}
+
+impl fmt::Display for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "term {} (leader {})", self.term, self.leader)
+    }
+}
+
+/// The verdict on a command's leadership.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TermCheck {
     /// At or above the highest seen (which is raised to it).
     Current,
     /// Below the highest seen: refuse the command.
-    Stale { command: u64, highest: u64 },
+    Stale {
+        command: Leadership,
+        highest: Leadership,
+    },
 }
 
 pub struct TermStore {
     path: PathBuf,
-    highest: u64,
+    highest: Leadership,
 }
 
 impl TermStore {
     pub const FILE: &'static str = "leader-term";
 
-    /// Reads the persisted term; a missing file is term 0, an unreadable one
-    /// is an error (guessing 0 would let any deposed leader in).
+    /// Reads the persisted leadership. A missing or empty file is none seen
+    /// yet (an empty one can only be a file created but never written: every
+    /// write is synced before it replaces the file). Anything else that does
+    /// not parse is an error: guessing would let a deposed leader in.
     pub fn open(work_dir: &Path) -> io::Result<Self> {
         let path = work_dir.join(Self::FILE);
-        let highest = match std::fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse::<u64>().map_err(|e| {
-                io::Error::other(format!("{}: not a term number ({e})", path.display()))
-            })?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
             Err(e) => return Err(e),
         };
+        let highest = parse(&text).map_err(|why| {
+            io::Error::other(format!(
+                "{}: {why}; it holds the highest leader term this agent has seen. \
+                 Check the disk, then remove the file to start from none seen",
+                path.display()
+            ))
+        })?;
         Ok(TermStore { path, highest })
     }
 
-    pub fn highest(&self) -> u64 {
+    pub fn highest(&self) -> Leadership {
         self.highest
     }
 
-    /// Checks a command's term and persists a higher one before the command
-    /// is acted on.
-    pub fn check(&mut self, term: u64) -> io::Result<TermCheck> {
-        if term < self.highest {
+    /// Checks a command's leadership and durably persists a higher one
+    /// before the command is acted on.
+    pub fn check(&mut self, term: u64, leader: u64) -> io::Result<TermCheck> {
+        let command = Leadership { term, leader };
+        if command < self.highest {
             return Ok(TermCheck::Stale {
-                command: term,
+                command,
                 highest: self.highest,
             });
         }
-        if term > self.highest {
-            let tmp = self.path.with_extension("tmp");
-            std::fs::write(&tmp, format!("{term}\n"))?;
-            std::fs::rename(&tmp, &self.path)?;
-            self.highest = term;
+        if command > self.highest {
+            persist(&self.path, command)?;
+            self.highest = command;
         }
         Ok(TermCheck::Current)
     }
+}
+
+/// `TERM` (older agents) or `TERM LEADER`; empty is none seen.
+fn parse(text: &str) -> Result<Leadership, String> {
+    let mut words = text.split_whitespace();
+    let Some(term) = words.next() else {
+        return Ok(Leadership::default());
+    };
+    let term = term
+        .parse()
+        .map_err(|e| format!("{term:?} is not a term number ({e})"))?;
+    let leader = match words.next() {
+        Some(leader) => leader
+            .parse()
+            .map_err(|e| format!("{leader:?} is not a leader id ({e})"))?,
+        None => 0,
+    };
+    if let Some(extra) = words.next() {
+        return Err(format!("unexpected {extra:?} after the term and leader"));
+    }
+    Ok(Leadership { term, leader })
+}
+
+/// Writes a temporary file, syncs it, renames it over the old one and syncs
+/// the directory: after a power cut the file holds the old leadership or
+/// the new one, never a torn or empty write.
+fn persist(path: &Path, leadership: Leadership) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    writeln!(file, "{} {}", leadership.term, leadership.leader)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn at(term: u64, leader: u64) -> Leadership {
+        Leadership { term, leader }
+    }
+
     #[test]
-    fn terms_only_go_up_and_survive_a_restart() {
+    fn leaderships_only_go_up_and_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = TermStore::open(dir.path()).unwrap();
-        assert_eq!(store.highest(), 0);
-        assert_eq!(store.check(5).unwrap(), TermCheck::Current);
-        assert_eq!(store.check(5).unwrap(), TermCheck::Current);
+        assert_eq!(store.highest(), at(0, 0));
+        assert_eq!(store.check(5, 1).unwrap(), TermCheck::Current);
+        assert_eq!(store.check(5, 1).unwrap(), TermCheck::Current);
         assert_eq!(
-            store.check(4).unwrap(),
+            store.check(4, 3).unwrap(),
             TermCheck::Stale {
-                command: 4,
-                highest: 5
+                command: at(4, 3),
+                highest: at(5, 1)
             }
         );
         let again = TermStore::open(dir.path()).unwrap();
-        assert_eq!(again.highest(), 5);
-        std::fs::write(dir.path().join(TermStore::FILE), "five").unwrap();
-        assert!(TermStore::open(dir.path()).is_err());
+        assert_eq!(again.highest(), at(5, 1));
+    }
+
+    #[test]
+    fn a_second_leader_of_the_same_term_fences_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = TermStore::open(dir.path()).unwrap();
+        assert_eq!(store.check(7, 1).unwrap(), TermCheck::Current);
+        assert_eq!(store.check(7, 3).unwrap(), TermCheck::Current);
+        assert_eq!(
+            store.check(7, 1).unwrap(),
+            TermCheck::Stale {
+                command: at(7, 1),
+                highest: at(7, 3)
+            },
+            "leader 1 of term 7 was superseded by leader 3 of the same term"
+        );
+    }
+
+    #[test]
+    fn old_and_empty_files_load_and_garbage_is_refused_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(TermStore::FILE);
+        std::fs::write(&file, "5\n").unwrap();
+        assert_eq!(TermStore::open(dir.path()).unwrap().highest(), at(5, 0));
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(TermStore::open(dir.path()).unwrap().highest(), at(0, 0));
+        std::fs::write(&file, "five").unwrap();
+        let error = TermStore::open(dir.path()).err().unwrap().to_string();
+        assert!(error.contains(&file.display().to_string()), "{error}");
+        assert!(error.contains("not a term number"), "{error}");
     }
 }

@@ -27,7 +27,7 @@ mod supervisor;
 mod validate;
 
 pub use client::{StreamClient, backoff};
-pub use fencing::{TermCheck, TermStore};
+pub use fencing::{Leadership, TermCheck, TermStore};
 pub use probe::requests_in_flight;
 pub use procfs::{group_members, is_same_process, stat as proc_stat};
 pub use register::register as registration;

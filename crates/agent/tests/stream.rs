@@ -184,7 +184,11 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         ShardState::Ready as i32
     );
     let persisted = std::fs::read_to_string(dir.path().join(TermStore::FILE)).unwrap();
-    assert_eq!(persisted.trim(), "5");
+    assert_eq!(
+        persisted.trim(),
+        "5 0",
+        "term 5, from a leader without an id"
+    );
 
     // Heartbeats keep coming.
     leader
@@ -208,6 +212,7 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         Down::Registered(Registered {
             shards,
             heartbeat_interval_ms: 0,
+            drains: vec![],
         })
     };
     leader.send(6, 0, registered(vec![listed.to_proto()])).await;
@@ -219,6 +224,38 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         stopped.message.contains("not assigned to this node"),
         "{}",
         stopped.message
+    );
+
+    // A reconnect in the middle of a drain: `Registered` lists the shard
+    // under `drains`, and it keeps draining instead of being stopped.
+    let draining = support::spec("st-2", Engine::Vllm, &[2], free_port());
+    leader
+        .send(6, 0, registered(vec![draining.to_proto()]))
+        .await;
+    let ready = wait_status(&leader, 1, "st-2", ShardState::Ready).await;
+    guard.add(ready.pid as i32);
+    let drain = llmgw_proto::agent::DrainShard {
+        shard_id: "st-2".into(),
+        deadline_ms: 60_000,
+        reason: "node drain".into(),
+    };
+    leader
+        .send(
+            6,
+            0,
+            Down::Registered(Registered {
+                shards: vec![],
+                heartbeat_interval_ms: 0,
+                drains: vec![drain],
+            }),
+        )
+        .await;
+    let status = wait_status(&leader, 1, "st-2", ShardState::Draining).await;
+    assert!(status.message.contains("node drain"), "{}", status.message);
+    assert_eq!(
+        supervisor.status("st-2").unwrap().state,
+        ShardState::Draining as i32,
+        "a drain listed in Registered must not stop the engine"
     );
     task.abort();
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use llmgw_proto::raft::RaftPayload;
-use llmgw_state::{Command, FleetState, Outcome};
+use llmgw_state::{Command, FleetState, Leadership, Outcome};
 use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
@@ -178,41 +178,58 @@ impl ControlPlane {
         read(&applied.fleet)
     }
 
-    /// This peer's Raft term while it leads *with a live quorum lease*,
-    /// `None` otherwise. Everything the leader does to the fleet (liveness,
-    /// placement, commands to agents) happens only under this term, and
-    /// everything it sends to agents carries it (fencing). A leader that has
-    /// not heard from a majority within the lease may already be replaced:
-    /// it keeps its Raft role but stops acting on the fleet.
+    /// This peer's Raft term while it may act as the fleet's leader, `None`
+    /// otherwise. Everything the leader does to the fleet (liveness,
+    /// placement, registrations, commands to agents) happens only under
+    /// this term, and everything it sends to agents carries it (fencing).
+    /// Raft's leader role is not enough: see [`ControlPlane::inactive_leader_reason`].
     pub fn leading_term(&self) -> Option<u64> {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow_watched();
         let leads =
             metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id);
-        (leads && lease_lapse(&metrics, self.inner.settings.leader_lease()).is_none())
-            .then_some(metrics.current_term)
+        (leads && self.inactive_reason(&metrics).is_none()).then_some(metrics.current_term)
     }
 
-    /// Why this peer, while Raft still calls it leader, must not act as
-    /// one: no majority has acknowledged it within the lease. `None` when
-    /// it is not the leader or its lease is live.
-    pub fn lease_problem(&self) -> Option<String> {
+    /// Why this peer, while Raft calls it leader, must not act on the
+    /// fleet: no majority acknowledged it within the lease (it may already
+    /// be replaced), or it has not yet applied everything its predecessors
+    /// committed (it would decide from an old view). `None` when it is not
+    /// the leader or may act.
+    pub fn inactive_leader_reason(&self) -> Option<String> {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow_watched();
         if metrics.state != ServerState::Leader {
             return None;
         }
+        self.inactive_reason(&metrics)
+    }
+
+    fn inactive_reason(&self, metrics: &RaftMetrics<TypeConfig>) -> Option<String> {
+        let (id, term) = (self.inner.id, metrics.current_term);
         let lease = self.inner.settings.leader_lease();
-        lease_lapse(&metrics, lease).map(|lapse| {
+        if let Some(lapse) = lease_lapse(metrics, lease) {
             let heard = match lapse {
                 Some(age) => format!("for {:.1}s", age.as_secs_f64()),
                 None => "since it was elected".to_owned(),
             };
-            format!(
-                "peer {} leads term {} but no majority of peers has answered it {heard} \
+            return Some(format!(
+                "peer {id} leads term {term} but no majority of peers has answered it {heard} \
                  (lease {lease:?}); it acts on nothing until a majority answers or another \
-                 peer is elected",
-                self.inner.id, metrics.current_term
+                 peer is elected"
+            ));
+        }
+        // The first entry of a term is the new leader's own; once it is
+        // applied, so is everything committed before the term.
+        let caught_up = metrics.last_applied.as_ref().is_some_and(|applied| {
+            let by = applied.committed_leader_id();
+            by.term == term && by.node_id == id
+        });
+        (!caught_up).then(|| {
+            format!(
+                "peer {id} leads term {term} but is still applying what earlier leaders \
+                 committed (applied up to {:?})",
+                metrics.last_applied.as_ref().map(|l| l.index)
             )
         })
     }
@@ -266,7 +283,7 @@ impl ControlPlane {
     pub async fn propose_as_leader(
         &self,
         term: u64,
-        command: Command,
+        commands: Vec<Command>,
     ) -> Result<u64, ControlError> {
         let superseded = || {
             ControlError::NoLeader(format!(
@@ -277,8 +294,18 @@ impl ControlPlane {
         if self.leading_term() != Some(term) {
             return Err(superseded());
         }
+        // Apply refuses it unless this very leadership appends it, even if
+        // this peer loses and regains leadership before the append.
+        let decided = Command::Decided {
+            leader: Leadership {
+                term,
+                leader: self.inner.id,
+            },
+            commands,
+            at_ms: now_ms(),
+        };
         match self
-            .handle_locally(ForwardRequest::Write(Box::new(command)))
+            .handle_locally(ForwardRequest::Write(Box::new(decided)))
             .await
         {
             ForwardResponse::Written {
@@ -361,7 +388,7 @@ impl ControlPlane {
                         // has lapsed; waiting here would only hang the
                         // client, and no other peer is named to try.
                         ForwardResponse::NotLeader { leader: None } => {
-                            if let Some(why) = self.lease_problem() {
+                            if let Some(why) = self.inactive_leader_reason() {
                                 return Err(ControlError::NoLeader(why));
                             }
                             ForwardResponse::NotLeader { leader: None }

@@ -32,21 +32,32 @@ pub async fn propose_all(control: &ControlPlane, author: Author, commands: Vec<C
     }
     futures::stream::iter(batches)
         .map(|mut chunk| async move {
-            let command = if chunk.len() == 1 {
-                chunk.remove(0)
-            } else {
-                Command::Batch {
-                    commands: chunk,
-                    at_ms: now_ms(),
-                }
+            let what = match chunk.as_slice() {
+                [one] => one.to_string(),
+                many => format!("a batch of {}", many.len()),
             };
-            let what = command.to_string();
             let written = match author {
-                Author::Leader(term) => control.propose_as_leader(term, command).await,
-                Author::Agent => control.write(command).await,
+                Author::Leader(term) => control.propose_as_leader(term, chunk).await,
+                Author::Agent => {
+                    let command = if chunk.len() == 1 {
+                        chunk.remove(0)
+                    } else {
+                        Command::Batch {
+                            commands: chunk,
+                            at_ms: now_ms(),
+                        }
+                    };
+                    control.write(command).await
+                }
             };
             match written {
                 Ok(_) => true,
+                // A leader's decisions are refused whole only when its
+                // leadership was superseded: nothing of them happened.
+                Err(ControlError::Rejected(rejection)) if matches!(author, Author::Leader(_)) => {
+                    tracing::info!(%rejection, "{what} was dropped");
+                    false
+                }
                 Err(ControlError::Rejected(rejection)) => {
                     tracing::debug!(%rejection, "{what} was refused; the next round decides again");
                     true

@@ -103,7 +103,7 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    let hub = Arc::new(Hub::default());
+    let hub = Arc::new(Hub::for_peer(options.id));
     let (reports, report_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(write_reports(control.clone(), report_rx));
     tokio::spawn(run_liveness(

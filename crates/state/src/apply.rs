@@ -3,12 +3,27 @@
 
 use std::collections::BTreeSet;
 
-use crate::command::{Command, Outcome, Rejection};
+use crate::command::{Command, Leadership, Outcome, Rejection};
 use crate::types::{
     Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState, StopOrder,
 };
 
 impl FleetState {
+    /// Applies the command of a log entry that `appended_by` appended. A
+    /// [`Command::Decided`] of another leadership is refused whole: it was
+    /// decided from a view that leadership no longer vouches for.
+    pub fn apply_entry(&mut self, appended_by: Leadership, command: &Command) -> Outcome {
+        if let Command::Decided { leader, .. } = command
+            && *leader != appended_by
+        {
+            return Rejection::conflict(format!(
+                "decided by the leader of {leader} but appended under {appended_by}: \
+                 that leadership was superseded, and its decisions are dropped"
+            ));
+        }
+        self.apply(command)
+    }
+
     /// Applies one command. A command that contradicts the state is rejected
     /// and leaves the state untouched.
     pub fn apply(&mut self, command: &Command) -> Outcome {
@@ -218,7 +233,7 @@ impl FleetState {
                 self.removed_peers.insert(*peer);
                 Outcome::Applied
             }
-            Command::Batch { commands, .. } => {
+            Command::Batch { commands, .. } | Command::Decided { commands, .. } => {
                 for command in commands {
                     self.apply(command);
                 }

@@ -119,6 +119,17 @@ pub enum Command {
         commands: Vec<Command>,
         at_ms: u64,
     },
+    /// Decisions the leader of one leadership took from its own view
+    /// (liveness, placement, stops, registrations), proposed together. They
+    /// apply only from a log entry that same leadership appended: decided
+    /// by a leader that has since been superseded (and carried into the log
+    /// by another), they are refused whole, deterministically, so a stale
+    /// view never changes the fleet. Otherwise applied like a batch.
+    Decided {
+        leader: Leadership,
+        commands: Vec<Command>,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -143,6 +154,7 @@ impl Command {
             Command::RetirePeer { .. } => "retire_peer",
             Command::StopReplica { .. } => "stop_replica",
             Command::Batch { .. } => "batch",
+            Command::Decided { .. } => "decided",
             Command::Unknown => "unknown",
         }
     }
@@ -164,9 +176,27 @@ impl std::fmt::Display for Command {
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),
+            Command::Decided {
+                leader, commands, ..
+            } => format!("of {} by {leader}", commands.len()),
             Command::Unknown => return f.write_str("unknown"),
         };
         write!(f, "{} {subject}", self.kind())
+    }
+}
+
+/// A Raft leadership: the term and the leader's peer id. Raft here may
+/// elect more than one leader in a term (a higher peer id wins), so a
+/// leadership is the pair, ordered by term and then id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Leadership {
+    pub term: u64,
+    pub leader: u64,
+}
+
+impl std::fmt::Display for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "term {} (leader {})", self.term, self.leader)
     }
 }
 

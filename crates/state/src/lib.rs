@@ -11,7 +11,7 @@ mod command;
 mod hash;
 mod types;
 
-pub use command::{Command, Outcome, Rejection, RejectionKind};
+pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind};
 pub use hash::StateHash;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,

@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use futures::TryStreamExt;
-use llmgw_state::{FleetState, Outcome, StateHash};
+use llmgw_state::{FleetState, Leadership, Outcome, StateHash};
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
 use rocksdb::DB;
@@ -182,7 +182,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 applied.last_applied = Some(entry.log_id);
                 match &entry.payload {
                     EntryPayload::Blank => Outcome::Applied,
-                    EntryPayload::Normal(command) => applied.fleet.apply(command),
+                    EntryPayload::Normal(command) => {
+                        let by = entry.log_id.committed_leader_id();
+                        let appended_by = Leadership {
+                            term: by.term,
+                            leader: by.node_id,
+                        };
+                        applied.fleet.apply_entry(appended_by, command)
+                    }
                     EntryPayload::Membership(membership) => {
                         applied.membership =
                             StoredMembership::new(Some(entry.log_id), membership.clone());

@@ -56,6 +56,7 @@ impl AgentService for Fake {
                 .send(Ok(ControlMessage {
                     term: self.term,
                     command_id: 0,
+                    leader_id: 0,
                     body: Some(Down::Redirect(Redirect {
                         leader_addr: leader.clone(),
                         leader_id: "peer-2".into(),
@@ -84,6 +85,7 @@ impl AgentService for Fake {
                     let _ = tx.try_send(Ok(ControlMessage {
                         term,
                         command_id: 0,
+                        leader_id: 0,
                         body: Some(Down::HeartbeatAck(HeartbeatAck { seq: beat.seq })),
                     }));
                 }
@@ -169,6 +171,7 @@ impl FakePeer {
         tx.send(Ok(ControlMessage {
             term,
             command_id,
+            leader_id: 0,
             body: Some(body),
         }))
         .await

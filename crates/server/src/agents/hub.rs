@@ -83,6 +83,8 @@ struct State {
 
 #[derive(Default)]
 pub struct Hub {
+    /// This peer's id: with the term, the leadership every message carries.
+    peer: u64,
     state: Mutex<State>,
     next_id: AtomicU64,
     next_command: AtomicU64,
@@ -91,6 +93,14 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// The hub of peer `peer`.
+    pub fn for_peer(peer: u64) -> Hub {
+        Hub {
+            peer,
+            ..Hub::default()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -113,23 +123,33 @@ impl Hub {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         let mut sent = HashMap::new();
         let mut shards = Vec::new();
+        let mut drains = Vec::new();
         for want in desired {
-            // Draining shards stay in the set (the agent adopts them) and get
-            // their drain order right after.
             match &want.order {
                 Order::Run(spec) => {
                     sent.insert(want.shard_id.clone(), Sent::Run(fingerprint(spec)));
                     shards.push(spec.as_ref().clone());
                 }
-                Order::Drain { .. } | Order::Stop { .. } => {}
+                // A drain survives the reconnect: the agent keeps draining
+                // with the deadline left instead of stopping the engine.
+                Order::Drain {
+                    deadline_ms,
+                    reason,
+                } => {
+                    sent.insert(want.shard_id.clone(), Sent::Drain);
+                    drains.push(drain_order(&want.shard_id, *deadline_ms, reason));
+                }
+                Order::Stop { .. } => {}
             }
         }
         let registered = ControlMessage {
             term,
             command_id: self.command_id(),
+            leader_id: self.peer,
             body: Some(Body::Registered(Registered {
                 shards,
                 heartbeat_interval_ms: u64::try_from(heartbeat_interval.as_millis()).unwrap_or(0),
+                drains,
             })),
         };
         tx.try_send(Ok(registered))
@@ -194,6 +214,7 @@ impl Hub {
         let _ = s.tx.try_send(Ok(ControlMessage {
             term,
             command_id: 0,
+            leader_id: self.peer,
             body: Some(Body::HeartbeatAck(HeartbeatAck { seq })),
         }));
     }
@@ -256,11 +277,7 @@ impl Hub {
                     reason,
                 } => (
                     Sent::Drain,
-                    Body::Drain(DrainShard {
-                        shard_id: want.shard_id.clone(),
-                        deadline_ms: deadline_ms.saturating_sub(llmgw_raft::now_ms()).max(1_000),
-                        reason: reason.clone(),
-                    }),
+                    Body::Drain(drain_order(&want.shard_id, *deadline_ms, reason)),
                 ),
                 Order::Stop { reason } => (
                     Sent::Stop,
@@ -295,6 +312,7 @@ impl Hub {
             let message = ControlMessage {
                 term: session.term,
                 command_id: self.command_id(),
+                leader_id: self.peer,
                 body: Some(body),
             };
             self.commands_sent.fetch_add(1, Ordering::Relaxed);
@@ -311,6 +329,16 @@ impl Hub {
     /// Nodes with an open session.
     pub fn nodes(&self) -> Vec<String> {
         self.lock().sessions.keys().cloned().collect()
+    }
+}
+
+/// A drain order with the time left until the replicated deadline (unix
+/// ms), at least a second so that in-flight requests get a chance.
+fn drain_order(shard_id: &str, deadline_ms: u64, reason: &str) -> DrainShard {
+    DrainShard {
+        shard_id: shard_id.to_owned(),
+        deadline_ms: deadline_ms.saturating_sub(llmgw_raft::now_ms()).max(1_000),
+        reason: reason.to_owned(),
     }
 }
 
@@ -376,6 +404,37 @@ mod tests {
         );
         hub.close("n1", session);
         assert!(!hub.view("n1").connected);
+    }
+
+    #[test]
+    fn registered_keeps_a_drain_running_across_a_reconnect() {
+        let hub = Hub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        let draining = Desired {
+            shard_id: "a-r0".into(),
+            order: Order::Drain {
+                deadline_ms: llmgw_raft::now_ms() + 30_000,
+                reason: "node drain".into(),
+            },
+        };
+        hub.open(
+            "n1",
+            7,
+            tx,
+            &[draining.clone(), spec("b-r0", 20001)],
+            Duration::ZERO,
+        )
+        .unwrap();
+        let sent = drain(&mut rx);
+        let [Body::Registered(registered)] = &sent[..] else {
+            panic!("only Registered is sent: {sent:?}");
+        };
+        assert_eq!(registered.shards.len(), 1);
+        assert_eq!(registered.drains.len(), 1);
+        assert_eq!(registered.drains[0].shard_id, "a-r0");
+        assert!(registered.drains[0].deadline_ms > 25_000);
+        hub.sync("n1", &[draining, spec("b-r0", 20001)]);
+        assert!(drain(&mut rx).is_empty(), "the drain is not sent twice");
     }
 
     #[test]

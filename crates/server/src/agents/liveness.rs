@@ -101,7 +101,7 @@ pub async fn run_liveness(
             if let Some(t) = trusted.take() {
                 let closed = hub.close_all();
                 let why = control
-                    .lease_problem()
+                    .inactive_leader_reason()
                     .unwrap_or_else(|| "another peer leads".to_owned());
                 tracing::info!(
                     term = t.term,

@@ -62,7 +62,7 @@ impl AgentStreams {
                 String::new(),
                 String::new(),
                 self.control
-                    .lease_problem()
+                    .inactive_leader_reason()
                     .unwrap_or_else(|| format!("peer {id} is not leading the fleet now")),
             ),
             Some((id, peer)) => (
@@ -80,6 +80,7 @@ impl AgentStreams {
         let _ = tx.try_send(Ok(ControlMessage {
             term: 0,
             command_id: 0,
+            leader_id: 0,
             body: Some(Down::Redirect(Redirect {
                 leader_addr,
                 leader_id,
@@ -150,7 +151,7 @@ impl AgentService for AgentStreams {
                 .await
                 .map_err(|_| Status::unavailable("the peer is shutting down"))?;
             let command = facts.into_command(now_ms());
-            if let Err(error) = self.control.propose_as_leader(term, command).await {
+            if let Err(error) = self.control.propose_as_leader(term, vec![command]).await {
                 tracing::warn!(node, %error, "cannot register the node now");
                 return Err(Status::unavailable(format!(
                     "registration of node {node} was not committed: {error}"

@@ -3,8 +3,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use crate::{
-    Command, FleetState, Gpu, NodeInventory, NodeStatus, Outcome, RejectionKind, ReplicaState,
-    Shard, ShardFailure, ShardState,
+    Command, FleetState, Gpu, Leadership, NodeInventory, NodeStatus, Outcome, RejectionKind,
+    ReplicaState, Shard, ShardFailure, ShardState,
 };
 
 fn register(id: &str, at_ms: u64) -> Command {
@@ -329,6 +329,48 @@ fn an_unknown_command_from_a_newer_peer_decodes_and_is_a_no_op() {
     let before = state.hash();
     assert_eq!(state.apply(&command), Outcome::Applied);
     assert_eq!(state.hash(), before);
+}
+
+#[test]
+fn a_superseded_leaderships_decisions_are_refused_at_apply() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let old = Leadership { term: 4, leader: 1 };
+    let new = Leadership { term: 5, leader: 2 };
+    // The old leader judged the node down from a stale table; its decision
+    // reached the log only under the new leadership (forwarded, or
+    // proposed again after a re-election).
+    let stale = Command::Decided {
+        leader: old,
+        commands: vec![Command::SetNodeStatus {
+            id: "gpu-1".into(),
+            status: NodeStatus::Unreachable,
+            at_ms: 2,
+        }],
+        at_ms: 2,
+    };
+    let before = state.hash();
+    assert_eq!(
+        rejected_kind(state.apply_entry(new, &stale)),
+        RejectionKind::Conflict
+    );
+    assert_eq!(state.hash(), before, "a refused decision changes nothing");
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Ready);
+    // A second leader of the same term is another leadership too.
+    let same_term = Leadership { term: 4, leader: 3 };
+    assert_eq!(
+        rejected_kind(state.apply_entry(same_term, &stale)),
+        RejectionKind::Conflict
+    );
+    // Appended by the leadership that decided it, it applies.
+    assert_eq!(state.apply_entry(old, &stale), Outcome::Applied);
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Unreachable);
+    // Commands outside `Decided` (operators' writes, agents' reports) apply
+    // whoever appended them.
+    assert_eq!(
+        state.apply_entry(new, &register("gpu-2", 3)),
+        Outcome::Applied
+    );
 }
 
 #[test]
