@@ -40,6 +40,9 @@ pub enum ClusterError {
         seconds: u64,
         detail: String,
     },
+    /// A lazy disk (power-cut runs) could not be mounted.
+    #[error("{0}")]
+    Disk(String),
 }
 
 /// Sends `signal` to every process of group `pgid`.
@@ -101,6 +104,9 @@ pub struct Cluster {
     /// Every pid this run started, for the leftover check.
     pub spawned: Vec<u32>,
     pub http: reqwest::Client,
+    /// Lazy disks under the peers' data directories (power-cut runs
+    /// only); unmounted when the cluster is dropped.
+    pub disks: BTreeMap<u64, crate::powercut::LazyDisk>,
 }
 
 impl Cluster {
@@ -126,6 +132,7 @@ impl Cluster {
                 .timeout(Duration::from_secs(3))
                 .build()
                 .expect("an HTTP client with default TLS settings"),
+            disks: BTreeMap::new(),
         };
         let ids: Vec<u64> = (1..=count).collect();
         for &id in &ids {

@@ -13,6 +13,7 @@ pub mod invariants;
 pub mod linearizability;
 pub mod load;
 pub mod netns;
+pub mod powercut;
 pub mod scenario;
 
 use std::path::PathBuf;
@@ -36,6 +37,9 @@ pub enum ChaosCommand {
     List,
     /// Run scenarios against a fresh cluster each (needs root).
     Run(RunArgs),
+    /// Crash cycles on lazy disks: load, power cut or SIGKILL of a random
+    /// peer, restart, check every acknowledged write (needs root, FUSE).
+    Soak(powercut::soak::SoakArgs),
 }
 
 #[derive(Debug, Args)]
@@ -179,6 +183,7 @@ pub fn main(args: ChaosArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         ChaosCommand::Run(run) => run_cli(run),
+        ChaosCommand::Soak(soak) => powercut::soak::main(soak),
     }
 }
 

@@ -14,7 +14,8 @@
 //! * `control_plane.rs`: schedules without a fleet;
 //! * `fleet_faults.rs`: schedules of agent, drain and engine faults;
 //! * `silent_peers.rs`: peers that go silent (paused, cut off, partitioned
-//!   one way, restarted) under a fleet.
+//!   one way, restarted) under a fleet;
+//! * `power_cut.rs`: power cuts of peers on lazy disks.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -23,6 +24,7 @@
 mod control_plane;
 mod ctx;
 mod fleet_faults;
+mod power_cut;
 mod record;
 mod run;
 mod setup;
@@ -58,6 +60,9 @@ pub struct Scenario {
     pub extra_yaml: &'static str,
     /// Whether the run has a fleet: agents, engines, models, routers.
     pub fleet: bool,
+    /// Whether the peers' data directories sit on lazy disks that a power
+    /// cut can roll back to what was synced (`crate::powercut`).
+    pub lazy_disks: bool,
     /// The faults, injected once the load runs; the runner heals whatever
     /// the schedule leaves behind.
     pub schedule: Schedule,
@@ -71,6 +76,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL the leader, restart it; twice",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::leader_sigkill(ctx)),
     },
     Scenario {
@@ -78,6 +84,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL a follower, restart it; twice",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::follower_kill_restart(ctx)),
     },
     Scenario {
@@ -85,6 +92,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut the leader off from both followers (clients still reach it), then heal",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::leader_isolated_minority(ctx)),
     },
     Scenario {
@@ -92,6 +100,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything the leader sends to the followers, heal; then everything one follower sends",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::one_way_partition(ctx)),
     },
     Scenario {
@@ -99,6 +108,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "10-30% packet loss (and delay where the kernel has netem) on every peer",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::lossy_links(ctx)),
     },
     Scenario {
@@ -106,6 +116,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader past the election timeout, then SIGCONT",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::leader_sigstop(ctx)),
     },
     Scenario {
@@ -113,6 +124,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "a burst of concurrent writes, SIGKILL the leader in the middle of it, restart",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::write_burst_crash(ctx)),
     },
     Scenario {
@@ -120,6 +132,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL all three peers, restart them spread out",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::whole_cluster_restart(ctx)),
     },
     Scenario {
@@ -127,6 +140,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "isolate a follower while writes purge the log (tiny snapshot thresholds), heal: it must catch up by snapshot",
         extra_yaml: SMALL_SNAPSHOTS,
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::follower_lag_snapshot(ctx)),
     },
     Scenario {
@@ -134,6 +148,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut one agent's control stream for less than node_ttl: the node never goes unreachable, its replicas are untouched",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_below_ttl(ctx)),
     },
     Scenario {
@@ -141,6 +156,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut one agent's control stream past lost_after, heal: its replicas are re-placed, the returning node stops its old shards",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_past_lost(ctx)),
     },
     Scenario {
@@ -148,6 +164,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drain a node, SIGKILL the leader mid-drain, restart it: the drain completes with exactly one replacement",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(fleet_faults::failover_during_drain(ctx)),
     },
     Scenario {
@@ -155,6 +172,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "add a model whose engine crashes while loading: it is retried with backoff while the other models keep serving",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(fleet_faults::engine_crash_loop(ctx)),
     },
     Scenario {
@@ -162,6 +180,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "add peer 4 and SIGKILL the leader while the change is in flight, then remove a follower",
         extra_yaml: "",
         fleet: false,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(control_plane::peer_replacement(ctx)),
     },
     Scenario {
@@ -169,6 +188,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader for 10 s under a fleet: agents re-home, no node is marked down, no replica moves",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_10s(ctx)),
     },
     Scenario {
@@ -176,6 +196,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader for 30 s under a fleet (five times lost_after): agents re-home, no node is marked down",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_30s(ctx)),
     },
     Scenario {
@@ -183,6 +204,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP a follower for 10 s under a fleet: no term change, the leader keeps its agent streams",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::follower_sigstop_10s(ctx)),
     },
     Scenario {
@@ -190,6 +212,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut the leader off from both peers (agents and clients still reach it) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::leader_cut_from_peers(ctx)),
     },
     Scenario {
@@ -197,6 +220,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything the leader sends to both peers (agents and clients untouched) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::one_way_leader_to_peers(ctx)),
     },
     Scenario {
@@ -204,6 +228,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything both peers send to the leader (agents and clients untouched) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::one_way_peers_to_leader(ctx)),
     },
     Scenario {
@@ -211,6 +236,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "the leader in a minority of one for 60 s (agents and clients reach every peer), then heal",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::partition_60s(ctx)),
     },
     Scenario {
@@ -218,7 +244,32 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "restart all three peers one after another (SIGTERM, start, caught up) under router and admin load",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
+        lazy_disks: false,
         schedule: |ctx| Box::pin(silent_peers::rolling_restart(ctx)),
+    },
+    Scenario {
+        name: "power-cut-one-peer",
+        about: "lazy disks: cut the power of the leader or a follower under load (unsynced writes dropped, sometimes torn), restart; twice",
+        extra_yaml: "",
+        fleet: false,
+        lazy_disks: true,
+        schedule: |ctx| Box::pin(power_cut::one_peer(ctx)),
+    },
+    Scenario {
+        name: "power-cut-all-peers",
+        about: "lazy disks: cut the power of all three peers at once during a write burst, restart them",
+        extra_yaml: "",
+        fleet: false,
+        lazy_disks: true,
+        schedule: |ctx| Box::pin(power_cut::all_peers(ctx)),
+    },
+    Scenario {
+        name: "power-cut-during-snapshot-install",
+        about: "lazy disks, tiny snapshot thresholds: isolate a follower until the log is purged past it, heal, cut its power while the snapshot arrives, restart",
+        extra_yaml: SMALL_SNAPSHOTS,
+        fleet: false,
+        lazy_disks: true,
+        schedule: |ctx| Box::pin(power_cut::during_snapshot_install(ctx)),
     },
 ];
 

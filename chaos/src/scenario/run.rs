@@ -18,7 +18,7 @@
 //! 10. **report**: counts, and the history files when the run is kept.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -65,7 +65,7 @@ pub async fn run(
     let closing = close(&ctx, &mut checked).await;
     let evidence = collect(&mut ctx, load, options).await;
     check(&mut ctx, &evidence, &closing, &mut checked);
-    tear_down(&mut ctx, &evidence, &mut checked);
+    tear_down(&mut ctx, &dir, &evidence, &mut checked);
     Ok(report(
         &ctx, scenario, seed, options, dir, &evidence, checked, started,
     ))
@@ -99,6 +99,9 @@ async fn set_up(
         scenario.extra_yaml,
         scenario.fleet,
     )?;
+    if scenario.lazy_disks {
+        cluster.mount_lazy_disks()?;
+    }
     for id in 1..=3 {
         cluster.spawn(id)?;
     }
@@ -424,7 +427,7 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
 
 /// Phase 9: stops agents, engines and peers, deletes the network, and
 /// checks that nothing the run started is left.
-fn tear_down(ctx: &mut Ctx, evidence: &Evidence, checked: &mut Vec<Checked>) {
+fn tear_down(ctx: &mut Ctx, dir: &Path, evidence: &Evidence, checked: &mut Vec<Checked>) {
     let engine_groups: Vec<i32> = evidence
         .fleet_samples
         .iter()
@@ -439,6 +442,9 @@ fn tear_down(ctx: &mut Ctx, evidence: &Evidence, checked: &mut Vec<Checked>) {
     let agents_started = ctx.fleet.as_ref().map_or(0, |f| f.spawned.len());
     leftovers.extend(ctx.cluster.shutdown());
     leftovers.extend(ctx.cluster.net.destroy());
+    // Unmount the lazy disks before the run directory can be removed.
+    ctx.cluster.disks.clear();
+    leftovers.extend(crate::powercut::mounts_under(dir));
     let listed = crate::netns::run("ip", &["netns", "list"]).unwrap_or_default();
     leftovers.extend(
         listed

@@ -11,6 +11,7 @@
 //! docs/agent.md.
 
 mod client;
+mod durable;
 mod fencing;
 mod logfile;
 mod probe;

@@ -51,9 +51,15 @@ pub fn role_name(role: ProcessRole) -> &'static str {
     }
 }
 
+/// Set on every process the agent starts: the path of its shard's state
+/// file (unique per agent and shard), so an engine whose state file was
+/// lost or torn is still found through `/proc`.
+pub const SHARD_ENV: &str = "LLMGW_SHARD_STATE_FILE";
+
 /// Starts one process of a plan in a new session, output appended to `log`,
 /// and reports its exit on `exits` under `index`.
 pub fn spawn(
+    state_file: &Path,
     spec: &ProcessSpec,
     log: &Path,
     index: usize,
@@ -75,6 +81,7 @@ pub fn spawn(
     command
         .args(&spec.args)
         .envs(&spec.env)
+        .env(SHARD_ENV, state_file)
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .stderr(err)

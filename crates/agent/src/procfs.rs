@@ -69,6 +69,27 @@ fn group_members_in(proc_root: &Path, pgid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Process groups of live processes whose environment has `key=value`.
+/// Reading another process's environment needs the same user or root,
+/// which the agent is for the engines it started.
+pub fn groups_tagged(key: &str, value: &str) -> Vec<i32> {
+    let wanted = format!("{key}={value}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut groups: Vec<i32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == wanted.as_bytes()))
+        })
+        .filter_map(|pid| stat(pid).filter(|s| !s.is_zombie()).map(|s| s.pgrp))
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
+}
+
 /// Sends `signal` to every process of group `pgid`; false when the group is
 /// already empty.
 #[allow(unsafe_code)]

@@ -173,7 +173,13 @@ impl Run {
         }
         for launch in deferred.launches {
             let index = self.task.record.processes.len();
-            match crate::process::spawn(&launch.spec, &launch.log, index, deferred.exits.clone()) {
+            match crate::process::spawn(
+                &statefile::path_for(&self.work_dir(), &self.task.record.shard_id),
+                &launch.spec,
+                &launch.log,
+                index,
+                deferred.exits.clone(),
+            ) {
                 Ok(record) => {
                     self.task
                         .pids

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::durable;
 use crate::spec::LaunchSpec;
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -89,23 +90,67 @@ pub fn path_for(work_dir: &Path, shard_id: &str) -> PathBuf {
     shards_dir(work_dir).join(format!("{shard_id}.json"))
 }
 
-/// Writes atomically (temporary file, then rename), so a crash mid-write
-/// never leaves a half file that would lose an engine.
+/// Writes durably (temporary file, fsync, rename, fsync of the directory),
+/// so neither a crash nor a power cut leaves a half file that would lose
+/// an engine; the version it replaces stays as `<shard>.json.prev`.
 pub fn write(work_dir: &Path, record: &ShardRecord) -> io::Result<()> {
     let dir = shards_dir(work_dir);
     std::fs::create_dir_all(&dir)?;
-    let path = path_for(work_dir, &record.shard_id);
-    let tmp = dir.join(format!(".{}.json.tmp", record.shard_id));
     let text = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(tmp, path)
+    durable::write(&path_for(work_dir, &record.shard_id), &text, true)
 }
 
 pub fn remove(work_dir: &Path, shard_id: &str) {
-    let _ = std::fs::remove_file(path_for(work_dir, shard_id));
+    if let Err(e) = durable::remove(&path_for(work_dir, shard_id)) {
+        tracing::warn!(shard = shard_id, "could not remove the state file: {e}");
+    }
 }
 
-/// Every state file, each read or with the reason it could not be.
+/// Removes a state file by path (one that could not be read).
+pub fn remove_path(path: &Path) {
+    let _ = durable::remove(path);
+}
+
+fn read_one(path: &Path) -> Result<ShardRecord, String> {
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    if bytes.is_empty() {
+        return Err("the file is empty".to_owned());
+    }
+    let record: ShardRecord = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+    if record.format != FORMAT_VERSION {
+        return Err(format!(
+            "state file format {} is not {FORMAT_VERSION}",
+            record.format
+        ));
+    }
+    Ok(record)
+}
+
+/// Reads one state file; when it is torn, empty or garbled, falls back to
+/// its last good copy and puts that back in place (durably).
+fn read_or_previous(path: &Path) -> Result<ShardRecord, String> {
+    let why = match read_one(path) {
+        Ok(record) => return Ok(record),
+        Err(why) => why,
+    };
+    let previous = durable::previous(path);
+    match read_one(&previous) {
+        Ok(record) => {
+            tracing::warn!(
+                file = %path.display(),
+                "state file unreadable ({why}); using its last good copy"
+            );
+            if let Ok(text) = serde_json::to_vec_pretty(&record) {
+                let _ = durable::write(path, &text, false);
+            }
+            Ok(record)
+        }
+        Err(_) => Err(why),
+    }
+}
+
+/// Every state file, each read (or its last good copy) or with the reason
+/// it could not be.
 pub fn read_all(work_dir: &Path) -> Vec<(PathBuf, Result<ShardRecord, String>)> {
     let Ok(entries) = std::fs::read_dir(shards_dir(work_dir)) else {
         return Vec::new();
@@ -114,19 +159,7 @@ pub fn read_all(work_dir: &Path) -> Vec<(PathBuf, Result<ShardRecord, String>)> 
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .map(|path| {
-            let read = std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<ShardRecord>(&b).map_err(|e| e.to_string()))
-                .and_then(|r| {
-                    if r.format == FORMAT_VERSION {
-                        Ok(r)
-                    } else {
-                        Err(format!(
-                            "state file format {} is not {FORMAT_VERSION}",
-                            r.format
-                        ))
-                    }
-                });
+            let read = read_or_previous(&path);
             (path, read)
         })
         .collect();

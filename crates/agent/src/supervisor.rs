@@ -205,7 +205,13 @@ impl Supervisor {
         let (now, deferred) = launches.split_at(split);
         let mut records = Vec::new();
         for (index, launch) in now.iter().enumerate() {
-            match process::spawn(&launch.spec, &launch.log, index, exit_tx.clone()) {
+            match process::spawn(
+                &statefile::path_for(&self.inner.settings.work_dir, &spec.shard_id),
+                &launch.spec,
+                &launch.log,
+                index,
+                exit_tx.clone(),
+            ) {
                 Ok(record) => records.push(record),
                 Err(e) => {
                     for r in &records {
@@ -376,8 +382,9 @@ impl Supervisor {
             let record = match read {
                 Ok(r) => r,
                 Err(why) => {
+                    let why = self.stop_untracked(&path, &why);
                     tracing::warn!(%file, "removing unreadable state file: {why}");
-                    let _ = std::fs::remove_file(&path);
+                    statefile::remove_path(&path);
                     out.push(Adoption::Stale { file, why });
                     continue;
                 }
@@ -405,6 +412,34 @@ impl Supervisor {
             });
         }
         out
+    }
+
+    /// A state file that cannot be read, and has no good copy, may belong
+    /// to an engine that still runs: find its processes by the shard id in
+    /// their environment and stop their groups, so no engine holds GPUs and
+    /// a port that the agent does not know about. The leader then sees the
+    /// shard is not running and starts it again.
+    fn stop_untracked(&self, path: &std::path::Path, why: &str) -> String {
+        let groups = procfs::groups_tagged(process::SHARD_ENV, &path.to_string_lossy());
+        if groups.is_empty() {
+            return format!("{why}; no process of this shard runs");
+        }
+        for &pgid in &groups {
+            procfs::signal_group(pgid, libc::SIGTERM);
+        }
+        let stop_timeout = self.inner.settings.stop_timeout;
+        let kill = groups.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(stop_timeout).await;
+            for pgid in kill {
+                procfs::signal_group(pgid, libc::SIGKILL);
+            }
+        });
+        format!(
+            "{why}; its engine (process groups {groups:?}, found by {} in their \
+             environment) cannot be adopted without its record and was stopped",
+            process::SHARD_ENV
+        )
     }
 
     fn adopt(&self, record: ShardRecord) {

@@ -24,4 +24,4 @@ pub use check::{CheckReport, check_file};
 pub use common::{ConfigError, TlsConfig, check_host_port, grpc_authority};
 pub use kind::FileKind;
 pub use router::{ApiKey, BalancePolicy, Balancing, Ejection, RouterConfig, RouterTimeouts};
-pub use server::{LivenessConfig, PeerConfig, RaftTiming, ServerConfig};
+pub use server::{InitialClusterState, LivenessConfig, PeerConfig, RaftTiming, ServerConfig};

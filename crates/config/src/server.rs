@@ -27,6 +27,8 @@ pub struct ServerConfig {
     pub router_listen: Option<SocketAddr>,
     /// Every voter of the initial cluster, this peer included.
     pub peers: Vec<PeerConfig>,
+    /// Whether this peer may form a new cluster when its store is empty.
+    pub initial_cluster_state: InitialClusterState,
     /// A catalog to seed the cluster with when it is first formed.
     pub catalog: Option<PathBuf>,
     pub raft: RaftTiming,
@@ -35,6 +37,40 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Admin API tokens; none leaves the API open.
     pub admin: AdminConfig,
+}
+
+/// What a peer with an empty data directory does (etcd's
+/// `initial-cluster-state`). The data directory cannot answer this: wiping
+/// it, or losing it with the disk, must never turn an existing cluster into
+/// a new, empty one, so the answer lives in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitialClusterState {
+    /// The cluster is being formed: the lowest-id peer may initialise it
+    /// once every configured peer answers and none holds a cluster.
+    New,
+    /// The cluster exists: an empty peer never initialises anything and
+    /// waits to be replicated to (after `llmgw ctl cluster add`, or as a
+    /// member whose data was lost). The default.
+    Existing,
+}
+
+impl Decode for InitialClusterState {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        match text.as_str() {
+            "new" => Some(InitialClusterState::New),
+            "existing" => Some(InitialClusterState::Existing),
+            _ => {
+                cx.report(
+                    node.pos,
+                    path,
+                    format!("unknown cluster state {text:?}; expected `new` or `existing`"),
+                );
+                None
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -56,6 +92,9 @@ pub struct RaftTiming {
     /// Entries kept behind a snapshot for followers that lag a little.
     pub keep_logs_after_snapshot: u64,
     pub install_snapshot_timeout: Duration,
+    /// Client writes are refused while the data directory has less free
+    /// space than this many MiB (0: never).
+    pub min_free_disk_mb: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -81,6 +120,7 @@ impl RaftTiming {
             snapshot_after_logs: 10_000,
             keep_logs_after_snapshot: 1_000,
             install_snapshot_timeout: Duration::from_secs(30),
+            min_free_disk_mb: 64,
         }
     }
 }
@@ -159,6 +199,7 @@ const SERVER_KEYS: &[&str] = &[
     "admin_listen",
     "router_listen",
     "peers",
+    "initial_cluster_state",
     "catalog",
     "raft",
     "liveness",
@@ -212,6 +253,7 @@ impl Decode for ServerConfig {
             admin_listen,
             router_listen,
             peers,
+            initial_cluster_state: f.or(cx, "initial_cluster_state", InitialClusterState::Existing),
             catalog: f.optional(cx, "catalog"),
             raft,
             liveness,
@@ -306,6 +348,7 @@ impl Decode for RaftTiming {
                 "snapshot_after_logs",
                 "keep_logs_after_snapshot",
                 "install_snapshot_timeout",
+                "min_free_disk_mb",
             ],
         )?;
         let d = RaftTiming::defaults();
@@ -324,6 +367,7 @@ impl Decode for RaftTiming {
                 "install_snapshot_timeout",
                 d.install_snapshot_timeout,
             ),
+            min_free_disk_mb: f.or(cx, "min_free_disk_mb", d.min_free_disk_mb),
         };
         if t.heartbeat_interval.is_zero() {
             f.report(cx, "heartbeat_interval", "must be more than 0s");

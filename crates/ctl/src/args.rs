@@ -55,6 +55,11 @@ pub enum CtlCommand {
         #[command(subcommand)]
         action: Option<ModelAction>,
     },
+    /// Backups of the control plane's state.
+    Snapshot {
+        #[command(subcommand)]
+        action: SnapshotAction,
+    },
     /// Stop placing new replicas on a node.
     Cordon { node: String },
     /// Allow placements on a node again.
@@ -89,6 +94,14 @@ pub enum ClusterAction {
     },
     /// Remove a peer; its id is retired for good.
     Remove { id: u64 },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SnapshotAction {
+    /// Save a consistent snapshot (every write acknowledged before it) to
+    /// FILE, with its index, term and state hash. Restore it with `llmgw
+    /// server --config server.yaml --restore FILE` on every peer.
+    Save { file: PathBuf },
 }
 
 #[derive(Debug, Clone, Subcommand)]

@@ -6,6 +6,7 @@ mod client;
 mod drain;
 mod render;
 mod run;
+mod snapshot;
 mod table;
 mod yaml;
 

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::args::{ClusterAction, CtlArgs, CtlCommand, ModelAction, OutputFormat};
+use crate::args::{ClusterAction, CtlArgs, CtlCommand, ModelAction, OutputFormat, SnapshotAction};
 use crate::client::{AdminClient, CtlError};
 use crate::table::Table;
 
@@ -152,6 +152,9 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
                 .await?,
             |v| render_nodes(&Value::Array(vec![v.clone()])),
         ),
+        CtlCommand::Snapshot {
+            action: SnapshotAction::Save { file },
+        } => return crate::snapshot::save(client, &file).await,
         CtlCommand::Drain {
             node,
             deadline,

@@ -94,6 +94,7 @@ fn server_yaml_with(peer: &PeerLayout, all: &[PeerLayout], transport: &str, extr
          grpc_listen: {grpc}\n\
          admin_listen: {admin}\n\
          router_listen: null\n\
+         initial_cluster_state: new\n\
          {transport}\
          peers:\n",
         id = peer.id,

@@ -1,10 +1,13 @@
 //! Forming the cluster exactly once.
 //!
-//! The rule: only the peer with the lowest configured id initialises, only
-//! when its own store was empty at start, and only after every other
-//! configured peer has answered that it holds no cluster either. A restart
-//! finds a non-empty store and never initialises again; a peer whose data
-//! was wiped finds peers that report a cluster and waits to be replicated to.
+//! The rule: only a peer configured with `initial_cluster_state: new`, only
+//! the one with the lowest configured id, only when its own store was empty
+//! at start, and only after every other configured peer has answered that
+//! it holds no cluster either. A restart finds a non-empty store and never
+//! initialises again; a peer whose data was wiped finds peers that report a
+//! cluster and waits to be replicated to; and with `existing` (the default)
+//! a peer never initialises at all, so even wiping every peer's data cannot
+//! turn an existing cluster into a new, empty one.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -21,6 +24,16 @@ impl ControlPlane {
         let lowest = configured.keys().next().copied();
         if !self.store_was_pristine() {
             tracing::info!("store holds Raft state; rejoining the cluster without bootstrap");
+            return false;
+        }
+        if !self.settings().form_new_cluster {
+            tracing::warn!(
+                "the store is empty and initial_cluster_state is `existing`: this peer never \
+                 forms a cluster; it waits for a leader to replicate to it (a member whose \
+                 data was lost, or one added with `llmgw ctl cluster add`). To form a new \
+                 cluster, set `initial_cluster_state: new` on every peer for the first start; \
+                 to bring back a lost cluster, use `llmgw server restore`"
+            );
             return false;
         }
         if lowest != Some(self.id()) {

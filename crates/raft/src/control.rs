@@ -14,6 +14,7 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, Instant as _, RaftMetrics, ReadPolicy, ServerState};
 
 use crate::LlmgwRaft;
+use crate::disk::DiskGuard;
 use crate::error::ControlError;
 use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
 use crate::network::{self, Failure, NetworkFactory, Peers};
@@ -59,6 +60,7 @@ struct Inner {
     settings: RaftSettings,
     configured: BTreeMap<u64, PeerNode>,
     pristine_at_start: bool,
+    disk: DiskGuard,
     membership_lock: tokio::sync::Mutex<()>,
     counters: Arc<RaftCounters>,
 }
@@ -95,6 +97,10 @@ impl ControlPlane {
         }
         let config = settings.to_openraft().map_err(StartError::Settings)?;
         let store = llmgw_store::open(data_dir)?;
+        let disk = DiskGuard {
+            dir: data_dir.to_owned(),
+            min_free: settings.min_free_disk_bytes,
+        };
         let pristine_at_start = store.is_pristine();
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
@@ -113,7 +119,7 @@ impl ControlPlane {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let counters = Arc::new(RaftCounters::default());
         spawn_leader_watch(raft.clone(), counters.clone());
-        Ok(Self {
+        let control = Self {
             inner: Arc::new(Inner {
                 id,
                 raft,
@@ -123,10 +129,17 @@ impl ControlPlane {
                 settings,
                 configured,
                 pristine_at_start,
+                disk,
                 membership_lock: tokio::sync::Mutex::new(()),
                 counters,
             }),
-        })
+        };
+        crate::disk::spawn_disk_watch(control.clone());
+        Ok(control)
+    }
+
+    pub(crate) fn disk(&self) -> &DiskGuard {
+        &self.inner.disk
     }
 
     pub fn id(&self) -> u64 {
@@ -147,6 +160,10 @@ impl ControlPlane {
 
     pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
         self.inner.raft.metrics().borrow_watched().clone()
+    }
+
+    pub(crate) fn applied_state(&self) -> Arc<RwLock<AppliedState>> {
+        self.inner.applied.clone()
     }
 
     pub(crate) fn store_was_pristine(&self) -> bool {
@@ -237,6 +254,9 @@ impl ControlPlane {
     /// Proposes a command through the leader and waits for it to be applied.
     /// Returns the log index it was committed at.
     pub async fn write(&self, command: Command) -> Result<u64, ControlError> {
+        // Refused here first, so a peer low on space answers at once and
+        // clearly; the leader checks its own disk again below.
+        self.inner.disk.check()?;
         match self
             .submit(ForwardRequest::Write(Box::new(command)), WRITE_DEADLINE)
             .await?
@@ -502,16 +522,36 @@ impl ControlPlane {
     async fn handle_locally(&self, request: ForwardRequest) -> ForwardResponse {
         let raft = &self.inner.raft;
         match request {
-            ForwardRequest::Write(command) => match raft.client_write(*command).await {
-                Ok(response) => ForwardResponse::Written {
-                    outcome: response.data,
-                    log_index: response.log_id.index,
-                },
-                Err(error) => write_error(error),
-            },
+            // The leader refuses a write its own disk may not hold, even
+            // when the peer that took it has room.
+            ForwardRequest::Write(command) => {
+                if let Err(error) = self.inner.disk.check() {
+                    return error.into();
+                }
+                match raft.client_write(*command).await {
+                    Ok(response) => ForwardResponse::Written {
+                        outcome: response.data,
+                        log_index: response.log_id.index,
+                    },
+                    Err(error) => write_error(error),
+                }
+            }
             ForwardRequest::ReadIndex => {
                 match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-                    Ok(read_log_id) => ForwardResponse::ReadIndex(read_log_id.index()),
+                    // Never below this leader's own last log entry: a
+                    // leader that restarts resumes its term (openraft's
+                    // leader restore) with the committed index it persisted
+                    // without sync, which a power cut can set back, and
+                    // openraft's read index is then below writes it had
+                    // acknowledged. Every entry in its log is its own term's
+                    // or older and will commit while it leads, so waiting
+                    // for it is safe, and costs a read at most the entries
+                    // in flight.
+                    Ok(read_log_id) => ForwardResponse::ReadIndex(
+                        read_log_id
+                            .index()
+                            .max(self.metrics().last_log_index.unwrap_or(0)),
+                    ),
                     Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
                         ForwardResponse::NotLeader {
                             leader: forward.leader_id.zip(forward.leader_node),

@@ -18,6 +18,10 @@ pub enum ControlError {
     Invalid(String),
     #[error("{0}")]
     Conflict(String),
+    /// The data directory (of this peer, or of the leader) is below its
+    /// free-space reserve; reads still work. HTTP 507.
+    #[error("{0}")]
+    DiskFull(String),
     /// The Raft node stopped.
     #[error("the Raft node stopped: {0}")]
     Fatal(String),

@@ -44,6 +44,9 @@ pub(crate) enum ForwardFailure {
     Invalid(String),
     Conflict(String),
     Fatal(String),
+    /// Appended: an older peer cannot decode it and reports the forward
+    /// as failed, which is still a refusal.
+    DiskFull(String),
 }
 
 impl From<ControlError> for ForwardResponse {
@@ -60,6 +63,7 @@ impl From<ControlError> for ForwardResponse {
             ControlError::Invalid(m) => ForwardFailure::Invalid(m),
             ControlError::Conflict(m) => ForwardFailure::Conflict(m),
             ControlError::Fatal(m) => ForwardFailure::Fatal(m),
+            ControlError::DiskFull(m) => ForwardFailure::DiskFull(m),
         })
     }
 }
@@ -72,6 +76,7 @@ impl From<ForwardFailure> for ControlError {
             ForwardFailure::Invalid(m) => ControlError::Invalid(m),
             ForwardFailure::Conflict(m) => ControlError::Conflict(m),
             ForwardFailure::Fatal(m) => ControlError::Fatal(m),
+            ForwardFailure::DiskFull(m) => ControlError::DiskFull(m),
         }
     }
 }

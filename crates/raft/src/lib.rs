@@ -7,8 +7,10 @@
 //! status. The peer transport is tonic ([`network`] dials, [`service`]
 //! answers); every RPC honours openraft's deadline.
 
+mod backup;
 mod bootstrap;
 mod control;
+mod disk;
 mod error;
 mod forward;
 mod network;
@@ -17,6 +19,7 @@ mod settings;
 mod status;
 
 pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
+pub use disk::free_bytes;
 pub use error::ControlError;
 pub use service::{RaftGrpcService, raft_grpc_service};
 pub use settings::RaftSettings;

@@ -20,6 +20,13 @@ pub struct RaftSettings {
     /// Entries kept in the log behind the snapshot, so a briefly lagging
     /// follower catches up from the log instead of a snapshot.
     pub keep_entries_after_snapshot: u64,
+    /// `initial_cluster_state: new`: this peer may take part in forming a
+    /// new cluster when its store is empty. Off by default, so that a peer
+    /// whose data was lost waits to be replicated to instead.
+    pub form_new_cluster: bool,
+    /// Client writes are refused while the data directory has less free
+    /// space than this (0: never).
+    pub min_free_disk_bytes: u64,
 }
 
 impl Default for RaftSettings {
@@ -32,6 +39,8 @@ impl Default for RaftSettings {
             snapshot_timeout: Duration::from_secs(30),
             snapshot_after_entries: 5000,
             keep_entries_after_snapshot: 1000,
+            form_new_cluster: false,
+            min_free_disk_bytes: 64 << 20,
         }
     }
 }

@@ -20,6 +20,11 @@ pub struct ServerArgs {
     /// Path to server.yaml.
     #[arg(long, short = 'c', env = "LLMGW_SERVER_CONFIG")]
     pub config: PathBuf,
+    /// Seed this peer's empty data directory from a backup file (`llmgw
+    /// ctl snapshot save`) and exit. Run it on every peer of the new
+    /// cluster, then start them as usual.
+    #[arg(long, value_name = "FILE")]
+    pub restore: Option<PathBuf>,
 }
 
 /// Loads the configuration and runs the peer until SIGINT or SIGTERM.
@@ -28,6 +33,10 @@ pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
         ServerConfig::load(&args.config).map_err(|e| ServerError::Config(e.to_string()))?;
     for warning in config.warnings() {
         tracing::warn!("{}: {warning}", args.config.display());
+    }
+    if let Some(file) = &args.restore {
+        print!("{}", crate::restore::restore(&config, file)?);
+        return Ok(());
     }
     let catalog = match &config.catalog {
         Some(path) => Some(load_catalog(path)?),
@@ -75,6 +84,8 @@ pub fn options_from(
         snapshot_timeout: timing.install_snapshot_timeout,
         snapshot_after_entries: timing.snapshot_after_logs,
         keep_entries_after_snapshot: timing.keep_logs_after_snapshot,
+        form_new_cluster: config.initial_cluster_state == llmgw_config::InitialClusterState::New,
+        min_free_disk_bytes: timing.min_free_disk_mb << 20,
         ..RaftSettings::default()
     };
     let peers = config

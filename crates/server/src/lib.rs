@@ -17,6 +17,7 @@ mod security;
 mod model_spec;
 mod propose;
 pub mod reconcile;
+mod restore;
 pub mod routes;
 mod serve;
 

@@ -225,7 +225,8 @@ async fn a_peer_with_a_damaged_store_refuses_to_start() {
     for id in &followers {
         cluster.kill(*id);
     }
-    // One follower's WAL is cut in half; the other's WAL files are gone.
+    // One follower's WAL is damaged in the middle (records after it were
+    // synced, so this is not a torn tail); the other's WAL files are gone.
     let wal_files = |id: u64| -> Vec<std::path::PathBuf> {
         std::fs::read_dir(cluster.raft_dir(id))
             .unwrap()
@@ -237,13 +238,12 @@ async fn a_peer_with_a_damaged_store_refuses_to_start() {
     let wals = wal_files(truncated);
     assert!(!wals.is_empty());
     for wal in wals {
-        let len = std::fs::metadata(&wal).unwrap().len();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&wal)
-            .unwrap()
-            .set_len(len / 2)
-            .unwrap();
+        let mut bytes = std::fs::read(&wal).unwrap();
+        let middle = bytes.len() / 2;
+        for b in &mut bytes[middle..middle + 16] {
+            *b ^= 0x5a;
+        }
+        std::fs::write(&wal, bytes).unwrap();
     }
     let deleted = followers[1];
     for wal in wal_files(deleted) {

@@ -9,6 +9,7 @@ use crate::error::StoreError;
 use crate::log_store::{self, LogStore};
 use crate::state_machine::{self, StateMachineStore};
 use crate::types::Entry;
+use crate::{create, damage, generation};
 
 pub(crate) const CF_META: &str = "meta";
 pub(crate) const CF_LOGS: &str = "logs";
@@ -33,23 +34,54 @@ impl Store {
 pub fn open(dir: &Path) -> Result<Store, StoreError> {
     // RocksDB writes CURRENT when it creates a database: if it is there, a
     // database existed, and it must still hold its creation marker.
-    let existed = dir.join("CURRENT").exists();
+    if !dir.join("CURRENT").exists() {
+        create::create(dir, |path| {
+            let db = open_db(path)?;
+            verify_created(&db, false).map_err(|detail| StoreError::Corrupt {
+                path: path.to_owned(),
+                detail,
+            })
+        })?;
+    }
+    let db = Arc::new(open_db(dir)?);
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: dir.to_owned(),
+        detail,
+    };
+    verify_created(&db, true).map_err(corrupt)?;
+    generation::advance(&db, dir).map_err(corrupt)?;
+    verify(&db).map_err(corrupt)?;
+    let log = LogStore::new(db.clone());
+    let state_machine = StateMachineStore::load(db).map_err(corrupt)?;
+    let store = Store { log, state_machine };
+    verify_log_covers_snapshot(&store).map_err(corrupt)?;
+    Ok(store)
+}
+
+fn open_db(dir: &Path) -> Result<DB, StoreError> {
     let mut options = Options::default();
     options.create_if_missing(true);
     options.create_missing_column_families(true);
     options.set_paranoid_checks(true);
-    // Every acknowledged write was synced, so a WAL that does not replay
-    // completely means data was lost or damaged after the fact: refuse it
-    // rather than silently start from a shorter log.
-    options.set_wal_recovery_mode(DBRecoveryMode::AbsoluteConsistency);
+    // A power cut drops what was not synced and may tear the record being
+    // written. Nothing in that record was acknowledged (openraft hears of a
+    // write only after its synced write returns), so a torn tail is dropped
+    // and the peer starts. Damage before the tail (a checksum mismatch
+    // followed by more records) is still refused: that data was synced.
+    options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    // The MANIFEST then records the WALs that were synced and closed, with
+    // their sizes: one of those deleted, or cut below what was synced, is
+    // refused as damage. The live WAL is not tracked there; the generation
+    // file (`generation.rs`) notices when it is lost.
+    options.set_track_and_verify_wals_in_manifest(true);
     let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
         .into_iter()
         .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-    let db = DB::open_cf_descriptors(&options, dir, families).map_err(|source| {
+    DB::open_cf_descriptors(&options, dir, families).map_err(|source| {
         if is_damage(&source) {
             StoreError::Corrupt {
                 path: dir.to_owned(),
-                detail: source.to_string(),
+                detail: damage::describe(dir, source.as_ref()),
             }
         } else {
             StoreError::Open {
@@ -57,19 +89,7 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
                 source,
             }
         }
-    })?;
-    let db = Arc::new(db);
-    let corrupt = |detail: String| StoreError::Corrupt {
-        path: dir.to_owned(),
-        detail,
-    };
-    verify_created(&db, existed).map_err(corrupt)?;
-    verify(&db).map_err(corrupt)?;
-    let log = LogStore::new(db.clone());
-    let state_machine = StateMachineStore::load(db).map_err(corrupt)?;
-    let store = Store { log, state_machine };
-    verify_log_covers_snapshot(&store).map_err(corrupt)?;
-    Ok(store)
+    })
 }
 
 /// A new database gets a synced creation marker before anything else; an
@@ -88,7 +108,8 @@ fn verify_created(db: &DB, existed: bool) -> Result<(), String> {
                 .map_err(|e| format!("writing the creation marker: {e}"))
         }
         (None, true) => Err(
-            "the database exists but its creation marker is gone, so writes it had              acknowledged are missing (were WAL or table files deleted?)"
+            "the database exists but its creation marker is gone, so writes it had \
+             acknowledged are missing (were WAL or table files deleted?)"
                 .to_owned(),
         ),
     }

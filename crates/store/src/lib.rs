@@ -6,16 +6,24 @@
 //! Durability: every vote, append, truncation and purge is written with
 //! `sync = true` before openraft is told it happened. The state machine lives
 //! in memory and is rebuilt on start from the last snapshot plus the
-//! committed log; snapshots are written synchronously. Opening a database
-//! that is damaged fails with [`StoreError::Corrupt`] instead of serving a
-//! state the cluster never had.
+//! committed log; snapshots are written synchronously, as one value, and
+//! only when newer than the stored one. A power cut may tear the last,
+//! unacknowledged WAL record: it is dropped on open. Opening a database
+//! whose synced data is damaged fails with [`StoreError::Corrupt`] instead
+//! of serving a state the cluster never had.
 
+mod backup;
+mod create;
+mod damage;
 mod db;
 mod error;
+mod generation;
 mod log_store;
+mod snapshot;
 mod state_machine;
 mod types;
 
+pub use backup::{BACKUP_FORMAT, Backup, restore};
 pub use db::{Store, open};
 pub use error::StoreError;
 pub use log_store::LogStore;

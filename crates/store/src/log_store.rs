@@ -15,9 +15,9 @@ use serde::de::DeserializeOwned;
 use crate::db::{CF_LOGS, CF_META};
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
-const KEY_VOTE: &[u8] = b"vote";
+pub(crate) const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
-const KEY_LAST_PURGED: &[u8] = b"last_purged";
+pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
 /// The log half of the store; cheap to clone, and its own reader.
 #[derive(Clone)]

@@ -11,18 +11,15 @@ use std::time::Instant;
 
 use futures::TryStreamExt;
 use llmgw_state::{FleetState, Leadership, Outcome, StateHash};
-use openraft::storage::{EntryResponder, RaftStateMachine, Snapshot};
+use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, RaftSnapshotBuilder};
-use rocksdb::{DB, WriteBatch};
+use rocksdb::DB;
 
-use crate::db::CF_SNAPSHOT;
-use crate::log_store::{get_json, synced, to_json};
+use crate::log_store::to_json;
+use crate::snapshot::{self, SnapshotLock, SnapshotMeta, Stored};
 use crate::types::{LogId, SnapshotData, StoredMembership, TypeConfig};
 
-const KEY_META: &[u8] = b"meta";
-const KEY_DATA: &[u8] = b"data";
-
-type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
 
 /// What has been applied, shared with readers (the admin API).
 #[derive(Debug, Clone, Default)]
@@ -49,23 +46,25 @@ pub struct StateMachineStore {
     db: Arc<DB>,
     applied: Arc<RwLock<AppliedState>>,
     stats: Arc<ApplyStats>,
+    /// Held while the stored snapshot is replaced (built or installed):
+    /// openraft builds in a task of its own and may install a newer
+    /// snapshot meanwhile, and the older one must never land last.
+    snapshot_lock: SnapshotLock,
 }
 
 pub(crate) fn verify_snapshot(db: &DB) -> Result<(), String> {
-    let meta: Option<SnapshotMeta> =
-        get_json(db, CF_SNAPSHOT, KEY_META).map_err(|e| e.to_string())?;
-    let data: Option<Vec<u8>> = {
-        let cf = db
-            .cf_handle(CF_SNAPSHOT)
-            .expect("snapshot column family exists");
-        db.get_cf(cf, KEY_DATA).map_err(|e| e.to_string())?
-    };
-    match (meta, data) {
-        (None, None) => Ok(()),
-        (Some(_), Some(data)) => serde_json::from_slice::<FleetState>(&data)
+    match snapshot::read(db)? {
+        None => Ok(()),
+        Some(stored) => serde_json::from_slice::<FleetState>(&stored.data)
             .map(|_| ())
             .map_err(|e| format!("the snapshot does not decode: {e}")),
-        _ => Err("the snapshot is incomplete (meta and data do not match)".to_owned()),
+    }
+}
+
+fn to_openraft(stored: Stored) -> Snapshot {
+    Snapshot {
+        meta: stored.meta,
+        snapshot: stored.data,
     }
 }
 
@@ -74,26 +73,22 @@ impl StateMachineStore {
     /// committed log after it.
     pub(crate) fn load(db: Arc<DB>) -> Result<Self, String> {
         let mut applied = AppliedState::default();
-        let meta: Option<SnapshotMeta> =
-            get_json(&db, CF_SNAPSHOT, KEY_META).map_err(|e| e.to_string())?;
-        if let Some(meta) = meta {
-            let cf = db
-                .cf_handle(CF_SNAPSHOT)
-                .expect("snapshot column family exists");
-            let data = db
-                .get_cf(cf, KEY_DATA)
-                .map_err(|e| e.to_string())?
-                .ok_or("the snapshot has no data")?;
-            applied.fleet = serde_json::from_slice(&data)
+        if let Some(stored) = snapshot::read(&db)? {
+            applied.fleet = serde_json::from_slice(&stored.data)
                 .map_err(|e| format!("the snapshot does not decode: {e}"))?;
-            applied.last_applied = meta.last_log_id;
-            applied.membership = meta.last_membership;
+            applied.last_applied = stored.meta.last_log_id;
+            applied.membership = stored.meta.last_membership;
         }
         Ok(Self {
             db,
             applied: Arc::new(RwLock::new(applied)),
             stats: Arc::default(),
+            snapshot_lock: SnapshotLock::default(),
         })
+    }
+
+    pub(crate) fn db(&self) -> &DB {
+        &self.db
     }
 
     /// A shared handle on the applied state, for readers.
@@ -115,61 +110,24 @@ impl StateMachineStore {
     }
 
     pub(crate) fn has_snapshot(&self) -> bool {
-        self.snapshot_last_index().is_some()
-            || get_json::<SnapshotMeta>(&self.db, CF_SNAPSHOT, KEY_META)
-                .ok()
-                .flatten()
-                .is_some()
+        !matches!(snapshot::read(&self.db), Ok(None))
     }
 
     pub(crate) fn snapshot_last_index(&self) -> Option<u64> {
-        get_json::<SnapshotMeta>(&self.db, CF_SNAPSHOT, KEY_META)
-            .ok()
-            .flatten()
-            .and_then(|meta| meta.last_log_id.map(|id| id.index))
+        snapshot::read(&self.db).ok().flatten()?.index()
     }
 
-    fn persist_snapshot(&self, meta: &SnapshotMeta, data: &[u8]) -> io::Result<()> {
-        let cf = self
-            .db
-            .cf_handle(CF_SNAPSHOT)
-            .expect("snapshot column family exists");
-        let mut batch = WriteBatch::default();
-        batch.put_cf(cf, KEY_META, to_json(meta)?);
-        batch.put_cf(cf, KEY_DATA, data);
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(io::Error::other)
-    }
-
-    fn stored_snapshot(
-        &self,
-    ) -> io::Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>> {
-        let Some(meta) = get_json::<SnapshotMeta>(&self.db, CF_SNAPSHOT, KEY_META)? else {
-            return Ok(None);
-        };
-        let cf = self
-            .db
-            .cf_handle(CF_SNAPSHOT)
-            .expect("snapshot column family exists");
-        let data = self
-            .db
-            .get_cf(cf, KEY_DATA)
-            .map_err(io::Error::other)?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "snapshot data missing"))?;
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: data,
-        }))
+    fn stored_snapshot(&self) -> io::Result<Option<Snapshot>> {
+        snapshot::read(&self.db)
+            .map(|stored| stored.map(to_openraft))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     type SnapshotData = SnapshotData;
 
-    async fn build_snapshot(
-        &mut self,
-    ) -> Result<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>, io::Error> {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
         let (meta, data) = {
             let applied = self.applied.read().expect("state lock poisoned");
             let meta = SnapshotMeta {
@@ -178,12 +136,26 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
             };
             (meta, to_json(&applied.fleet)?)
         };
-        self.persist_snapshot(&meta, &data)?;
-        tracing::info!(last_log_id = ?meta.last_log_id, bytes = data.len(), "snapshot built");
-        Ok(Snapshot {
-            meta,
-            snapshot: data,
-        })
+        let held = self.snapshot_lock.lock();
+        if snapshot::store_if_newer(&self.db, &held, &meta, &data)? {
+            tracing::info!(last_log_id = ?meta.last_log_id, bytes = data.len(), "snapshot built");
+            return Ok(Snapshot {
+                meta,
+                snapshot: data,
+            });
+        }
+        // A snapshot at least as new (installed from the leader while this
+        // one was being built) is stored already: answer with it, so
+        // openraft is told what is on disk.
+        let stored = self
+            .stored_snapshot()?
+            .ok_or_else(|| io::Error::other("a newer snapshot was reported but none is stored"))?;
+        tracing::info!(
+            built = ?meta.last_log_id,
+            stored = ?stored.meta.last_log_id,
+            "snapshot built but a newer one is stored; keeping that"
+        );
+        Ok(stored)
     }
 }
 
@@ -253,11 +225,23 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 format!("received snapshot does not decode: {e}"),
             )
         })?;
-        self.persist_snapshot(meta, &snapshot)?;
-        let mut applied = self.applied.write().expect("state lock poisoned");
-        applied.fleet = fleet;
-        applied.last_applied = meta.last_log_id;
-        applied.membership = meta.last_membership.clone();
+        // Stored and made the applied state under one lock, so a build
+        // that copied an older state cannot store it after this.
+        let held = self.snapshot_lock.lock();
+        if !snapshot::store_if_newer(&self.db, &held, meta, &snapshot)? {
+            tracing::warn!(
+                installing = ?meta.last_log_id,
+                stored = ?self.snapshot_last_index(),
+                "installing a snapshot not newer than the stored one; keeping the stored one on disk"
+            );
+        }
+        {
+            let mut applied = self.applied.write().expect("state lock poisoned");
+            applied.fleet = fleet;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+        }
+        drop(held);
         self.stats
             .snapshots_installed
             .fetch_add(1, Ordering::Relaxed);
@@ -265,9 +249,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotData>>, io::Error> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
         self.stored_snapshot()
     }
 }

@@ -46,6 +46,7 @@ impl From<ControlError> for ApiError {
             ControlError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             ControlError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ControlError::Fatal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ControlError::DiskFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "disk_full"),
         };
         Self {
             status,

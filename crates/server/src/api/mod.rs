@@ -2,6 +2,7 @@
 //! applied state (`?consistent=true` waits for a read index first); writes
 //! go through the Raft leader, wherever they arrive.
 
+mod backup;
 mod error;
 mod explain;
 mod fleet;
@@ -56,6 +57,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))
         .route("/api/v1/cluster", get(peers::cluster))
+        .route("/api/v1/snapshot", get(backup::snapshot))
         .route("/api/v1/cluster/peers", post(peers::add_peer))
         .route(
             "/api/v1/cluster/peers/{id}",

@@ -1,0 +1,210 @@
+//! Backup and restore as an operator does it: `llmgw ctl snapshot save`
+//! while writes go on, every peer stopped and wiped, `llmgw server
+//! --restore FILE` on each, start: same state hash, every write
+//! acknowledged before the save, and the agent reconnects and keeps its
+//! engine.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use llmgw_dev::L40S_PCIE;
+use reqwest::Method;
+use serde_json::{Value, json};
+use support::agents::Agent;
+use support::{Cluster, eventually, llmgw_bin};
+
+fn field<'a>(text: &'a str, name: &str) -> &'a str {
+    let start = text
+        .find(name)
+        .unwrap_or_else(|| panic!("{name} in {text}"))
+        + name.len();
+    text[start..]
+        .split([',', ' ', '\n'])
+        .next()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() {
+    let mut cluster =
+        Cluster::start("liveness:\n  node_ttl: 3s\n  lost_after: 20s\n  leader_grace: 10s\n");
+    let leader = cluster.wait_leader().await;
+    let mut agent = Agent::start(&cluster, "l40s-1", L40S_PCIE, 1);
+    let model = json!({
+        "name": "qwen", "source": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": 1,
+        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+    });
+    let (status, body) = cluster
+        .send(
+            leader,
+            Method::PUT,
+            "/api/v1/models/qwen",
+            Some(model.to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let before = eventually(&cluster, "qwen ready", || ready(&cluster)).await;
+    let engine_pid = before["shards"][0]["pid"].clone();
+    let engines = agent.engine_pids();
+    assert!(!engines.is_empty());
+
+    // Writes go on while the backup is taken.
+    let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (acknowledged, stop) = (acknowledged.clone(), stop.clone());
+        let admin: Vec<String> = (1..=3).map(|id| cluster.admin(id)).collect();
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 2000 {
+                let name = format!("w{i:04}");
+                let body = json!({"name": name, "endpoints": ["http://10.1.2.3:8000"]});
+                let ok = http
+                    .put(format!("{}/api/v1/models/{name}", admin[i % 3]))
+                    .body(body.to_string())
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                if ok {
+                    acknowledged.lock().unwrap().push(name);
+                }
+                i += 1;
+            }
+        })
+    };
+    eventually(&cluster, "some writes", || async {
+        let n = acknowledged.lock().unwrap().len();
+        if n >= 20 {
+            Ok(())
+        } else {
+            Err(format!("{n} acknowledged"))
+        }
+    })
+    .await;
+    let acked_before_save: Vec<String> = acknowledged.lock().unwrap().clone();
+    let file = cluster.dir.path().join("backup.json");
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let saved = Command::new(llmgw_bin())
+        .args(["ctl", "--api", &cluster.admin(follower), "snapshot", "save"])
+        .arg(&file)
+        .output()
+        .expect("run llmgw ctl");
+    let saved_text = String::from_utf8_lossy(&saved.stdout).into_owned();
+    assert!(
+        saved.status.success(),
+        "{saved_text}{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
+    let index = field(&saved_text, "index ");
+    let hash = field(&saved_text, "state hash ").to_owned();
+    assert!(index.parse::<u64>().is_ok(), "{saved_text}");
+    assert_eq!(hash.len(), 16, "{saved_text}");
+    let backup: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let in_backup: BTreeSet<&str> = backup["fleet"]["models"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for name in &acked_before_save {
+        assert!(
+            in_backup.contains(name.as_str()),
+            "{name} acknowledged before the save"
+        );
+    }
+
+    // Everything stops; every data directory is wiped; each is restored.
+    for id in 1..=3 {
+        cluster.kill(id);
+        std::fs::remove_dir_all(&cluster.peers[(id - 1) as usize].layout.data_dir).unwrap();
+    }
+    for id in 1..=3 {
+        let out = Command::new(llmgw_bin())
+            .args(["server", "--config"])
+            .arg(&cluster.peers[(id - 1) as usize].layout.config)
+            .arg("--restore")
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(&format!("state hash {hash}")),
+            "restore of peer {id}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A second restore into a restored directory is refused.
+    let again = Command::new(llmgw_bin())
+        .args(["server", "--config"])
+        .arg(&cluster.peers[0].layout.config)
+        .arg("--restore")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("move it aside"));
+
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_leader().await;
+    let restored_hash = cluster.wait_converged().await;
+    let names: BTreeSet<String> = cluster
+        .model_names(1, true)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for name in &acked_before_save {
+        assert!(names.contains(name), "{name} lost in the restore");
+    }
+    assert!(names.contains("qwen"));
+    // The agent finds the restored cluster and keeps its engine: same
+    // pid, still ready, nothing placed again.
+    let after = eventually(&cluster, "qwen ready after restore", || async {
+        let replica = ready(&cluster).await?;
+        let (_, nodes) = cluster
+            .get(leader_of(&cluster).await, "/api/v1/nodes")
+            .await?;
+        if nodes[0]["stream"]["connected"] == true {
+            Ok(replica)
+        } else {
+            Err("the agent is not connected yet".to_owned())
+        }
+    })
+    .await;
+    assert_eq!(after["id"], before["id"]);
+    assert_eq!(after["shards"][0]["pid"], engine_pid);
+    assert_eq!(agent.engine_pids(), engines);
+    assert_eq!(
+        restored_hash, hash,
+        "the restored cluster holds exactly the saved state"
+    );
+    agent.kill();
+}
+
+/// The one replica, once it is ready, as the leader sees it.
+async fn ready(cluster: &Cluster) -> Result<Value, String> {
+    match cluster
+        .get(leader_of(cluster).await, "/api/v1/replicas")
+        .await?
+    {
+        (200, Value::Array(all)) => match all.as_slice() {
+            [one] if one["state"] == "ready" => Ok(one.clone()),
+            other => Err(format!("{other:?}")),
+        },
+        other => Err(format!("{other:?}")),
+    }
+}
+
+async fn leader_of(cluster: &Cluster) -> u64 {
+    cluster.wait_leader().await
+}

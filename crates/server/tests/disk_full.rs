@@ -1,0 +1,123 @@
+//! A peer whose data directory runs out of space: writes through it are
+//! refused with a clear error, reads are still served, the rest of the
+//! cluster keeps taking writes, and once space returns the peer takes
+//! writes again without a restart. The data directory is a small tmpfs,
+//! so this needs root; it prints SKIPPED otherwise.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::{Cluster, eventually};
+
+const FULL_PEER: u64 = 2;
+
+/// Lazily unmounts the tmpfs when the test ends, whatever happens.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn mount_tmpfs(dir: &Path, size_mb: u64) -> Result<Tmpfs, String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let status = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
+        .arg(dir)
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(Tmpfs(dir.to_owned()))
+    } else {
+        Err(format!("mount exited with {status}"))
+    }
+}
+
+/// Fills the filesystem of `dir` until `leave_mb` MiB are left.
+fn fill(dir: &Path, leave_mb: u64) -> PathBuf {
+    let filler = dir.join("filler");
+    let free = llmgw_raft::free_bytes(dir).unwrap();
+    let size = free.saturating_sub(leave_mb << 20);
+    let chunk = vec![0x5au8; 1 << 20];
+    let mut file = std::fs::File::create(&filler).unwrap();
+    let mut written = 0;
+    while written < size {
+        let n = chunk.len().min((size - written) as usize);
+        std::io::Write::write_all(&mut file, &chunk[..n]).unwrap();
+        written += n as u64;
+    }
+    file.sync_all().unwrap();
+    filler
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itself() {
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIPPED: mounting a tmpfs needs root");
+        return;
+    }
+    let mut mounted: Option<Result<Tmpfs, String>> = None;
+    let cluster = Cluster::start_with(false, "raft:\n  min_free_disk_mb: 16\n", |dir| {
+        mounted = Some(mount_tmpfs(&dir.join(format!("server-{FULL_PEER}")), 160));
+    });
+    let tmpfs = match mounted.expect("prepare ran") {
+        Ok(tmpfs) => tmpfs,
+        Err(why) => {
+            println!("SKIPPED: cannot mount a tmpfs: {why}");
+            return;
+        }
+    };
+    cluster.wait_leader().await;
+    let (status, body) = cluster.put_model(FULL_PEER, "before").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    let filler = fill(&tmpfs.0, 8);
+    let (status, body) = cluster.put_model(FULL_PEER, "while-full").await.unwrap();
+    assert_eq!(status, 507, "{body}");
+    assert_eq!(body["error"]["type"], "disk_full", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&tmpfs.0.display().to_string()) && message.contains("reads"),
+        "the refusal names the directory and says reads go on: {message}"
+    );
+    // Reads are served from the full peer.
+    let names = cluster.model_names(FULL_PEER, false).await.unwrap();
+    assert!(names.contains(&"before".to_owned()), "{names:?}");
+    // The rest of the cluster takes writes (a full leader hands over).
+    let other = if FULL_PEER == 1 { 3 } else { 1 };
+    eventually(&cluster, "a write through a peer with room", || async {
+        match cluster.put_model(other, "elsewhere").await? {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let leader = cluster.wait_leader().await;
+    assert_ne!(leader, FULL_PEER, "a peer without room does not lead");
+
+    std::fs::remove_file(filler).unwrap();
+    eventually(
+        &cluster,
+        "writes through the peer once space returns",
+        || async {
+            match cluster.put_model(FULL_PEER, "after").await? {
+                (200, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let hash = cluster.wait_converged().await;
+    assert_eq!(cluster.own_state(FULL_PEER).await.unwrap().1, hash);
+    let names = cluster.model_names(FULL_PEER, true).await.unwrap();
+    for name in ["before", "elsewhere", "after"] {
+        assert!(names.contains(&name.to_owned()), "{name}: {names:?}");
+    }
+    drop(cluster);
+    drop(tmpfs);
+}

@@ -1,0 +1,142 @@
+//! Backups (`llmgw ctl snapshot save`) and seeding a new peer's store from
+//! one (`llmgw server restore`), as etcd operators know them.
+//!
+//! A backup is the applied fleet state at one log index, with the index,
+//! the term of that entry and the state hash, in one JSON file. Restoring
+//! writes it into an empty store as that peer's snapshot, with the log
+//! purged up to it, the membership of the peers being restored, and a vote
+//! in the backup's term (so every new election is in a later term and no
+//! log id can go backwards). Every peer restored from the same file starts
+//! from the same state; they elect a leader among themselves and agents
+//! reconnect to it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use llmgw_state::FleetState;
+use openraft::Membership;
+use rocksdb::WriteBatch;
+use serde::{Deserialize, Serialize};
+
+use crate::db::CF_META;
+use crate::error::StoreError;
+use crate::log_store::{KEY_LAST_PURGED, KEY_VOTE, synced, to_json};
+use crate::snapshot::{self, SnapshotMeta};
+use crate::types::{LogId, PeerNode, StoredMembership, Vote};
+
+/// The `format` of backup files this release writes and reads.
+pub const BACKUP_FORMAT: &str = "llmgw-backup-v1";
+
+/// One backup file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Backup {
+    pub format: String,
+    /// The last log entry the state includes.
+    pub last_log_id: LogId,
+    /// `FleetState::hash` of `fleet`, checked on restore.
+    pub state_hash: String,
+    /// When and where it was taken (for the operator).
+    pub saved_at_ms: u64,
+    pub saved_on_peer: u64,
+    /// The membership when it was taken (informational: a restore uses
+    /// the restoring peers' configuration).
+    pub membership: StoredMembership,
+    pub fleet: FleetState,
+}
+
+impl Backup {
+    pub fn index(&self) -> u64 {
+        self.last_log_id.index
+    }
+
+    pub fn term(&self) -> u64 {
+        self.last_log_id.leader_id.term
+    }
+
+    /// The file is one this release can restore, and its state is the one
+    /// it claims (a truncated or edited file fails here).
+    pub fn verify(&self) -> Result<(), String> {
+        if self.format != BACKUP_FORMAT {
+            return Err(format!(
+                "backup format {:?} is not {BACKUP_FORMAT:?}",
+                self.format
+            ));
+        }
+        let hash = self.fleet.hash().to_string();
+        if hash != self.state_hash {
+            return Err(format!(
+                "the state in the file hashes to {hash}, but the file says {}: it was changed \
+                 or damaged after it was saved",
+                self.state_hash
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Seeds the empty store in `dir` for peer `id` from `backup`, with
+/// `peers` (every peer being restored, this one included) as the voters.
+pub fn restore(
+    dir: &Path,
+    id: u64,
+    peers: &BTreeMap<u64, PeerNode>,
+    backup: &Backup,
+) -> Result<(), StoreError> {
+    let refuse = |detail: String| StoreError::Restore {
+        path: dir.to_owned(),
+        detail,
+    };
+    backup.verify().map_err(refuse)?;
+    if !peers.contains_key(&id) {
+        return Err(refuse(format!(
+            "peer {id} is not among the peers {peers:?}"
+        )));
+    }
+    let store = crate::open(dir)?;
+    if !store.is_pristine() {
+        return Err(refuse(
+            "the data directory already holds Raft state; move it aside first (a restore \
+             never overwrites a peer's data)"
+                .to_owned(),
+        ));
+    }
+    let voters: BTreeSet<u64> = peers.keys().copied().collect();
+    let membership = Membership::new(vec![voters], peers.clone())
+        .map_err(|e| refuse(format!("the peer list is not a membership: {e}")))?;
+    let meta = SnapshotMeta {
+        last_log_id: Some(backup.last_log_id),
+        last_membership: StoredMembership::new(Some(backup.last_log_id), membership),
+    };
+    let data = to_json(&backup.fleet).map_err(|e| refuse(e.to_string()))?;
+    // Voted for itself in the backup's term: elections start above it, so
+    // no peer ever appends below the snapshot's log id.
+    let vote = Vote::new(backup.term(), id);
+    let db = store.state_machine.db();
+    let meta_cf = db.cf_handle(CF_META).expect("meta column family exists");
+    let mut batch = WriteBatch::default();
+    snapshot::put(db, &mut batch, &meta, &data).map_err(|e| refuse(e.to_string()))?;
+    batch.put_cf(
+        meta_cf,
+        KEY_LAST_PURGED,
+        to_json(&backup.last_log_id).map_err(|e| refuse(e.to_string()))?,
+    );
+    batch.put_cf(
+        meta_cf,
+        KEY_VOTE,
+        to_json(&vote).map_err(|e| refuse(e.to_string()))?,
+    );
+    db.write_opt(batch, &synced())
+        .map_err(|e| refuse(format!("writing the restored state: {e}")))?;
+    drop(store);
+    // Open it once more: everything a start will check holds.
+    let store = crate::open(dir)?;
+    let (index, hash) = store.state_machine.state_hash();
+    if index != Some(backup.index()) || hash.to_string() != backup.state_hash {
+        return Err(refuse(format!(
+            "the restored store reads back as index {index:?}, hash {hash}; expected {} and {}",
+            backup.index(),
+            backup.state_hash
+        )));
+    }
+    Ok(())
+}
