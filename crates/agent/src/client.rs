@@ -46,14 +46,16 @@ enum SessionEnd {
         was_registered: bool,
     },
     /// The peer said nothing for `leader_timeout`: paused, cut off, or no
-    /// longer leading. It is avoided for a while so the agent finds the
-    /// real leader instead of waiting on it again.
+    /// longer leading. The agent asks the other peers first.
     Silent {
         why: String,
     },
 }
 
-/// A peer that went silent, avoided until `until`.
+/// A peer that went silent, not dialled first from the list until
+/// `until`. A redirect to it is still followed: after a blip the others
+/// name the healthy leader again at once, and a paused one is replaced by
+/// an election well within `leader_timeout`.
 struct Avoid {
     addr: String,
     until: Instant,
@@ -162,11 +164,6 @@ impl StreamClient {
                 }
             };
             match self.session(&target).await {
-                SessionEnd::Redirect { leader, reason } if Avoid::covers(&avoid, &leader) => {
-                    // The peer has not noticed yet that its leader went
-                    // silent; an election is due. Ask again shortly.
-                    tracing::info!(peer = %target, %leader, %reason, "redirected to the peer that went silent; waiting for an election");
-                }
                 SessionEnd::Redirect { leader, reason } if !leader.is_empty() => {
                     tracing::info!(peer = %target, %leader, %reason, "redirected to the leader");
                     redirects += 1;
