@@ -227,24 +227,29 @@ pub async fn shutdown_signal() {
 
 /// Writes the configured catalog into a cluster this peer just formed.
 async fn seed(control: &ControlPlane, catalog: Catalog) {
+    let at_ms = llmgw_raft::now_ms();
+    let mut names = Vec::new();
+    let mut commands = Vec::new();
     for model in catalog.models {
-        let name = model.name.clone();
-        let spec = match serde_json::to_value(&model) {
-            Ok(spec) => spec,
-            Err(error) => {
-                tracing::error!(model = %name, %error, "cannot encode a seed model");
-                continue;
+        match serde_json::to_value(&model) {
+            Ok(spec) => {
+                names.push(model.name.clone());
+                commands.push(Command::PutModel {
+                    name: model.name.clone(),
+                    spec,
+                    replicas: model.desired_replicas(),
+                    at_ms,
+                });
             }
-        };
-        let command = Command::PutModel {
-            name: name.clone(),
-            spec,
-            replicas: model.desired_replicas(),
-            at_ms: llmgw_raft::now_ms(),
-        };
-        match control.write(command).await {
-            Ok(_) => tracing::info!(model = %name, "catalog seeded"),
-            Err(error) => tracing::error!(model = %name, %error, "seeding the catalog failed"),
+            Err(error) => {
+                tracing::error!(model = %model.name, %error, "cannot encode a seed model")
+            }
         }
+    }
+    // One entry: the first placement round sees the whole catalog, so it
+    // places the biggest models first instead of whichever came first.
+    match control.write(Command::Batch { commands, at_ms }).await {
+        Ok(_) => tracing::info!(models = ?names, "catalog seeded"),
+        Err(error) => tracing::error!(models = ?names, %error, "seeding the catalog failed"),
     }
 }
