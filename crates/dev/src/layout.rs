@@ -50,18 +50,51 @@ pub struct DevProcess {
 /// A port free right now on 127.0.0.1. Another process could take it
 /// before the peer binds it; the peer then fails to start with an error
 /// naming the address, and `llmgw dev` reports it.
-fn free_port() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
+/// Listening ports are chosen below the kernel's ephemeral range (32768
+/// and up by default): a port the kernel handed out as free could become
+/// the source port of another process's outgoing connection before the
+/// peer binds it, and the peer would then fail with "address in use".
+const PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// `n` distinct ports free now, held until all are chosen.
+fn free_ports(n: usize) -> std::io::Result<Vec<SocketAddr>> {
+    let mut held: Vec<TcpListener> = Vec::new();
+    // A different start per process and call, so concurrent runs spread out.
+    let span = u64::from(PORTS.end - PORTS.start);
+    let mut next = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0u64, |d| u64::from(d.subsec_nanos()))
+        .wrapping_add(u64::from(std::process::id()) * 7919);
+    for _ in 0..span {
+        if held.len() == n {
+            break;
+        }
+        next = next
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let port = PORTS.start + u16::try_from((next >> 33) % span).unwrap_or(0);
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push(listener);
+        }
+    }
+    if held.len() < n {
+        return Err(std::io::Error::other(format!(
+            "fewer than {n} free ports in {PORTS:?} on 127.0.0.1"
+        )));
+    }
+    held.iter().map(TcpListener::local_addr).collect()
 }
 
 /// Chooses ports and paths for `count` peers under `work_dir`.
 pub fn plan_peers(work_dir: &Path, count: u64) -> std::io::Result<Vec<PeerLayout>> {
+    let ports = free_ports(2 * usize::try_from(count).unwrap_or(0))?;
     (1..=count)
         .map(|id| {
+            let i = 2 * usize::try_from(id - 1).unwrap_or(0);
             Ok(PeerLayout {
                 id,
-                grpc: free_port()?,
-                admin: free_port()?,
+                grpc: ports[i],
+                admin: ports[i + 1],
                 config: work_dir.join(format!("server-{id}.yaml")),
                 data_dir: work_dir.join(format!("server-{id}")),
                 log: work_dir.join(format!("server-{id}.log")),
