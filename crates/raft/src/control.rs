@@ -257,16 +257,21 @@ impl ControlPlane {
         // Refused here first, so a peer low on space answers at once and
         // clearly; the leader checks its own disk again below.
         self.inner.disk.check()?;
-        match self
+        let response = self
             .submit(ForwardRequest::Write(Box::new(command)), WRITE_DEADLINE)
-            .await?
-        {
+            .await?;
+        self.written(response).await
+    }
+
+    /// The answer to a write: once applied, read-your-writes on the peer
+    /// that took the request (a follower answers only once it has applied
+    /// the entry too); a rejection as such.
+    async fn written(&self, response: ForwardResponse) -> Result<u64, ControlError> {
+        match response {
             ForwardResponse::Written {
                 outcome: Outcome::Applied,
                 log_index,
             } => {
-                // Read-your-writes on the peer that took the request: a
-                // follower answers only once it has applied the entry too.
                 self.wait_applied(log_index).await?;
                 Ok(log_index)
             }
@@ -274,6 +279,7 @@ impl ControlPlane {
                 outcome: Outcome::Rejected(rejection),
                 ..
             } => Err(ControlError::Rejected(rejection)),
+            ForwardResponse::Failed(failure) => Err(failure.into()),
             other => Err(unexpected(other)),
         }
     }
@@ -311,20 +317,8 @@ impl ControlPlane {
             .handle_locally(ForwardRequest::Write(Box::new(decided)))
             .await
         {
-            ForwardResponse::Written {
-                outcome: Outcome::Applied,
-                log_index,
-            } => {
-                self.wait_applied(log_index).await?;
-                Ok(log_index)
-            }
-            ForwardResponse::Written {
-                outcome: Outcome::Rejected(rejection),
-                ..
-            } => Err(ControlError::Rejected(rejection)),
             ForwardResponse::NotLeader { .. } => Err(superseded()),
-            ForwardResponse::Failed(failure) => Err(failure.into()),
-            other => Err(unexpected(other)),
+            other => self.written(other).await,
         }
     }
 
