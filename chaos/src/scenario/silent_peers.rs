@@ -218,14 +218,7 @@ async fn cut_leader_from_peers(
             )));
         }
     }
-    let checked = check_cut(ctx, leader)?;
-    ctx.fault(checked);
-    hold_watching_majority(ctx, &followers, hold).await;
-    ctx.heal()?;
-    ctx.close_window(&Subject::Peer(leader));
-    check_rejoined(ctx, leader);
-    ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
-    Ok(())
+    hold_cut_then_heal(ctx, leader, &followers, hold).await
 }
 
 pub(super) async fn leader_cut_from_peers(ctx: &mut Ctx) -> Result<(), ScenarioError> {
@@ -264,14 +257,7 @@ async fn one_way(ctx: &mut Ctx, to_peers: bool) -> Result<(), ScenarioError> {
             hold.as_secs_f64()
         )
     });
-    let checked = check_cut(ctx, leader)?;
-    ctx.fault(checked);
-    hold_watching_majority(ctx, &followers, hold).await;
-    ctx.heal()?;
-    ctx.close_window(&Subject::Peer(leader));
-    check_rejoined(ctx, leader);
-    ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
-    Ok(())
+    hold_cut_then_heal(ctx, leader, &followers, hold).await
 }
 
 pub(super) async fn one_way_leader_to_peers(ctx: &mut Ctx) -> Result<(), ScenarioError> {
@@ -342,5 +328,24 @@ pub(super) async fn rolling_restart(ctx: &mut Ctx) -> Result<(), ScenarioError> 
             })?;
         ctx.hold(2000, 3000).await;
     }
+    Ok(())
+}
+
+/// With the leader cut off (both ways or one): checks the cut spares
+/// agents and clients, holds it while watching the majority, heals, and
+/// checks that the old leader rejoins.
+async fn hold_cut_then_heal(
+    ctx: &mut Ctx,
+    leader: u64,
+    followers: &[u64],
+    hold: Duration,
+) -> Result<(), ScenarioError> {
+    let checked = check_cut(ctx, leader)?;
+    ctx.fault(checked);
+    hold_watching_majority(ctx, followers, hold).await;
+    ctx.heal()?;
+    ctx.close_window(&Subject::Peer(leader));
+    check_rejoined(ctx, leader);
+    ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
     Ok(())
 }
