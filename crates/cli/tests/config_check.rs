@@ -64,3 +64,19 @@ fn a_missing_file_is_named() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/agent.yaml: cannot read"));
 }
+
+#[test]
+fn a_deeply_nested_file_is_refused_with_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let nested = dir.path().join("models.yaml");
+    std::fs::write(&nested, "- ".repeat(30_000) + "x\n").unwrap();
+    let out = llmgw()
+        .args(["config", "check"])
+        .arg(&nested)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("models.yaml:1:"), "{stderr}");
+    assert!(stderr.contains("deeper than 64 levels"), "{stderr}");
+}

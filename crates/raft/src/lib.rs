@@ -13,6 +13,7 @@ mod control;
 mod disk;
 mod error;
 mod forward;
+mod inbound;
 mod network;
 mod service;
 mod settings;

@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::control::ControlPlane;
 use crate::forward::ForwardRequest;
+use crate::inbound;
 
 /// The Raft service with its caller check.
 pub type RaftGrpcService = InterceptedService<RaftServiceServer<RaftGrpc>, CallerCheck>;
@@ -35,6 +36,13 @@ fn parse<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("request does not decode: {e}")))
 }
 
+/// A refusal of a malformed RPC, logged with the caller.
+fn refuse<T>(request: &Request<T>, why: String) -> Status {
+    let remote = llmgw_tls::remote_addr(request.extensions());
+    tracing::warn!(remote = ?remote, "refused a Raft RPC: {why}");
+    Status::invalid_argument(why)
+}
+
 fn answer<T: Serialize, E: std::fmt::Display>(
     result: Result<T, E>,
 ) -> Result<Response<RaftPayload>, Status> {
@@ -57,6 +65,7 @@ impl RaftService for RaftGrpc {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc = parse(request.get_ref())?;
+        inbound::check_append(&rpc).map_err(|why| refuse(&request, why))?;
         answer(self.control.raft().append_entries(rpc).await)
     }
 
@@ -77,6 +86,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftPayload>, Status> {
+        let remote = llmgw_tls::remote_addr(request.extensions());
         let mut stream = request.into_inner();
         let first = stream
             .message()
@@ -91,6 +101,11 @@ impl RaftService for RaftGrpc {
         let mut data = first.data;
         while let Some(chunk) = stream.message().await? {
             data.extend_from_slice(&chunk.data);
+        }
+        let committed = self.control.metrics().local_committed;
+        if let Err(why) = inbound::check_snapshot(&vote, &meta, &data, committed.as_ref()) {
+            tracing::warn!(remote = ?remote, "refused a Raft RPC: {why}");
+            return Err(Status::invalid_argument(why));
         }
         let snapshot = openraft::Snapshot {
             meta,

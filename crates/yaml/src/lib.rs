@@ -11,7 +11,7 @@ mod node;
 mod suggest;
 
 pub use decode::{Cx, Decode, Fields, Path, Problem, Problems, format_duration, parse_duration};
-pub use node::{Entry, Node, Pos, SyntaxError, Value, parse};
+pub use node::{Entry, MAX_BYTES, MAX_DEPTH, Node, Pos, SyntaxError, Value, parse};
 pub use suggest::closest;
 
 /// Parses `src` and decodes it with `decode`, naming `file` in every problem.

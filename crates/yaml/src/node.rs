@@ -77,24 +77,66 @@ pub struct SyntaxError {
     pub message: String,
 }
 
+/// The deepest nesting of lists and mappings a document may have. llmgw's
+/// own files nest a handful of levels; the limit keeps a hostile document
+/// from exhausting the stack of whatever walks the tree.
+pub const MAX_DEPTH: usize = 64;
+
+/// The largest document llmgw reads, in bytes: far above any real config or
+/// catalog, far below what would hurt a peer that parses it.
+pub const MAX_BYTES: usize = 4 << 20;
+
 /// Parses the first document of `src`. An empty file is an empty mapping's
-/// worth of nothing: `Value::Null` at 1:1.
+/// worth of nothing: `Value::Null` at 1:1. Refuses documents over
+/// [`MAX_BYTES`], nested deeper than [`MAX_DEPTH`], or using aliases, so no
+/// input can make parsing or decoding overflow the stack or blow up.
 pub fn parse(src: &str) -> Result<Node, SyntaxError> {
+    if src.len() > MAX_BYTES {
+        return Err(SyntaxError {
+            pos: Pos { line: 1, col: 1 },
+            message: format!(
+                "the document is {} bytes; llmgw reads at most {MAX_BYTES} bytes (4 MiB)",
+                src.len()
+            ),
+        });
+    }
     let mut builder = TreeBuilder::default();
     let mut parser = Parser::new_from_str(src);
-    parser
-        .load(&mut builder, false)
-        .map_err(|err| SyntaxError {
+    // Events are pulled one at a time rather than through the parser's
+    // `load`, which recurses once per nesting level before any limit can act.
+    loop {
+        let (event, mark) = parser.next_token().map_err(|err| SyntaxError {
             pos: Pos::from_marker(*err.marker()),
-            message: err.info().to_string(),
+            // The scanner looks ahead through flow collections and has a
+            // nesting limit of its own; say it the same way.
+            message: if err.info().contains("recursion limit") {
+                too_deep()
+            } else {
+                err.info().to_string()
+            },
         })?;
-    if let Some(message) = builder.unsupported {
-        return Err(message);
+        if matches!(event, Event::DocumentEnd | Event::StreamEnd) {
+            break;
+        }
+        builder.on_event(event, mark);
+        if let Some(problem) = builder.unsupported.take() {
+            return Err(problem);
+        }
+        if builder.stack.len() > MAX_DEPTH {
+            return Err(SyntaxError {
+                pos: Pos::from_marker(mark),
+                message: too_deep(),
+            });
+        }
     }
     Ok(builder.root.unwrap_or(Node {
         pos: Pos { line: 1, col: 1 },
         value: Value::Null,
     }))
+}
+
+fn too_deep() -> String {
+    format!("lists and mappings nest deeper than {MAX_DEPTH} levels; llmgw refuses such documents")
 }
 
 /// Containers being built, innermost last. A mapping alternates between
@@ -248,6 +290,48 @@ mod tests {
     fn syntax_errors_carry_a_position() {
         let err = parse("a: [1, 2\nb: 3\n").unwrap_err();
         assert!(err.pos.line >= 1, "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_exhausting_the_stack() {
+        // 60 KB of nested block sequences: the parser used to recurse once
+        // per level and abort the process.
+        let block = "- ".repeat(30_000) + "x\n";
+        let err = parse(&block).unwrap_err();
+        assert!(err.message.contains("deeper than 64 levels"), "{err}");
+        let flow = "[".repeat(100_000);
+        let err = parse(&flow).unwrap_err();
+        assert!(err.message.contains("deeper than 64 levels"), "{err}");
+        let json = "{\"a\":".repeat(10_000) + "1" + &"}".repeat(10_000);
+        let err = parse(&json).unwrap_err();
+        assert!(err.message.contains("deeper than 64 levels"), "{err}");
+    }
+
+    #[test]
+    fn nesting_up_to_the_limit_is_read() {
+        let doc = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+        let mut node = parse(&doc).unwrap();
+        let mut depth = 1;
+        while let Value::Seq(mut items) = node.value {
+            let Some(inner) = items.pop() else { break };
+            node = inner;
+            depth += 1;
+        }
+        assert_eq!(depth, MAX_DEPTH);
+    }
+
+    #[test]
+    fn oversized_documents_are_refused_before_parsing() {
+        let big = format!("a: \"{}\"\n", "x".repeat(MAX_BYTES));
+        let err = parse(&big).unwrap_err();
+        assert!(err.message.contains("at most"), "{err}");
+        assert_eq!(err.pos, Pos { line: 1, col: 1 });
+    }
+
+    #[test]
+    fn only_the_first_document_is_read() {
+        let doc = parse("a: 1\n---\nb: 2\n").unwrap();
+        assert!(matches!(doc.value, Value::Map(ref e) if e.len() == 1 && e[0].key == "a"));
     }
 
     #[test]

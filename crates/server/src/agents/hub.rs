@@ -180,6 +180,17 @@ impl Hub {
         }
     }
 
+    /// Ends a session with a status that tells the agent why, unless the
+    /// node has opened a newer one since.
+    pub fn close_with(&self, node: &str, session: u64, why: Status) {
+        let mut state = self.lock();
+        if state.sessions.get(node).is_some_and(|s| s.id == session)
+            && let Some(closed) = state.sessions.remove(node)
+        {
+            let _ = closed.tx.try_send(Err(why));
+        }
+    }
+
     /// Closes every stream: this peer stopped leading, and the agents must
     /// find the new leader.
     pub fn close_all(&self) -> usize {

@@ -6,11 +6,13 @@
 mod convert;
 mod hub;
 mod liveness;
+mod rate;
 mod reports;
 mod service;
 
 pub use convert::{NodeFacts, check_node_id, node_facts};
 pub use hub::{Desired, Hub, LinkView, Order, Refusal};
 pub use liveness::{LivenessSettings, next_status, run_liveness};
+pub use rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND};
 pub use reports::write_reports;
 pub use service::{AgentStreams, CONCURRENT_REGISTRATIONS, Report};

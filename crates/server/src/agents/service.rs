@@ -19,12 +19,16 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::node_facts;
 use super::hub::{Hub, Refusal};
+use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
 use crate::reconcile::specs::{desired_for_node, managed_models};
 
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Commands queued for one agent before it counts as stuck.
 const OUTBOX: usize = 1024;
+/// The largest message an agent may send. A `Register` with a full
+/// inventory and every running shard is tens of kilobytes.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 4 << 20;
 
 /// A shard status from the node that sent it.
 #[derive(Debug)]
@@ -51,7 +55,7 @@ pub const CONCURRENT_REGISTRATIONS: usize = 32;
 
 impl AgentStreams {
     pub fn into_service(self) -> AgentServiceServer<Self> {
-        AgentServiceServer::new(self)
+        AgentServiceServer::new(self).max_decoding_message_size(MAX_AGENT_MESSAGE_BYTES)
     }
 
     fn redirect(&self, node: &str, tx: &mpsc::Sender<Result<ControlMessage, Status>>) {
@@ -194,8 +198,18 @@ async fn read_agent(
     hub: Arc<Hub>,
     reports: mpsc::UnboundedSender<Report>,
 ) {
+    let mut rate = RateLimit::for_agent();
     loop {
         match inbound.message().await {
+            Ok(Some(_)) if !rate.allow(std::time::Instant::now()) => {
+                let why = format!(
+                    "node {node} sent more than {AGENT_MESSAGE_BURST} messages at once or \
+                     {AGENT_MESSAGES_PER_SECOND} per second; the leader closed its stream"
+                );
+                tracing::warn!(node, "{why}");
+                hub.close_with(&node, session, Status::resource_exhausted(why));
+                return;
+            }
             Ok(Some(message)) => {
                 hub.heard(&node, session);
                 match message.body {

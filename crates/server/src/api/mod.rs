@@ -13,6 +13,10 @@ mod peers;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use llmgw_raft::ControlPlane;
 use serde::Deserialize;
@@ -50,6 +54,10 @@ impl ApiState {
     }
 }
 
+/// The largest request body the admin API reads: a model entry is a few
+/// kilobytes, and nothing larger needs to reach a parser.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
 /// All admin routes.
 pub fn router(state: ApiState) -> Router {
     Router::new()
@@ -78,5 +86,29 @@ pub fn router(state: ApiState) -> Router {
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(name_the_body_limit))
         .with_state(state)
+}
+
+/// axum refuses an oversized body with a plain-text 413; the API answers
+/// every error in its own shape, naming the request and the limit.
+async fn name_the_body_limit(request: Request, next: Next) -> Response {
+    let what = format!("{} {}", request.method(), request.uri().path());
+    let response = next.run(request).await;
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+    if response.status() != StatusCode::PAYLOAD_TOO_LARGE || is_json {
+        return response;
+    }
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        kind: "payload_too_large",
+        message: format!(
+            "{what}: the request body is larger than the admin API's limit of {MAX_BODY_BYTES} bytes (1 MiB)"
+        ),
+    }
+    .into_response()
 }

@@ -1,0 +1,176 @@
+//! Request bodies built to hurt a parser, sent to a real `llmgw server`: each
+//! is refused with a status and a message that names the limit, and the peer
+//! that received it keeps serving.
+
+mod support;
+
+use reqwest::Method;
+use support::Cluster;
+
+async fn put_model_body(cluster: &Cluster, leader: u64, body: String) -> (u16, String) {
+    let (status, answer) = cluster
+        .send(leader, Method::PUT, "/api/v1/models/m", Some(body))
+        .await
+        .expect("the peer answers instead of dying");
+    (status, answer.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_and_oversized_bodies_are_refused_and_the_peer_stays_up() {
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+
+    // 60 KB of nested block sequences once overflowed the stack and aborted
+    // the peer.
+    let nested_yaml = "- ".repeat(30_000) + "x\n";
+    let (status, message) = put_model_body(&cluster, leader, nested_yaml).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("deeper than 64 levels"), "{message}");
+    assert!(message.contains("PUT /api/v1/models/m"), "{message}");
+
+    let nested_json = "{\"a\": ".repeat(20_000) + "1" + &"}".repeat(20_000);
+    let (status, message) = put_model_body(&cluster, leader, nested_json).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("deeper than 64 levels"), "{message}");
+
+    let huge = format!(
+        "{{\"name\": \"m\", \"endpoints\": [\"http://10.1.2.3:8000\"], \"pad\": \"{}\"}}",
+        "x".repeat(3 << 20)
+    );
+    let (status, message) = put_model_body(&cluster, leader, huge).await;
+    assert_eq!(status, 413, "{message}");
+    assert!(message.contains("1048576 bytes"), "{message}");
+    assert!(message.contains("payload_too_large"), "{message}");
+
+    // The peer that took all of it still serves reads and writes.
+    let (status, _) = cluster.get(leader, "/healthz").await.unwrap();
+    assert_eq!(status, 200);
+    let (status, answer) = cluster.put_model(leader, "after").await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(cluster.running().len(), 3, "{}", cluster.log_tails());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_floods_its_stream_is_cut_off_with_the_reason() {
+    use llmgw_proto::agent::agent_message::Body as Up;
+    use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+    use llmgw_proto::agent::{AgentMessage, CommandAck, Register};
+
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let register = AgentMessage {
+        body: Some(Up::Register(Register {
+            node_id: "flood-1".into(),
+            mgmt_addr: "127.0.0.1".into(),
+            ..Register::default()
+        })),
+    };
+    // Acks are answered with nothing, so only the flood itself is measured.
+    let flood = (0..20_000).map(|n| AgentMessage {
+        body: Some(Up::Ack(CommandAck {
+            command_id: n,
+            accepted: true,
+            message: String::new(),
+        })),
+    });
+    let endpoint = llmgw_tls::endpoint(&cluster.grpc(leader)).unwrap();
+    let channel = llmgw_tls::connect(&endpoint, None).await.unwrap();
+    let mut answers = AgentServiceClient::new(channel)
+        .connect(tokio_stream::iter(std::iter::once(register).chain(flood)))
+        .await
+        .expect("the leader accepts the registration")
+        .into_inner();
+    let cut = loop {
+        match answers.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without saying why"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(cut.code(), tonic::Code::ResourceExhausted, "{cut:?}");
+    assert!(
+        cut.message().contains("200 per second") && cut.message().contains("flood-1"),
+        "{}",
+        cut.message()
+    );
+    cluster
+        .wait_log(leader, &["flood-1", "the leader closed its stream"])
+        .await;
+    let (status, _) = cluster.get(leader, "/healthz").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(cluster.running().len(), 3, "{}", cluster.log_tails());
+}
+
+/// An append or a snapshot that openraft would trust (it carries the real
+/// leader's vote) but that is malformed: entries with a gap trip an
+/// assertion in openraft's core, and snapshot data that does not decode
+/// fails the state machine, which openraft treats as fatal. Both are
+/// refused by the transport; the follower keeps replicating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_append_or_snapshot_is_refused_and_the_follower_keeps_replicating() {
+    use llmgw_proto::raft::raft_service_client::RaftServiceClient;
+    use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
+    use llmgw_store::{Entry, TypeConfig};
+    use openraft::alias::{LogIdOf, SnapshotMetaOf, VoteOf};
+    use openraft::entry::RaftEntry;
+    use openraft::vote::RaftLeaderId;
+
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let (_, view) = cluster.get(follower, "/api/v1/cluster").await.unwrap();
+    let term = view["term"].as_u64().expect("a term");
+    let vote = VoteOf::<TypeConfig>::new_committed(term, leader);
+    let log_id = |index| {
+        LogIdOf::<TypeConfig>::new(
+            openraft::vote::leader_id_adv::LeaderId::new(term, leader).to_committed(),
+            index,
+        )
+    };
+    let endpoint = llmgw_tls::endpoint(&cluster.grpc(follower)).unwrap();
+    let channel = llmgw_tls::connect(&endpoint, None).await.unwrap();
+    let mut raft = RaftServiceClient::new(channel);
+
+    // Entries that do not follow prev_log_id.
+    let gap = openraft::raft::AppendEntriesRequest::<TypeConfig> {
+        vote,
+        prev_log_id: None,
+        entries: vec![Entry::new_blank(log_id(7))],
+        leader_commit: None,
+    };
+    let refused = raft
+        .append_entries(RaftPayload {
+            data: serde_json::to_vec(&gap).unwrap(),
+            error: String::new(),
+        })
+        .await
+        .expect_err("an append with a gap was taken");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("not at index 0"), "{refused:?}");
+
+    // A snapshot past everything committed, whose data is not a state.
+    let meta = SnapshotMetaOf::<TypeConfig> {
+        last_log_id: Some(log_id(1_000_000)),
+        last_membership: Default::default(),
+    };
+    let chunk = SnapshotChunk {
+        meta: serde_json::to_vec(&(vote, meta)).unwrap(),
+        data: b"{\"not\": \"a fleet state\"".to_vec(),
+    };
+    let refused = raft
+        .install_snapshot(tokio_stream::iter([chunk]))
+        .await
+        .expect_err("a snapshot that does not decode was taken");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("does not decode"), "{refused:?}");
+    cluster
+        .wait_log(follower, &["refused a Raft RPC", "does not decode"])
+        .await;
+
+    // The follower still follows: a write through it applies there.
+    let (status, answer) = cluster.put_model(follower, "after-forgery").await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let names = cluster.model_names(follower, false).await.unwrap();
+    assert!(names.contains(&"after-forgery".to_owned()), "{names:?}");
+    assert_eq!(cluster.running().len(), 3, "{}", cluster.log_tails());
+}
