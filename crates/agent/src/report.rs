@@ -15,6 +15,19 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The number of the report after `previous`: the clock in microseconds
+/// keeps it increasing across agent restarts, `previous + 1` within one run
+/// even if the clock steps back.
+pub(crate) fn next_seq(previous: u64) -> u64 {
+    unix_micros().max(previous + 1)
+}
+
 /// Sends one shard's statuses and remembers the last.
 #[derive(Clone)]
 pub struct Reporter {
@@ -71,6 +84,7 @@ impl Reporter {
         output_tail: Vec<String>,
         exit: Option<ExitInfo>,
     ) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let status = ShardStatus {
             shard_id: self.shard_id.clone(),
             replica_id: self.replica_id.clone(),
@@ -82,6 +96,7 @@ impl Reporter {
             exit_code: exit.and_then(|e| e.code),
             signal: exit.and_then(|e| e.signal),
             at_unix_ms: unix_ms(),
+            seq: next_seq(last.seq),
         };
         tracing::info!(
             shard = %self.shard_id,
@@ -90,15 +105,19 @@ impl Reporter {
             message = %status.message,
             "shard status"
         );
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = status.clone();
+        *last = status.clone();
+        // Sent under the lock, so two transitions reach the stream in the
+        // order of their numbers.
         let _ = self.events.send(status);
     }
 
-    /// Sends the last status again (an idempotent command repeated).
+    /// Sends the last status again (an idempotent command repeated), as a
+    /// new report: it is what the agent sees now.
     pub fn resend(&self) {
-        let mut status = self.last();
-        status.at_unix_ms = unix_ms();
-        let _ = self.events.send(status);
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.at_unix_ms = unix_ms();
+        last.seq = next_seq(last.seq);
+        let _ = self.events.send(last.clone());
     }
 }
 

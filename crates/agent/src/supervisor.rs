@@ -331,6 +331,7 @@ impl Supervisor {
                     state: ShardState::Stopped as i32,
                     message: "not running on this node".into(),
                     at_unix_ms: unix_ms(),
+                    seq: crate::report::next_seq(0),
                     ..Default::default()
                 });
                 Outcome::accepted(format!("shard {shard_id} is not running on this node"))

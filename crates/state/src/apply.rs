@@ -45,7 +45,13 @@ impl FleetState {
                         node.inventory.clone_from(inventory);
                         node.fabrics.clone_from(fabrics);
                         node.labels.clone_from(labels);
-                        set_status(node, NodeStatus::Ready, *at_ms);
+                        // A registration is news even when the node was
+                        // already ready: it outdates verdicts judged before it.
+                        if node.status != NodeStatus::Ready {
+                            node.status = NodeStatus::Ready;
+                            node.status_changed_at_ms = *at_ms;
+                        }
+                        node.status_version += 1;
                     }
                     None => {
                         self.nodes.insert(
@@ -61,16 +67,33 @@ impl FleetState {
                                 draining: false,
                                 registered_at_ms: *at_ms,
                                 status_changed_at_ms: *at_ms,
+                                status_version: 1,
                             },
                         );
                     }
                 }
                 Outcome::Applied
             }
-            Command::SetNodeStatus { id, status, at_ms } => {
+            Command::SetNodeStatus {
+                id,
+                status,
+                based_on,
+                at_ms,
+            } => {
                 let Some(node) = self.nodes.get_mut(id) else {
                     return unknown_node(id);
                 };
+                if let Some(version) = based_on
+                    && *version != node.status_version
+                {
+                    return Rejection::conflict(format!(
+                        "node {id}: {} was judged from status version {version}, \
+                         but the node is at version {} ({}) now",
+                        status.as_str(),
+                        node.status_version,
+                        node.status.as_str()
+                    ));
+                }
                 set_status(node, *status, *at_ms);
                 Outcome::Applied
             }
@@ -137,6 +160,9 @@ impl FleetState {
                 if name.is_empty() {
                     return Rejection::invalid("model name must not be empty");
                 }
+                if let Some(clash) = self.name_clash(name, spec) {
+                    return clash;
+                }
                 self.models.insert(
                     name.clone(),
                     ModelRecord {
@@ -165,7 +191,8 @@ impl FleetState {
                 replaces,
                 at_ms,
             } => {
-                let outcome = self.place_replica(id, model, profile, shards, *at_ms);
+                let outcome =
+                    self.place_replica(id, model, profile, shards, *rendezvous_port, *at_ms);
                 if let (Outcome::Applied, Some(replica)) = (&outcome, self.replicas.get_mut(id)) {
                     replica.fabric.clone_from(fabric);
                     replica.rendezvous_port = *rendezvous_port;
@@ -179,6 +206,7 @@ impl FleetState {
                 state,
                 pid,
                 failure,
+                seq,
                 at_ms,
             } => {
                 let Some(found) = self.replicas.get_mut(replica) else {
@@ -189,6 +217,16 @@ impl FleetState {
                         "replica {replica} has no shard with rank {rank}"
                     ));
                 };
+                if *seq != 0 && *seq <= shard.report_seq {
+                    return Rejection::conflict(format!(
+                        "shard {replica}/{rank}: report {seq} ({}) is not newer than report {} \
+                         already applied ({}); a stale report never rolls a shard back",
+                        state.as_str(),
+                        shard.report_seq,
+                        shard.state.as_str()
+                    ));
+                }
+                shard.report_seq = shard.report_seq.max(*seq);
                 if shard.state != *state {
                     shard.state_changed_at_ms = *at_ms;
                 }
@@ -249,6 +287,7 @@ impl FleetState {
         model: &str,
         profile: &str,
         shards: &[Shard],
+        rendezvous_port: Option<u16>,
         at_ms: u64,
     ) -> Outcome {
         if id.is_empty() {
@@ -283,6 +322,28 @@ impl FleetState {
                 }
             }
         }
+        // Ports, like GPUs, are checked here and not only by the scheduler
+        // that picked them: a leader deciding from a view that lags the log
+        // must not hand out a port twice.
+        let head = shards.iter().find(|s| s.rank == 0).map(|s| s.node.as_str());
+        let wanted = shards
+            .iter()
+            .map(|s| (s.node.as_str(), s.port))
+            .chain(head.zip(rendezvous_port));
+        let mut taken: BTreeSet<(&str, u16)> = BTreeSet::new();
+        for (node, port) in wanted {
+            let host = self.host_of(node);
+            if !taken.insert((host, port)) {
+                return Rejection::invalid(format!(
+                    "replica {id} asks for port {port} on host {host} twice"
+                ));
+            }
+            if let Some(holder) = self.port_holder(host, port) {
+                return Rejection::conflict(format!(
+                    "port {port} on host {host} (node {node}) is already used by replica {holder}"
+                ));
+            }
+        }
         let shards = shards
             .iter()
             .map(|s| Shard {
@@ -290,6 +351,7 @@ impl FleetState {
                 pid: None,
                 last_failure: None,
                 state_changed_at_ms: at_ms,
+                report_seq: 0,
                 ..s.clone()
             })
             .collect();
@@ -310,6 +372,28 @@ impl FleetState {
         Outcome::Applied
     }
 
+    /// Names and aliases are one namespace, checked here rather than only by
+    /// the peer that took the request, whose view may lag the log.
+    fn name_clash(&self, name: &str, spec: &serde_json::Value) -> Option<Outcome> {
+        let wanted: Vec<&str> = model_names(name, spec).collect();
+        self.models
+            .values()
+            .filter(|other| other.name != name)
+            .find_map(|other| {
+                let taken = model_names(&other.name, &other.spec).find(|n| wanted.contains(n))?;
+                let what = if taken == other.name {
+                    "the name"
+                } else {
+                    "an alias"
+                };
+                Some(Rejection::conflict(format!(
+                    "model {name}: `{taken}` is already {what} of model {}; \
+                     names and aliases are one namespace",
+                    other.name
+                )))
+            })
+    }
+
     /// The replica holding a GPU with a shard that is not stopped.
     pub fn gpu_holder(&self, node: &str, gpu: u32) -> Option<&str> {
         self.replicas
@@ -323,7 +407,19 @@ fn set_status(node: &mut NodeRecord, status: NodeStatus, at_ms: u64) {
     if node.status != status {
         node.status = status;
         node.status_changed_at_ms = at_ms;
+        node.status_version += 1;
     }
+}
+
+/// A catalog entry's name and its aliases.
+fn model_names<'a>(name: &'a str, spec: &'a serde_json::Value) -> impl Iterator<Item = &'a str> {
+    let aliases = spec
+        .get("aliases")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str);
+    std::iter::once(name).chain(aliases)
 }
 
 fn unknown_node(id: &str) -> Outcome {

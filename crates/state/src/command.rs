@@ -34,6 +34,11 @@ pub enum Command {
     SetNodeStatus {
         id: String,
         status: NodeStatus,
+        /// The node's `status_version` the decision was judged from;
+        /// refused if the node's status changed since. `None` sets it
+        /// unconditionally (an operator's order).
+        #[serde(default)]
+        based_on: Option<u64>,
         at_ms: u64,
     },
     Cordon {
@@ -89,6 +94,11 @@ pub enum Command {
         state: ShardState,
         pid: Option<u32>,
         failure: Option<ShardFailure>,
+        /// The agent's report number for this shard, increasing over the
+        /// shard's life; a report not newer than the last applied one is
+        /// refused. 0: an unversioned report, always applied.
+        #[serde(default)]
+        seq: u64,
         at_ms: u64,
     },
     /// Forgets a replica whose shards are all stopped or whose node is

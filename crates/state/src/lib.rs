@@ -9,10 +9,12 @@
 mod apply;
 mod command;
 mod hash;
+mod ports;
 mod types;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind};
 pub use hash::StateHash;
+pub use ports::mgmt_host;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
     NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,

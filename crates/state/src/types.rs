@@ -126,6 +126,12 @@ pub struct NodeRecord {
     pub draining: bool,
     pub registered_at_ms: u64,
     pub status_changed_at_ms: u64,
+    /// Counts this node's status changes (registrations included). A
+    /// liveness decision names the version it was judged from and is
+    /// refused if the node changed since, so a verdict on an old view
+    /// never overwrites a newer fact.
+    #[serde(default)]
+    pub status_version: u64,
 }
 
 /// One catalog entry. The spec is the entry exactly as the operator wrote it
@@ -189,6 +195,10 @@ pub struct Shard {
     pub pid: Option<u32>,
     pub last_failure: Option<ShardFailure>,
     pub state_changed_at_ms: u64,
+    /// The `seq` of the agent report the state came from; a report with a
+    /// lower or equal one is stale and refused. 0: none yet.
+    #[serde(default)]
+    pub report_seq: u64,
 }
 
 /// A replica's state, derived from its shards and its stop order.

@@ -279,6 +279,7 @@ mod tests {
         state.apply(&Command::SetNodeStatus {
             id: "gpu-a-01".into(),
             status: NodeStatus::Unreachable,
+            based_on: None,
             at_ms: 6,
         });
         assert!(facts.differs_from(state.nodes.get("gpu-a-01")));

@@ -130,14 +130,16 @@ pub async fn run_liveness(
             .filter_map(|node| hub.last_heard(&node).map(|at| (node, at)))
             .collect();
         let at_ms = now_ms();
-        let changes: Vec<(String, NodeStatus, NodeStatus)> = control.read(|fleet| {
+        // Each verdict names the status version it was judged from: a node
+        // that re-registered in the meantime keeps its newer status.
+        let changes: Vec<(String, NodeStatus, NodeStatus, u64)> = control.read(|fleet| {
             fleet
                 .nodes
                 .values()
                 .filter_map(|node| {
                     let last = heard.get(&node.id).copied();
                     next_status(node, last, now, at_ms, in_grace, &settings)
-                        .map(|status| (node.id.clone(), node.status, status))
+                        .map(|status| (node.id.clone(), node.status, status, node.status_version))
                 })
                 .collect()
         });
@@ -147,16 +149,30 @@ pub async fn run_liveness(
         // One batch: a rack going dark is one log entry, not hundreds.
         let commands = changes
             .iter()
-            .map(|(id, _, status)| Command::SetNodeStatus {
+            .map(|(id, _, status, version)| Command::SetNodeStatus {
                 id: id.clone(),
                 status: *status,
+                based_on: Some(*version),
                 at_ms,
             })
             .collect();
         let author = crate::propose::Author::Leader(term);
         if crate::propose::propose_all(&control, author, commands).await {
-            for (id, from, to) in &changes {
-                tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
+            for (id, from, to, version) in &changes {
+                let now =
+                    control.read(|fleet| fleet.nodes.get(id).map(|n| (n.status, n.status_version)));
+                match now {
+                    Some((status, _)) if status == *to => {
+                        tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
+                    }
+                    Some((status, current)) => tracing::info!(
+                        node = %id,
+                        verdict = to.as_str(),
+                        status = status.as_str(),
+                        "liveness verdict dropped: judged from status version {version}, the node is at {current}"
+                    ),
+                    None => {}
+                }
             }
         }
     }
@@ -179,6 +195,7 @@ mod tests {
             draining: false,
             registered_at_ms: 0,
             status_changed_at_ms: changed_at_ms,
+            status_version: 1,
         }
     }
 

@@ -54,6 +54,10 @@ fn to_command(fleet: &FleetState, report: Report) -> Option<Command> {
         );
         return None;
     }
+    if status.seq != 0 && status.seq <= shard.report_seq {
+        tracing::debug!(shard = %status.shard_id, seq = status.seq, applied = shard.report_seq, "dropping a stale shard report");
+        return None;
+    }
     let pid = (status.pid != 0).then_some(status.pid);
     let at_ms = now_ms();
     let failure = failure(status, at_ms);
@@ -69,6 +73,7 @@ fn to_command(fleet: &FleetState, report: Report) -> Option<Command> {
         state,
         pid,
         failure,
+        seq: status.seq,
         at_ms,
     })
 }

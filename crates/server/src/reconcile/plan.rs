@@ -13,7 +13,7 @@ use llmgw_state::{
 };
 
 use super::fleet_view::node_views;
-use super::specs::{managed_models, mgmt_host};
+use super::specs::managed_models;
 
 /// How the leader places and retries.
 #[derive(Debug, Clone)]
@@ -109,23 +109,8 @@ fn first_failure(replica: &Replica) -> Option<(&Shard, &ShardFailure)> {
 /// Ports in use per host: engine ports and rendezvous ports.
 fn used_ports(fleet: &FleetState) -> HashMap<String, BTreeSet<u16>> {
     let mut used: HashMap<String, BTreeSet<u16>> = HashMap::new();
-    let host_of = |node: &str| {
-        fleet
-            .nodes
-            .get(node)
-            .map_or(node.to_owned(), |n| mgmt_host(&n.mgmt_addr).to_owned())
-    };
-    for replica in fleet.replicas.values() {
-        for shard in &replica.shards {
-            if shard.state != ShardState::Stopped {
-                used.entry(host_of(&shard.node))
-                    .or_default()
-                    .insert(shard.port);
-            }
-        }
-        if let (Some(port), Some(head)) = (replica.rendezvous_port, replica.shards.first()) {
-            used.entry(host_of(&head.node)).or_default().insert(port);
-        }
+    for (host, port, _) in fleet.ports_held() {
+        used.entry(host.to_owned()).or_default().insert(port);
     }
     used
 }
@@ -263,10 +248,9 @@ impl Round<'_> {
                     self.memory
                         .backoff(&replica.model, self.now_ms, self.settings);
                     for s in &replica.shards {
-                        if let Some(node) = self.fleet.nodes.get(&s.node) {
-                            self.memory
-                                .bad_ports
-                                .insert((mgmt_host(&node.mgmt_addr).to_owned(), s.port));
+                        if self.fleet.nodes.contains_key(&s.node) {
+                            let host = self.fleet.host_of(&s.node).to_owned();
+                            self.memory.bad_ports.insert((host, s.port));
                         }
                     }
                 }
@@ -479,10 +463,7 @@ impl Round<'_> {
     }
 
     fn host(&self, node: &str) -> String {
-        self.fleet
-            .nodes
-            .get(node)
-            .map_or(node.to_owned(), |n| mgmt_host(&n.mgmt_addr).to_owned())
+        self.fleet.host_of(node).to_owned()
     }
 
     fn take_port(&mut self, host: &str) -> Option<u16> {
@@ -531,6 +512,7 @@ impl Round<'_> {
                 pid: None,
                 last_failure: None,
                 state_changed_at_ms: self.now_ms,
+                report_seq: 0,
             });
         }
         let rendezvous_port = if shards.len() > 1 {

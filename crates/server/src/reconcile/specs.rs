@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use llmgw_catalog::{Model, Profile};
 use llmgw_proto::agent::ShardSpec;
-use llmgw_state::{FleetState, Replica, ReplicaState, Shard, ShardState};
+use llmgw_state::{FleetState, Replica, ReplicaState, Shard, ShardState, mgmt_host};
 
 use crate::agents::{Desired, Order};
 
@@ -20,23 +20,6 @@ pub fn managed_models(fleet: &FleetState) -> HashMap<String, Model> {
             Some((record.name.clone(), model))
         })
         .collect()
-}
-
-/// The host part of an agent's `mgmt_addr`, which may carry a port
-/// (`10.0.0.5`, `10.0.0.5:7000`, `gpu-1:7000`, `[fd00::5]:7000`, `fd00::5`).
-pub fn mgmt_host(addr: &str) -> &str {
-    match addr.rsplit_once(':') {
-        Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => {
-            if host.starts_with('[') && host.ends_with(']') {
-                &host[1..host.len() - 1]
-            } else if host.contains(':') {
-                addr // a bare IPv6 address
-            } else {
-                host
-            }
-        }
-        _ => addr,
-    }
 }
 
 fn url_host(host: &str) -> String {
@@ -187,12 +170,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mgmt_hosts_lose_their_port_but_ipv6_keeps_its_colons() {
-        assert_eq!(mgmt_host("10.0.0.5"), "10.0.0.5");
-        assert_eq!(mgmt_host("10.0.0.5:7000"), "10.0.0.5");
-        assert_eq!(mgmt_host("gpu-1:7000"), "gpu-1");
-        assert_eq!(mgmt_host("[fd00::5]:7000"), "fd00::5");
-        assert_eq!(mgmt_host("fd00::5"), "fd00::5");
+    fn ipv6_hosts_are_bracketed_in_urls() {
         assert_eq!(url_host("fd00::5"), "[fd00::5]");
     }
 }

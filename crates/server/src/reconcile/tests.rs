@@ -104,6 +104,7 @@ impl World {
                     output_tail: vec!["Traceback (most recent call last):".into()],
                     at_ms: self.now_ms,
                 }),
+                seq: 0,
                 at_ms: self.now_ms,
             };
             assert_eq!(self.fleet.apply(&command), Outcome::Applied);
@@ -185,12 +186,14 @@ fn a_lost_nodes_replica_is_removed_and_placed_elsewhere() {
     w.fleet.apply(&Command::SetNodeStatus {
         id: lost.clone(),
         status: NodeStatus::Unreachable,
+        based_on: None,
         at_ms: 2_000,
     });
     assert!(w.round().is_empty(), "unreachable is not lost yet");
     w.fleet.apply(&Command::SetNodeStatus {
         id: lost.clone(),
         status: NodeStatus::Lost,
+        based_on: None,
         at_ms: 3_000,
     });
     assert_eq!(w.round(), vec!["remove_replica"]);
@@ -337,6 +340,7 @@ fn a_shard_that_stops_on_its_own_restarts_its_replica() {
         state: ShardState::Stopped,
         pid: None,
         failure: None,
+        seq: 0,
         at_ms: w.now_ms,
     });
     assert_eq!(w.round(), vec!["stop_replica"]);

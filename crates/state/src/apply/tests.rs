@@ -44,12 +44,14 @@ fn shard(node: &str, gpus: &[u32], rank: u32) -> Shard {
     Shard {
         node: node.to_owned(),
         gpus: gpus.to_vec(),
-        port: 9000,
+        // Distinct per GPU: every test node shares one host.
+        port: 9000 + 10 * gpus.first().copied().unwrap_or(0) as u16 + rank as u16,
         rank,
         state: ShardState::Ready,
         pid: Some(1),
         last_failure: None,
         state_changed_at_ms: 0,
+        report_seq: 0,
     }
 }
 
@@ -85,6 +87,7 @@ fn register_creates_a_ready_node_and_reregistration_keeps_the_cordon() {
     state.apply(&Command::SetNodeStatus {
         id: "gpu-1".into(),
         status: NodeStatus::Lost,
+        based_on: None,
         at_ms: 3,
     });
     state.apply(&register("gpu-1", 4));
@@ -107,6 +110,7 @@ fn commands_on_unknown_nodes_are_rejected_without_change() {
         Command::SetNodeStatus {
             id: "nope".into(),
             status: NodeStatus::Unreachable,
+            based_on: None,
             at_ms: 1,
         },
         Command::StartDrain {
@@ -211,6 +215,7 @@ fn shard_transitions_keep_the_last_failure() {
         state: ShardState::Failed,
         pid: None,
         failure: Some(failure.clone()),
+        seq: 0,
         at_ms: 20,
     });
     assert_eq!(state.replicas["r1"].state(), ReplicaState::Failed);
@@ -220,6 +225,7 @@ fn shard_transitions_keep_the_last_failure() {
         state: ShardState::Ready,
         pid: Some(42),
         failure: None,
+        seq: 0,
         at_ms: 30,
     });
     let shard = &state.replicas["r1"].shards[0];
@@ -232,6 +238,7 @@ fn shard_transitions_keep_the_last_failure() {
         state: ShardState::Ready,
         pid: None,
         failure: None,
+        seq: 0,
         at_ms: 31,
     };
     assert_eq!(
@@ -314,6 +321,7 @@ fn set_shard(state: &mut FleetState, shard_state: ShardState) {
         state: shard_state,
         pid: Some(7),
         failure: None,
+        seq: 0,
         at_ms: 30,
     };
     assert_eq!(state.apply(&command), Outcome::Applied);
@@ -345,6 +353,7 @@ fn a_superseded_leaderships_decisions_are_refused_at_apply() {
         commands: vec![Command::SetNodeStatus {
             id: "gpu-1".into(),
             status: NodeStatus::Unreachable,
+            based_on: None,
             at_ms: 2,
         }],
         at_ms: 2,
@@ -373,6 +382,162 @@ fn a_superseded_leaderships_decisions_are_refused_at_apply() {
     );
 }
 
+fn report(state: ShardState, seq: u64) -> Command {
+    Command::SetShardState {
+        replica: "r1".into(),
+        rank: 0,
+        state,
+        pid: Some(7),
+        failure: None,
+        seq,
+        at_ms: 40 + seq,
+    }
+}
+
+#[test]
+fn a_stale_shard_report_never_overwrites_a_newer_one() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    state.apply(&put_model("llama", 1));
+    state.apply(&place("r1", "llama", vec![shard("gpu-1", &[0], 0)]));
+    assert_eq!(
+        state.apply(&report(ShardState::Loading, 10)),
+        Outcome::Applied
+    );
+    assert_eq!(
+        state.apply(&report(ShardState::Ready, 11)),
+        Outcome::Applied
+    );
+    // `Loading` delivered twice, or late, lands after `Ready`.
+    let before = state.hash();
+    assert_eq!(
+        rejected_kind(state.apply(&report(ShardState::Loading, 10))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&report(ShardState::Starting, 11))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(state.hash(), before);
+    assert_eq!(state.replicas["r1"].shards[0].state, ShardState::Ready);
+    // A newer report applies; an unnumbered one (an older agent) too.
+    assert_eq!(
+        state.apply(&report(ShardState::Draining, 12)),
+        Outcome::Applied
+    );
+    assert_eq!(
+        state.apply(&report(ShardState::Stopped, 0)),
+        Outcome::Applied
+    );
+    assert_eq!(state.replicas["r1"].shards[0].report_seq, 12);
+}
+
+#[test]
+fn a_liveness_verdict_on_an_old_view_never_overwrites_a_newer_status() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let judged_from = state.nodes["gpu-1"].status_version;
+    let verdict = |status| Command::SetNodeStatus {
+        id: "gpu-1".into(),
+        status,
+        based_on: Some(judged_from),
+        at_ms: 9,
+    };
+    // The node re-registered after the leader judged it.
+    state.apply(&register("gpu-1", 5));
+    assert_eq!(
+        rejected_kind(state.apply(&verdict(NodeStatus::Unreachable))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Ready);
+    // Judged from the current version, it applies, and moves the version on.
+    let current = state.nodes["gpu-1"].status_version;
+    let fresh = Command::SetNodeStatus {
+        id: "gpu-1".into(),
+        status: NodeStatus::Unreachable,
+        based_on: Some(current),
+        at_ms: 10,
+    };
+    assert_eq!(state.apply(&fresh), Outcome::Applied);
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Unreachable);
+    assert_eq!(
+        rejected_kind(state.apply(&fresh)),
+        RejectionKind::Conflict,
+        "the same verdict twice is stale the second time"
+    );
+}
+
+#[test]
+fn ports_names_and_aliases_are_checked_at_apply() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    state.apply(&register("gpu-22", 1));
+    state.apply(&put_model("llama", 2));
+    state.apply(&place("r1", "llama", vec![shard("gpu-1", &[0], 0)]));
+    let port = state.replicas["r1"].shards[0].port;
+
+    // Another node on the same host, other GPUs, the same port.
+    let mut clash = shard("gpu-22", &[1], 0);
+    clash.port = port;
+    let outcome = state.apply(&place("r2", "llama", vec![clash]));
+    let Outcome::Rejected(rejection) = outcome else {
+        panic!("a port held by r1 was handed out again")
+    };
+    assert_eq!(rejection.kind, RejectionKind::Conflict);
+    assert!(
+        rejection.message.contains("already used by replica r1"),
+        "{rejection}"
+    );
+    // A rendezvous port is held like an engine port.
+    let mut two = place(
+        "r3",
+        "llama",
+        vec![shard("gpu-22", &[2], 0), shard("gpu-22", &[3], 1)],
+    );
+    if let Command::PlaceReplica {
+        rendezvous_port, ..
+    } = &mut two
+    {
+        *rendezvous_port = Some(port);
+    }
+    assert_eq!(rejected_kind(state.apply(&two)), RejectionKind::Conflict);
+    // Once r1's shard stopped, its port is free.
+    set_shard(&mut state, ShardState::Stopped);
+    let mut reuse = shard("gpu-22", &[1], 0);
+    reuse.port = port;
+    assert_eq!(
+        state.apply(&place("r4", "llama", vec![reuse])),
+        Outcome::Applied
+    );
+
+    // Names and aliases are one namespace.
+    let aliased = |name: &str, aliases: &[&str]| Command::PutModel {
+        name: name.to_owned(),
+        spec: serde_json::json!({"name": name, "aliases": aliases}),
+        replicas: 1,
+        at_ms: 7,
+    };
+    assert_eq!(state.apply(&aliased("qwen", &["chat"])), Outcome::Applied);
+    for (name, aliases) in [
+        ("chat", &[][..]),
+        ("mistral", &["chat"][..]),
+        ("phi", &["llama"][..]),
+    ] {
+        let before = state.hash();
+        assert_eq!(
+            rejected_kind(state.apply(&aliased(name, aliases))),
+            RejectionKind::Conflict,
+            "{name} {aliases:?}"
+        );
+        assert_eq!(state.hash(), before);
+    }
+    // A model may keep its own aliases when it is replaced.
+    assert_eq!(
+        state.apply(&aliased("qwen", &["chat", "qwen-latest"])),
+        Outcome::Applied
+    );
+}
+
 #[test]
 fn retired_peers_are_remembered() {
     let mut state = FleetState::default();
@@ -393,6 +558,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
         (node.clone(), 0usize..3, at.clone()).prop_map(|(id, s, at_ms)| Command::SetNodeStatus {
             id,
             status: [NodeStatus::Ready, NodeStatus::Unreachable, NodeStatus::Lost][s],
+            based_on: None,
             at_ms,
         }),
         (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::Cordon { id, at_ms }),
@@ -424,6 +590,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
             ][s],
             pid: Some(u32::from(r)),
             failure: None,
+            seq: 0,
             at_ms,
         }),
         (0u8..4, at.clone()).prop_map(|(r, at_ms)| Command::RemoveReplica {
