@@ -99,6 +99,9 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
         // read it back for the answer: a concurrent delete came after.
         (RegOp::Write(_), 404) if body.contains("deleted concurrently") => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 204) => Outcome::Ok(RegRet::Ok),
+        // Committed (and applied by the leader), not yet applied on the
+        // peer that answered: it happened.
+        (RegOp::Write(_) | RegOp::Delete, 202) => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 404) => Outcome::Ok(RegRet::NotFound),
         (RegOp::Read, 200) => match serde_json::from_str::<Value>(&body)
             .ok()
@@ -172,7 +175,10 @@ pub async fn worker(
 /// One peer's answer to "who leads?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaderSample {
+    /// When the question was sent.
     pub at_us: u64,
+    /// When the answer came: the leadership it names existed by then.
+    pub answered_us: u64,
     /// The peer that answered.
     pub peer: u64,
     pub term: u64,
@@ -216,6 +222,7 @@ pub async fn sampler(
                         .unwrap_or_else(|p| p.into_inner())
                         .push(LeaderSample {
                             at_us,
+                            answered_us: history.now_us(),
                             peer: id,
                             term,
                             leader: view["leader_id"].as_u64(),

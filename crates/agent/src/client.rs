@@ -20,11 +20,12 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 
-use crate::fencing::{TermCheck, TermStore};
+use crate::fencing::{Leadership, TermCheck, TermStore};
 use crate::register;
 use crate::report::unix_ms;
 use crate::spec::LaunchSpec;
 use crate::supervisor::Supervisor;
+use crate::witness::Witness;
 
 /// Redirects followed back to back before backing off, so two peers that
 /// name each other cannot spin the agent.
@@ -94,6 +95,10 @@ pub struct StreamClient {
     /// mTLS material (reloaded when its files change); `None` with
     /// `insecure: true`.
     tls: Option<llmgw_tls::Tls>,
+    /// Every command acted on or refused, with its leadership.
+    witness: Witness,
+    /// Commands refused because their leader had been deposed.
+    refused_stale: u64,
 }
 
 /// Full jitter: uniform in [0, min(max, base * 2^attempt)], at least base/10
@@ -117,6 +122,7 @@ impl StreamClient {
         statuses: mpsc::UnboundedReceiver<ShardStatus>,
     ) -> Self {
         let heartbeat_interval = config.heartbeat_interval;
+        let witness = Witness::open(&config.supervisor.work_dir);
         StreamClient {
             config,
             inventory,
@@ -126,6 +132,8 @@ impl StreamClient {
             unsent: VecDeque::new(),
             heartbeat_interval,
             tls: None,
+            witness,
+            refused_stale: 0,
         }
     }
 
@@ -287,7 +295,12 @@ impl StreamClient {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
                         match self.handle(message, &tx) {
-                            Some(end) => return end,
+                            Some(end) => {
+                                // An ack (a refusal) may be the last word:
+                                // let it reach the transport first.
+                                flush(&tx).await;
+                                return end;
+                            }
                             None => registered = true,
                         }
                         if self.heartbeat_interval != heartbeat.period() {
@@ -361,6 +374,9 @@ impl StreamClient {
         match self.terms.check(message.term, message.leader_id) {
             Ok(TermCheck::Current) => {}
             Ok(TermCheck::Stale { command, highest }) => {
+                self.refused_stale += 1;
+                self.witness
+                    .record(command, body_kind(&body), body_shard(&body), false);
                 let text = format!(
                     "refused: command {id} carries leader {command}, but this agent has already seen {highest}"
                 );
@@ -370,10 +386,17 @@ impl StreamClient {
                     leader = command.leader,
                     highest_term = highest.term,
                     highest_leader = highest.leader,
+                    refused_total = self.refused_stale,
                     "{text}"
                 );
                 ack(false, text);
-                return None;
+                // A deposed leader has nothing more to say to this node.
+                return Some(SessionEnd::Lost {
+                    why: format!(
+                        "the peer sent a command as leader {command}, deposed by {highest}; leaving it"
+                    ),
+                    was_registered: true,
+                });
             }
             Err(e) => {
                 let text = format!("refused: cannot persist leader term {}: {e}", message.term);
@@ -383,10 +406,18 @@ impl StreamClient {
             }
         }
         let term = message.term;
+        let leadership = Leadership {
+            term,
+            leader: message.leader_id,
+        };
+        if !matches!(body, Down::Registered(_)) {
+            self.witness
+                .record(leadership, body_kind(&body), body_shard(&body), true);
+        }
         match body {
             Down::Redirect(_) => unreachable!("handled above"),
             Down::HeartbeatAck(_) => unreachable!("handled above"),
-            Down::Registered(registered) => self.reconcile(registered, term),
+            Down::Registered(registered) => self.reconcile(registered, leadership),
             Down::Start(start) => {
                 let outcome = match start.spec.as_ref().map(LaunchSpec::from_proto) {
                     Some(Ok(spec)) => self.supervisor.start(spec, term),
@@ -420,7 +451,8 @@ impl StreamClient {
     /// `Registered` names every shard this node should run: start what is
     /// missing (idempotent for adopted ones), keep draining what drains
     /// (a reconnect never cuts a drain short), stop the rest.
-    fn reconcile(&mut self, registered: Registered, term: u64) {
+    fn reconcile(&mut self, registered: Registered, leadership: Leadership) {
+        let term = leadership.term;
         if registered.heartbeat_interval_ms > 0 {
             self.heartbeat_interval = Duration::from_millis(registered.heartbeat_interval_ms);
         }
@@ -429,6 +461,8 @@ impl StreamClient {
             match LaunchSpec::from_proto(spec) {
                 Ok(spec) => {
                     wanted.push(spec.shard_id.clone());
+                    self.witness
+                        .record(leadership, "start", &spec.shard_id, true);
                     let outcome = self.supervisor.start(spec, term);
                     tracing::info!(accepted = outcome.accepted, "{}", outcome.message);
                 }
@@ -436,6 +470,8 @@ impl StreamClient {
             }
         }
         for drain in &registered.drains {
+            self.witness
+                .record(leadership, "drain", &drain.shard_id, true);
             let outcome = self.supervisor.drain(
                 &drain.shard_id,
                 Duration::from_millis(drain.deadline_ms),
@@ -446,10 +482,46 @@ impl StreamClient {
         }
         for running in self.supervisor.running() {
             if !wanted.contains(&running.shard_id) {
+                self.witness
+                    .record(leadership, "stop", &running.shard_id, true);
                 self.supervisor
                     .stop(&running.shard_id, "not assigned to this node by the leader");
             }
         }
+    }
+}
+
+/// Waits (at most a second) until the transport has taken everything
+/// queued on the stream.
+async fn flush(tx: &mpsc::Sender<AgentMessage>) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while tx.capacity() < tx.max_capacity() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The command's kind as the witness records it.
+fn body_kind(body: &Down) -> &'static str {
+    match body {
+        Down::Registered(_) => "registered",
+        Down::Start(_) => "start",
+        Down::Stop(_) => "stop",
+        Down::Drain(_) => "drain",
+        Down::Redirect(_) => "redirect",
+        Down::HeartbeatAck(_) => "heartbeat_ack",
+    }
+}
+
+/// The shard a command names; empty for `Registered`.
+fn body_shard(body: &Down) -> &str {
+    match body {
+        Down::Start(start) => start
+            .spec
+            .as_ref()
+            .map_or("", |spec| spec.shard_id.as_str()),
+        Down::Stop(stop) => &stop.shard_id,
+        Down::Drain(drain) => &drain.shard_id,
+        _ => "",
     }
 }
 

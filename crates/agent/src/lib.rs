@@ -25,6 +25,7 @@ mod spec;
 mod statefile;
 mod supervisor;
 mod validate;
+mod witness;
 
 pub use client::{StreamClient, backoff};
 pub use fencing::{Leadership, TermCheck, TermStore};
@@ -36,3 +37,4 @@ pub use spec::{LaunchSpec, SpecError, check_shard_id};
 pub use statefile::{ShardRecord, read_all as read_state_files, shards_dir};
 pub use supervisor::{Adoption, Outcome, Supervisor, SupervisorError, logs_dir};
 pub use validate::{Held, NodeFacts, Refusal, validate};
+pub use witness::Witness;

@@ -170,7 +170,9 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
     guard.add(ready.pid as i32);
     assert_eq!(ready.port, u32::from(port));
 
-    // A deposed leader (term 4 < 5) cannot stop it.
+    // A deposed leader (term 4 < 5) cannot stop it, and the agent leaves
+    // the peer that sent it: it dials again and registers anew.
+    let connections = leader.connections();
     leader.send(4, 2, stop_cmd("st-0")).await;
     let ack = wait_ack(&leader, 2).await;
     assert!(!ack.accepted);
@@ -182,6 +184,30 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
     assert_eq!(
         supervisor.status("st-0").unwrap().state,
         ShardState::Ready as i32
+    );
+    support::eventually(
+        "the agent left the deposed leader and came back",
+        LONG,
+        || leader.connections() > connections,
+    )
+    .await;
+    // The witness holds both: the start executed, the stop refused.
+    let witness = std::fs::read_to_string(dir.path().join(llmgw_agent::Witness::FILE)).unwrap();
+    let lines: Vec<serde_json::Value> = witness
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["kind"] == "start" && l["term"] == 5 && l["executed"] == true),
+        "{witness}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["kind"] == "stop" && l["term"] == 4 && l["executed"] == false),
+        "{witness}"
     );
     let persisted = std::fs::read_to_string(dir.path().join(TermStore::FILE)).unwrap();
     assert_eq!(

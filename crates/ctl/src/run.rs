@@ -173,13 +173,8 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
             if no_wait || args.output != OutputFormat::Table {
                 (started, |v| render_nodes(&Value::Array(vec![v.clone()])))
             } else {
-                crate::drain::follow(client, &node).await?;
-                (started, |v| {
-                    format!(
-                        "drained: node {} runs nothing and stays cordoned (uncordon to use it again)\n",
-                        text(&v["id"])
-                    )
-                })
+                let forced = crate::drain::follow(client, &node).await?;
+                return Ok(crate::drain::summary(&node, &forced));
             }
         }
     };

@@ -272,7 +272,7 @@ impl ControlPlane {
                 outcome: Outcome::Applied,
                 log_index,
             } => {
-                self.wait_applied(log_index).await?;
+                self.wait_committed_applied(log_index).await?;
                 Ok(log_index)
             }
             ForwardResponse::Written {
@@ -330,6 +330,17 @@ impl ControlPlane {
             .await
             .map(|_| ())
             .map_err(|e| ControlError::NoLeader(format!("waiting to apply index {index}: {e}")))
+    }
+
+    /// Waits for a write this peer knows was committed at `index`.
+    async fn wait_committed_applied(&self, index: u64) -> Result<(), ControlError> {
+        self.wait_applied(index).await.map_err(|error| {
+            let why = match error {
+                ControlError::NoLeader(why) => why,
+                other => other.to_string(),
+            };
+            ControlError::CommittedNotApplied { index, why }
+        })
     }
 
     /// Returns once this peer has applied everything committed before the
@@ -605,26 +616,38 @@ impl ControlPlane {
         let membership = metrics.membership_config.membership();
         let is_voter = membership.voter_ids().any(|voter| voter == id);
         let is_learner = membership.learner_ids().any(|learner| learner == id);
+        let retired = self.read(|fleet| fleet.removed_peers.contains(&id));
         if !is_voter && !is_learner {
+            // Removing the leader itself ends its leadership once the new
+            // membership commits; the request then lands here, on the
+            // next leader, and is already done.
+            if retired {
+                return ForwardResponse::PeerChanged;
+            }
             return ControlError::Invalid(format!("peer {id} is not a member of the cluster"))
                 .into();
         }
         if is_voter && membership.voter_ids().count() <= 1 {
             return ControlError::Conflict(format!("peer {id} is the last voter")).into();
         }
+        // Retired first: a peer that leaves the membership has left for
+        // good, and a retry after any failure below finds the id retired
+        // and carries on (or is done).
+        if !retired {
+            let retire = Command::RetirePeer {
+                peer: id,
+                at_ms: now_ms(),
+            };
+            if let Err(error) = self.inner.raft.client_write(retire).await {
+                return write_error(error);
+            }
+        }
         let change = if is_voter {
             ChangeMembers::RemoveVoters(BTreeSet::from([id]))
         } else {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
-        if let Err(error) = self.inner.raft.change_membership(change, false).await {
-            return write_error(error);
-        }
-        let retire = Command::RetirePeer {
-            peer: id,
-            at_ms: now_ms(),
-        };
-        match self.inner.raft.client_write(retire).await {
+        match self.inner.raft.change_membership(change, false).await {
             Ok(_) => ForwardResponse::PeerChanged,
             Err(error) => write_error(error),
         }

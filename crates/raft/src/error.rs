@@ -13,6 +13,12 @@ pub enum ControlError {
     /// have been committed.
     #[error("the write's outcome is unknown because leadership changed: {0}")]
     Ambiguous(String),
+    /// The write was committed at `index`, but this peer had not applied
+    /// it when the wait ran out (a slow disk, a long catch-up). It happened
+    /// and will apply here too; only read-your-writes on this peer could
+    /// not be promised in time. HTTP 202.
+    #[error("committed at log index {index}, but not yet applied on this peer: {why}")]
+    CommittedNotApplied { index: u64, why: String },
     /// A request the cluster cannot accept (e.g. a retired peer id).
     #[error("{0}")]
     Invalid(String),

@@ -58,6 +58,13 @@ impl From<ControlError> for ForwardResponse {
                     log_index: 0,
                 };
             }
+            // Committed: the asking peer waits for the apply itself.
+            ControlError::CommittedNotApplied { index, .. } => {
+                return ForwardResponse::Written {
+                    outcome: Outcome::Applied,
+                    log_index: index,
+                };
+            }
             ControlError::NoLeader(m) => ForwardFailure::NoLeader(m),
             ControlError::Ambiguous(m) => ForwardFailure::Ambiguous(m),
             ControlError::Invalid(m) => ForwardFailure::Invalid(m),

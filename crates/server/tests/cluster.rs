@@ -278,3 +278,52 @@ async fn a_peer_with_a_damaged_store_refuses_to_start() {
         assert!(cluster.get(*id, "/healthz").await.is_err());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_leader_completes_and_asking_again_is_done() {
+    let mut cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let via = (1..=3).find(|id| *id != leader).unwrap();
+    let path = format!("/api/v1/cluster/peers/{leader}");
+    // The leader leaves the membership, which ends its leadership while the
+    // request is in flight; the next leader finishes it.
+    let (status, body) = cluster
+        .send(via, Method::DELETE, &path, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "removing leader {leader} via {via}: {body}");
+    eventually(
+        &cluster,
+        "the two remaining peers lead without it",
+        || async {
+            let (_, view) = cluster.get(via, "/api/v1/cluster").await?;
+            let members: Vec<u64> = view["peers"]
+                .as_array()
+                .map(|peers| peers.iter().filter_map(|p| p["id"].as_u64()).collect())
+                .unwrap_or_default();
+            match view["leader_id"].as_u64() {
+                Some(new) if new != leader && !members.contains(&leader) => Ok(()),
+                other => Err(format!("leader {other:?}, members {members:?}")),
+            }
+        },
+    )
+    .await;
+    let (status, body) = cluster
+        .send(via, Method::DELETE, &path, None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "asking again: {body}");
+    let (status, body) = cluster
+        .send(via, Method::DELETE, "/api/v1/cluster/peers/9", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 400, "a peer that never was a member: {body}");
+    eventually(&cluster, "a write after the removal", || async {
+        match cluster.put_model(via, "after-removal").await? {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    cluster.kill(leader);
+}

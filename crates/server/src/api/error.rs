@@ -43,6 +43,7 @@ impl From<ControlError> for ApiError {
             },
             ControlError::NoLeader(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_leader"),
             ControlError::Ambiguous(_) => (StatusCode::SERVICE_UNAVAILABLE, "outcome_unknown"),
+            ControlError::CommittedNotApplied { .. } => (StatusCode::ACCEPTED, "committed"),
             ControlError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             ControlError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             ControlError::Fatal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
