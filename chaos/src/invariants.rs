@@ -7,7 +7,7 @@ use crate::history::{OpRecord, Outcome};
 use crate::linearizability::{self, RegOp, RegRet};
 use crate::load::{LeaderSample, unique_key_prefix};
 
-pub const SINGLE_LEADER: &str = "single-leader-per-term";
+pub const LEADERSHIPS_FORWARD: &str = "leaderships-only-move-forward";
 pub const LEADER_AFTER_HEALING: &str = "leader-after-healing";
 pub const ACKED_WRITES: &str = "acknowledged-writes-on-every-peer";
 pub const STATE_HASHES: &str = "state-hashes-equal";
@@ -49,39 +49,46 @@ impl Checked {
     }
 }
 
-/// No term has two different leaders, as any peer reported them.
-pub fn single_leader(samples: &[LeaderSample]) -> Checked {
-    let mut by_term: BTreeMap<u64, BTreeMap<u64, BTreeSet<u64>>> = BTreeMap::new();
-    for sample in samples {
-        if let Some(leader) = sample.leader {
-            by_term
-                .entry(sample.term)
-                .or_default()
-                .entry(leader)
-                .or_default()
-                .insert(sample.peer);
+/// No peer ever follows an older leadership after a newer one. Raft here
+/// runs openraft's advanced leader ids: a leadership is the pair (term,
+/// leader id), ordered by term and then id, and one term may see more than
+/// one leader, one after another, the higher id winning. "One leader per
+/// term" is not what that mode promises; leaderships that only move
+/// forward, on every peer, are.
+pub fn leaderships_move_forward(samples: &[LeaderSample]) -> Checked {
+    let mut newest: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    let mut ordered: Vec<&LeaderSample> = samples.iter().collect();
+    ordered.sort_by_key(|s| (s.at_us, s.peer));
+    let mut violations = Vec::new();
+    let mut leaderships = BTreeSet::new();
+    for sample in ordered {
+        let Some(leader) = sample.leader else {
+            continue;
+        };
+        leaderships.insert((sample.term, leader));
+        match newest.get(&sample.peer) {
+            Some(&(term, seen, at_us)) if (sample.term, leader) < (term, seen) => {
+                violations.push(format!(
+                    "peer {} named term {} (leader {leader}) at {:.1}s after term {term} (leader {seen}) at {:.1}s: its leadership went back",
+                    sample.peer,
+                    sample.term,
+                    sample.at_us as f64 / 1e6,
+                    at_us as f64 / 1e6
+                ));
+            }
+            Some(&(term, seen, _)) if (sample.term, leader) == (term, seen) => {}
+            _ => {
+                newest.insert(sample.peer, (sample.term, leader, sample.at_us));
+            }
         }
     }
-    let violations = by_term
-        .iter()
-        .filter(|(_, leaders)| leaders.len() > 1)
-        .map(|(term, leaders)| {
-            let named: Vec<String> = leaders
-                .iter()
-                .map(|(leader, reporters)| {
-                    format!("leader {leader} (reported by peers {reporters:?})")
-                })
-                .collect();
-            format!(
-                "term {term} had {} leaders: {}",
-                leaders.len(),
-                named.join(", ")
-            )
-        })
-        .collect();
     Checked::new(
-        SINGLE_LEADER,
-        format!("{} samples over {} terms", samples.len(), by_term.len()),
+        LEADERSHIPS_FORWARD,
+        format!(
+            "{} samples, {} leaderships",
+            samples.len(),
+            leaderships.len()
+        ),
         violations,
     )
 }
@@ -476,43 +483,90 @@ pub fn router_healthy(ops: &[RouterOp], samples: &[FleetSample], windows: &[Wind
     )
 }
 
-/// No agent started a shard on a command whose leader term is below a
-/// term it had already seen: every shard state file that appears carries a
-/// term at least the agent's `leader-term` in the samples before it.
-/// Refusals in the agents' logs are counted (they are the fencing working).
-pub fn no_deposed_command(samples: &[FleetSample], agent_logs: &[(String, String)]) -> Checked {
-    let mut seen_term: BTreeMap<&str, u64> = BTreeMap::new();
-    let mut seen_shards: BTreeSet<(&str, &str)> = BTreeSet::new();
-    let mut started = 0;
+/// One line of an agent's command witness (`commands.jsonl`): a command
+/// the agent acted on (or refused), with the leadership that sent it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct WitnessLine {
+    pub at_unix_ms: u64,
+    pub term: u64,
+    pub leader: u64,
+    pub kind: String,
+    #[serde(default)]
+    pub shard: String,
+    pub executed: bool,
+}
+
+/// Reads a witness file's text; lines that do not parse (a torn last line)
+/// are skipped.
+pub fn parse_witness(text: &str) -> Vec<WitnessLine> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// How far the run's clock and the agents' wall clocks may disagree.
+const WITNESS_CLOCK_SLACK_US: u64 = 50_000;
+
+/// No agent executed a command (start, stop, drain, or the orders of a
+/// `Registered`) from a leadership that had already been superseded: the
+/// witness each agent keeps is held against the leadership history sampled
+/// from every peer, not against the agent's own view. A leadership is
+/// superseded once any peer has answered naming a newer one (term, leader
+/// id); a command of it executed after that answer is a violation.
+pub fn no_deposed_command(
+    samples: &[LeaderSample],
+    witnesses: &[(String, Vec<WitnessLine>)],
+    wall_zero_us: u64,
+) -> Checked {
+    // The newest leadership any peer had named by each answer time.
+    let mut named: Vec<(u64, (u64, u64))> = samples
+        .iter()
+        .filter_map(|s| s.leader.map(|leader| (s.answered_us, (s.term, leader))))
+        .collect();
+    named.sort();
+    let mut newest_by: Vec<(u64, (u64, u64))> = Vec::with_capacity(named.len());
+    for (at, leadership) in named {
+        let newest = newest_by
+            .last()
+            .map_or(leadership, |(_, prev)| leadership.max(*prev));
+        newest_by.push((at, newest));
+    }
+    let (mut executed, mut refused) = (0, 0);
     let mut violations = Vec::new();
-    for sample in samples {
-        for agent in &sample.agents {
-            let highest = seen_term.get(agent.node.as_str()).copied().unwrap_or(0);
-            for shard in &agent.shards {
-                if seen_shards.insert((agent.node.as_str(), shard.shard_id.as_str())) {
-                    started += 1;
-                    if shard.term < highest {
-                        violations.push(format!(
-                            "node {} started shard {} on a command of leader term {} at {:.1}s, after it had seen term {highest}",
-                            agent.node,
-                            shard.shard_id,
-                            shard.term,
-                            sample.at_us as f64 / 1e6
-                        ));
-                    }
-                }
+    for (node, lines) in witnesses {
+        for line in lines {
+            if !line.executed {
+                refused += 1;
+                continue;
             }
-            let entry = seen_term.entry(agent.node.as_str()).or_default();
-            *entry = (*entry).max(agent.leader_term);
+            executed += 1;
+            let at_us = (line.at_unix_ms * 1000).saturating_sub(wall_zero_us);
+            let known = newest_by
+                .partition_point(|(answered, _)| answered + WITNESS_CLOCK_SLACK_US < at_us);
+            let Some((_, newest)) = known.checked_sub(1).map(|i| newest_by[i]) else {
+                continue;
+            };
+            if (line.term, line.leader) < newest {
+                violations.push(format!(
+                    "node {node} executed {} {} at {:.2}s from term {} (leader {}), \
+                     after a peer had named term {} (leader {})",
+                    line.kind,
+                    line.shard,
+                    at_us as f64 / 1e6,
+                    line.term,
+                    line.leader,
+                    newest.0,
+                    newest.1
+                ));
+            }
         }
     }
-    let refusals: usize = agent_logs
-        .iter()
-        .map(|(_, text)| text.matches("refused: command").count())
-        .sum();
     Checked::new(
         NO_DEPOSED_COMMAND,
-        format!("{started} shard starts observed, {refusals} stale commands refused by agents"),
+        format!(
+            "{executed} commands executed by agents, {refused} refused as stale, against {} leader samples",
+            samples.len()
+        ),
         violations,
     )
 }
@@ -852,30 +906,32 @@ pub fn rejoined_after_healing(
 mod tests {
     use super::*;
 
-    fn sample(peer: u64, term: u64, leader: Option<u64>) -> LeaderSample {
-        LeaderSample {
-            at_us: 0,
+    #[test]
+    fn a_leadership_that_goes_back_is_reported_but_two_leaders_of_a_term_in_order_are_not() {
+        let at = |at_us, peer, term, leader| LeaderSample {
+            at_us,
+            answered_us: at_us,
             peer,
             term,
             leader,
-        }
-    }
-
-    #[test]
-    fn two_leaders_in_one_term_are_reported_with_the_term() {
+        };
         let samples = vec![
-            sample(1, 3, Some(1)),
-            sample(2, 3, Some(1)),
-            sample(3, 4, None),
-            sample(3, 4, Some(3)),
-            sample(2, 3, Some(2)),
+            at(1, 1, 3, Some(1)),
+            at(2, 2, 3, Some(1)),
+            // A second leader of term 3, with a higher id: allowed.
+            at(3, 2, 3, Some(2)),
+            at(4, 3, 4, None),
+            at(5, 3, 4, Some(3)),
+            // Peer 2 back to term 3's first leader.
+            at(6, 2, 3, Some(1)),
         ];
-        let checked = single_leader(&samples);
-        assert_eq!(
-            checked.violations,
-            vec![
-                "term 3 had 2 leaders: leader 1 (reported by peers {1, 2}), leader 2 (reported by peers {2})"
-            ]
+        let checked = leaderships_move_forward(&samples);
+        assert_eq!(checked.violations.len(), 1, "{:?}", checked.violations);
+        assert!(
+            checked.violations[0].starts_with("peer 2 named term 3 (leader 1)")
+                && checked.violations[0].contains("went back"),
+            "{}",
+            checked.violations[0]
         );
     }
 
@@ -980,33 +1036,49 @@ mod tests {
     }
 
     #[test]
-    fn a_shard_started_on_a_stale_term_is_a_violation() {
-        let agent = |term, shards: Vec<(&str, u64)>| crate::fleet::AgentObs {
-            node: "n1".into(),
-            leader_term: term,
-            shards: shards
-                .into_iter()
-                .map(|(id, t)| crate::fleet::AgentShard {
-                    shard_id: id.into(),
-                    term: t,
-                    gpus: vec![0],
-                    pgids: vec![],
-                })
-                .collect(),
+    fn a_command_executed_from_a_superseded_leadership_is_a_violation() {
+        let at = |answered_us, peer, term, leader| LeaderSample {
+            at_us: answered_us,
+            answered_us,
+            peer,
+            term,
+            leader: Some(leader),
         };
-        let sample = |at_us, a| FleetSample {
-            at_us,
-            agents: vec![a],
-            ..FleetSample::default()
+        // Term 3 led by peer 1 until a peer named term 4 (leader 2) at 5 s.
+        let samples = vec![at(1_000_000, 2, 3, 1), at(5_000_000, 3, 4, 2)];
+        let wall_zero_us = 1_700_000_000_000_000;
+        let line = |at_s: f64, term, leader, executed| WitnessLine {
+            at_unix_ms: (wall_zero_us + (at_s * 1e6) as u64) / 1000,
+            term,
+            leader,
+            kind: "stop".into(),
+            shard: "r1-r0".into(),
+            executed,
         };
-        let samples = vec![
-            sample(1, agent(3, vec![("s1", 3)])),
-            sample(2, agent(4, vec![("s1", 3)])),
-            sample(3, agent(4, vec![("s1", 3), ("s2", 3)])),
-        ];
-        let checked = no_deposed_command(&samples, &[]);
+        let witnesses = vec![(
+            "n1".to_owned(),
+            vec![
+                line(2.0, 3, 1, true),  // while term 3 led
+                line(6.0, 4, 2, true),  // the new leader
+                line(6.5, 3, 1, false), // refused: fencing worked
+                line(7.0, 3, 1, true),  // executed after it was superseded
+            ],
+        )];
+        let checked = no_deposed_command(&samples, &witnesses, wall_zero_us);
         assert_eq!(checked.violations.len(), 1, "{checked:?}");
-        assert!(checked.violations[0].contains("shard s2 on a command of leader term 3"));
+        assert!(
+            checked.violations[0].starts_with("node n1 executed stop r1-r0 at 7.00s from term 3"),
+            "{}",
+            checked.violations[0]
+        );
+        assert!(
+            checked.scope.contains("3 commands executed"),
+            "{}",
+            checked.scope
+        );
+        assert!(checked.scope.contains("1 refused"), "{}", checked.scope);
+        let torn = "{\"at_unix_ms\":1,\"term\":1,\"leader\":1,\"kind\":\"start\",\"shard\":\"a\",\"executed\":true}\n{\"at_un";
+        assert_eq!(parse_witness(torn).len(), 1);
     }
 
     #[test]
@@ -1192,6 +1264,7 @@ mod tests {
     fn a_term_change_while_only_a_follower_was_paused_is_reported() {
         let at = |at_us, peer, term, leader| LeaderSample {
             at_us,
+            answered_us: at_us,
             peer,
             term,
             leader,
@@ -1250,6 +1323,7 @@ mod tests {
     fn a_healed_peer_that_names_the_new_leader_late_is_reported() {
         let at = |at_us, peer, term, leader| LeaderSample {
             at_us,
+            answered_us: at_us,
             peer,
             term,
             leader,

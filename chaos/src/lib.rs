@@ -69,8 +69,8 @@ pub struct RunArgs {
     /// Concurrent client workers during each run.
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
-    /// Test-only: fabricate a second leader for one term, to see the
-    /// single-leader check fail.
+    /// Test-only: fabricate a sample in which a peer's leadership goes
+    /// back, to see the leadership-order check fail.
     #[arg(long, hide = true)]
     pub forge_leader_sample: bool,
     /// Test-only: fabricate a second replica on a GPU a live shard holds,

@@ -61,6 +61,8 @@ pub struct Evidence {
     pub peer_logs: Vec<(String, String)>,
     /// (node, text) of every agent's logs.
     pub agent_logs: Vec<(String, String)>,
+    /// (node, lines) of every agent's command witness.
+    pub witnesses: Vec<(String, Vec<crate::invariants::WitnessLine>)>,
     pub router_ops: Vec<RouterOp>,
     /// What each fault touched and when.
     pub windows: Vec<Window>,

@@ -229,7 +229,12 @@ pub(super) async fn agent_cut_past_lost(ctx: &mut Ctx) -> Result<(), ScenarioErr
     Ok(())
 }
 
-pub(super) async fn failover_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+/// Drains a seeded node that holds the small model, through the leader;
+/// returns the node and the replicas that were on it.
+pub(super) async fn drain_small_node(
+    ctx: &mut Ctx,
+    deadline_s: u64,
+) -> Result<(String, BTreeSet<String>), ScenarioError> {
     let before = latest(ctx)?;
     let node = pick_small_node(ctx, &before)?;
     let drained: BTreeSet<String> = before
@@ -242,43 +247,63 @@ pub(super) async fn failover_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioE
     let answer = fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::POST,
-        &format!("/api/v1/nodes/{node}/drain?deadline_s=30"),
+        &format!("/api/v1/nodes/{node}/drain?deadline_s={deadline_s}"),
         None,
         Duration::from_secs(30),
     )
     .await
     .map_err(|why| ScenarioError::Setup(format!("drain {node}: {why}")))?;
     ctx.fault(format!(
-        "drain node {node} (replicas {drained:?}): HTTP {}",
+        "drain node {node} (replicas {drained:?}, deadline {deadline_s} s): HTTP {}",
         answer.0
     ));
+    Ok((node, drained))
+}
+
+/// Waits until one of `followers` leads (after the old leader was killed
+/// or paused): openraft's leader lease can outlast a short fault, and the
+/// schedule means a real change of leadership.
+pub(super) async fn wait_successor(
+    ctx: &mut Ctx,
+    followers: &[u64],
+    what: &str,
+) -> Result<u64, ScenarioError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some(new) = ctx
+            .cluster
+            .wait_leader_among(followers)
+            .await
+            .filter(|l| followers.contains(l))
+        {
+            ctx.fault(format!("peer {new} leads"));
+            return Ok(new);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(ScenarioError::Setup(format!(
+        "no follower of {followers:?} took over within 30s of {what}"
+    )))
+}
+
+pub(super) async fn failover_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let (node, drained) = drain_small_node(ctx, 30).await?;
     ctx.hold(0, 1500).await;
     let leader = ctx.leader().await?;
     let followers = ctx.followers(leader);
     ctx.kill(leader);
-    // A failover must happen: until a follower leads (openraft's leader
-    // lease can outlast a short kill, and a quick restart would resume
-    // the old leadership).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut successor = None;
-    while successor.is_none() && Instant::now() < deadline {
-        successor = ctx
-            .cluster
-            .wait_leader_among(&followers)
-            .await
-            .filter(|l| followers.contains(l));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    match successor {
-        Some(new) => ctx.fault(format!("peer {new} leads")),
-        None => {
-            return Err(ScenarioError::Setup(format!(
-                "no follower of {followers:?} took over within 30s of the leader's SIGKILL"
-            )));
-        }
-    }
+    wait_successor(ctx, &followers, "the leader's SIGKILL").await?;
     ctx.hold(1000, 3000).await;
     ctx.restart(leader)?;
+    drain_completes(ctx, &node, &drained).await;
+    Ok(())
+}
+
+/// The drain of `node` completes within 60 s with exactly one replacement
+/// for each replica that was on it; the node is uncordoned afterwards so
+/// the checks after healing find the whole fleet usable.
+pub(super) async fn drain_completes(ctx: &mut Ctx, node: &str, drained: &BTreeSet<String>) {
+    let node = node.to_owned();
     let desired = ctx.desired.clone();
     let done = ctx
         .wait_fleet(Duration::from_secs(60), |s| {
@@ -349,7 +374,6 @@ pub(super) async fn failover_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioE
     )
     .await;
     ctx.fault(format!("uncordon node {node}"));
-    Ok(())
 }
 
 pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError> {

@@ -13,6 +13,9 @@
 //! * `record.rs`: history files and the test-only forgeries;
 //! * `control_plane.rs`: schedules without a fleet;
 //! * `fleet_faults.rs`: schedules of agent, drain and engine faults;
+//! * `leadership.rs`: who may command the fleet: a deposed leader waking
+//!   with orders in flight, a reconnect during a drain, a leader killed
+//!   right after a placement;
 //! * `silent_peers.rs`: peers that go silent (paused, cut off, partitioned
 //!   one way, restarted) under a fleet;
 //! * `power_cut.rs`: power cuts of peers on lazy disks.
@@ -24,6 +27,7 @@
 mod control_plane;
 mod ctx;
 mod fleet_faults;
+mod leadership;
 mod power_cut;
 mod record;
 mod run;
@@ -248,6 +252,30 @@ pub const CATALOGUE: &[Scenario] = &[
         schedule: |ctx| Box::pin(silent_peers::rolling_restart(ctx)),
     },
     Scenario {
+        name: "deposed-leader-during-drain-fleet",
+        about: "drain a node, SIGSTOP the leader with the drain's orders in flight until a follower leads, SIGCONT: no agent executes the deposed leader's commands, the drain completes",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        lazy_disks: false,
+        schedule: |ctx| Box::pin(leadership::deposed_leader_during_drain(ctx)),
+    },
+    Scenario {
+        name: "reconnect-during-drain-fleet",
+        about: "drain a node; while a replica drains, cut the node's control stream below node_ttl: the drain keeps running, no request fails",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        lazy_disks: false,
+        schedule: |ctx| Box::pin(leadership::reconnect_during_drain(ctx)),
+    },
+    Scenario {
+        name: "leader-kill-after-placement-fleet",
+        about: "scale a model up, SIGKILL the leader the moment the placement is committed: the new leader carries the same replica to ready",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        lazy_disks: false,
+        schedule: |ctx| Box::pin(leadership::leader_kill_after_placement(ctx)),
+    },
+    Scenario {
         name: "power-cut-one-peer",
         about: "lazy disks: cut the power of the leader or a follower under load (unsynced writes dropped, sometimes torn), restart; twice",
         extra_yaml: "",
@@ -300,8 +328,8 @@ pub struct RunOptions {
     pub workers: usize,
     /// Prints faults as they happen.
     pub verbose: bool,
-    /// Test-only: adds one fabricated leader sample (a second leader for
-    /// the highest term seen), to show the checks can fail.
+    /// Test-only: adds one fabricated leader sample (a peer naming the
+    /// term before the newest leadership), to show the checks can fail.
     pub forge_leader_sample: bool,
     /// Test-only: adds one fabricated replica sample in which a second
     /// replica holds a GPU a live shard holds, to show the GPU check fails.

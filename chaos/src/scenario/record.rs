@@ -61,23 +61,24 @@ pub(super) fn write_history(
     let _ = std::fs::write(dir.join("history.txt"), text);
 }
 
-/// The test-only forged sample: some peer claims a second leader for the
-/// highest term seen.
+/// The test-only forged sample: right after the newest leadership any
+/// peer named, that peer names the term before it, as if its leadership
+/// went back.
 pub(super) fn forge(samples: &mut Vec<LeaderSample>) {
     let Some(real) = samples
         .iter()
         .filter(|s| s.leader.is_some())
-        .max_by_key(|s| s.term)
+        .max_by_key(|s| (s.term, s.leader, s.at_us))
         .cloned()
     else {
         return;
     };
-    let leader = real.leader.expect("filtered");
     samples.push(LeaderSample {
-        at_us: real.at_us,
+        at_us: real.at_us + 1,
+        answered_us: real.answered_us + 1,
         peer: real.peer,
-        term: real.term,
-        leader: Some(if leader == 1 { 2 } else { 1 }),
+        term: real.term.saturating_sub(1),
+        leader: real.leader,
     });
 }
 

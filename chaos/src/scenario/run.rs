@@ -368,6 +368,19 @@ async fn collect(ctx: &mut Ctx, load: Load, options: &RunOptions) -> Evidence {
         .flat_map(|fleet| fleet.agents.iter())
         .map(|(id, a)| (id.clone(), a.log_text()))
         .collect();
+    let witnesses = ctx
+        .fleet
+        .iter()
+        .flat_map(|fleet| fleet.work_dirs())
+        .map(|(node, dir)| {
+            let mut lines = Vec::new();
+            for file in ["commands.jsonl.1", "commands.jsonl"] {
+                let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+                lines.extend(invariants::parse_witness(&text));
+            }
+            (node, lines)
+        })
+        .collect();
     let router_ops = load
         .router_log
         .lock()
@@ -381,6 +394,7 @@ async fn collect(ctx: &mut Ctx, load: Load, options: &RunOptions) -> Evidence {
         fleet_samples,
         peer_logs,
         agent_logs,
+        witnesses,
         router_ops,
         windows: ctx.windows.clone(),
         wall_zero_us: wall_now_us.saturating_sub(ctx.history.now_us()),
@@ -391,7 +405,9 @@ async fn collect(ctx: &mut Ctx, load: Load, options: &RunOptions) -> Evidence {
 /// then the scenario's own.
 fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Vec<Checked>) {
     let ops = ctx.history.ops();
-    checked.push(invariants::single_leader(&evidence.leader_samples));
+    checked.push(invariants::leaderships_move_forward(
+        &evidence.leader_samples,
+    ));
     checked.push(invariants::state_hashes(&closing.states));
     checked.push(invariants::acknowledged_writes(&ops, &closing.catalogs));
     checked.push(invariants::linearizable(&ops));
@@ -409,8 +425,9 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             &evidence.windows,
         ));
         checked.push(invariants::no_deposed_command(
-            &evidence.fleet_samples,
-            &evidence.agent_logs,
+            &evidence.leader_samples,
+            &evidence.witnesses,
+            evidence.wall_zero_us,
         ));
         let models: Vec<&str> = ctx.desired.keys().map(String::as_str).collect();
         checked.push(invariants::no_retirement_while_reachable(

@@ -1,0 +1,221 @@
+//! Fault schedules about who may command the fleet: a deposed leader that
+//! wakes up with a drain and its placements in flight, an agent that
+//! reconnects in the middle of a drain, and a leader killed right after it
+//! committed a placement. The witness check (every command an agent
+//! executed, held against the sampled leadership history) runs on all of
+//! them; each schedule adds the promise of its own.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde_json::Value;
+
+use super::ctx::{latest, node_addr, promise};
+use super::fleet_faults::{drain_completes, drain_small_node, wait_successor};
+use super::{Ctx, ScenarioError};
+use crate::fleet::{self, Subject};
+
+/// Drain a node, pause the leader while the drain's placements and orders
+/// are in flight until a follower leads, resume it: whatever the old leader
+/// still had queued must not be executed by any agent.
+pub(super) async fn deposed_leader_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
+    let (node, drained) = drain_small_node(ctx, 30).await?;
+    ctx.hold(0, 400).await;
+    ctx.pause(leader);
+    wait_successor(ctx, &followers, "the leader's SIGSTOP").await?;
+    // Long enough for every agent to re-home, short of `lost_after`.
+    ctx.hold(2000, 4000).await;
+    ctx.resume(leader);
+    drain_completes(ctx, &node, &drained).await;
+    Ok(())
+}
+
+/// Drain a node; the moment one of its replicas drains, cut the node's
+/// control stream for less than `node_ttl`. The agent reconnects to the
+/// leader, whose `Registered` carries the drain with its deadline: the
+/// engine keeps draining (not a SIGTERM at once), and no request fails.
+pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let (node, drained) = drain_small_node(ctx, 60).await?;
+    let draining = wait_draining(ctx, &node, &drained, Duration::from_secs(40)).await?;
+    let addr = node_addr(ctx, &node);
+    let peers = ctx.cluster.member_ids();
+    let cut_ms = ctx.rng.random_range(800..1500);
+    ctx.cluster
+        .net
+        .cut_stream(addr, &peers, fleet::STREAM_PORT)?;
+    ctx.open_window(Subject::Node(node.clone()), false);
+    ctx.fault(format!(
+        "replica {draining} drains on {node}: cut the node's control stream for {cut_ms} ms"
+    ));
+    tokio::time::sleep(Duration::from_millis(cut_ms)).await;
+    ctx.heal()?;
+    drain_completes(ctx, &node, &drained).await;
+    // The agent's own words: a shard stopped because a `Registered` did
+    // not list it would say so.
+    let agent_log = ctx
+        .fleet
+        .as_ref()
+        .and_then(|f| f.agents.get(&node))
+        .map(|a| a.log_text())
+        .unwrap_or_default();
+    let cut_short: Vec<&str> = agent_log
+        .lines()
+        .filter(|l| l.contains("not assigned to this node by the leader"))
+        .filter(|l| drained.iter().any(|r| l.contains(r.as_str())))
+        .collect();
+    promise(
+        ctx,
+        "drain-survived-reconnect",
+        format!("node {node}, replicas {drained:?}"),
+        if cut_short.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "the reconnect stopped draining shards at once: {}",
+                cut_short.join(" | ")
+            ))
+        },
+    );
+    Ok(())
+}
+
+/// Polls the leader until one of `drained` is draining; its id.
+async fn wait_draining(
+    ctx: &mut Ctx,
+    node: &str,
+    drained: &BTreeSet<String>,
+    within: Duration,
+) -> Result<String, ScenarioError> {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < within {
+        match replicas(ctx).await {
+            Ok(all) => {
+                let draining = all.iter().find(|r| {
+                    r["state"] == "draining"
+                        && r["id"].as_str().is_some_and(|id| drained.contains(id))
+                });
+                if let Some(replica) = draining {
+                    return Ok(replica["id"].as_str().unwrap_or_default().to_owned());
+                }
+                last = format!("{} replicas, none of {drained:?} draining", all.len());
+            }
+            Err(why) => last = why,
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    Err(ScenarioError::Setup(format!(
+        "no replica on {node} started draining within {within:?}: {last}"
+    )))
+}
+
+/// `GET /api/v1/replicas` from the leader.
+async fn replicas(ctx: &Ctx) -> Result<Vec<Value>, String> {
+    let (_, text) = fleet::send_to_leader(
+        &ctx.cluster,
+        reqwest::Method::GET,
+        "/api/v1/replicas",
+        None,
+        Duration::from_secs(5),
+    )
+    .await?;
+    match serde_json::from_str(&text) {
+        Ok(Value::Array(all)) => Ok(all),
+        _ => Err(format!("GET /api/v1/replicas: {text}")),
+    }
+}
+
+/// Scale the small model up by one; the moment the leader shows the new
+/// replica placed (committed), SIGKILL it. The new leader must carry the
+/// placement on: the same replica becomes ready, nothing its predecessor
+/// started is stopped, no port or GPU is handed out twice.
+pub(super) async fn leader_kill_after_placement(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let before: BTreeSet<String> = latest(ctx)?
+        .replicas
+        .iter()
+        .flatten()
+        .filter(|r| r.model == fleet::SMALL)
+        .map(|r| r.id.clone())
+        .collect();
+    let want = ctx.desired.get(fleet::SMALL).copied().unwrap_or(0) + 1;
+    let mut model = fleet::catalog()
+        .into_iter()
+        .map(|(model, _)| model)
+        .find(|m| m["name"] == fleet::SMALL)
+        .ok_or_else(|| ScenarioError::Setup("the catalog has no small model".into()))?;
+    model["replicas"] = want.into();
+    let leader = ctx.leader().await?;
+    let followers = ctx.followers(leader);
+    fleet::send_to_leader(
+        &ctx.cluster,
+        reqwest::Method::PUT,
+        &format!("/api/v1/models/{}", fleet::SMALL),
+        Some(&model),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|why| ScenarioError::Setup(format!("scale {} up: {why}", fleet::SMALL)))?;
+    ctx.desired.insert(fleet::SMALL.to_owned(), want);
+    ctx.fault(format!("scale {} to {want} replicas", fleet::SMALL));
+    let started = Instant::now();
+    let placed = loop {
+        let all = replicas(ctx).await.unwrap_or_default();
+        let new = all.iter().find_map(|r| {
+            let id = r["id"].as_str()?;
+            (r["model"] == fleet::SMALL && !before.contains(id)).then(|| id.to_owned())
+        });
+        if let Some(id) = new {
+            break id;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            return Err(ScenarioError::Setup(format!(
+                "no new replica of {} was placed within 30s",
+                fleet::SMALL
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    ctx.kill(leader);
+    ctx.fault(format!("(right after replica {placed} was placed)"));
+    wait_successor(ctx, &followers, "the leader's SIGKILL").await?;
+    ctx.hold(1000, 2000).await;
+    ctx.restart(leader)?;
+    let desired = ctx.desired.clone();
+    let ready = ctx
+        .wait_fleet(Duration::from_secs(60), |s| fleet::fleet_ready(s, &desired))
+        .await;
+    let outcome = match ready {
+        Err(why) => Err(format!("the fleet was not ready within 60s: {why}")),
+        Ok(sample) => {
+            let kept = sample
+                .replicas
+                .iter()
+                .flatten()
+                .any(|r| r.id == placed && r.state == "ready");
+            if kept {
+                Ok(())
+            } else {
+                Err(format!(
+                    "replica {placed}, placed before the kill, is not among the ready ones: {:?}",
+                    sample
+                        .replicas
+                        .iter()
+                        .flatten()
+                        .filter(|r| r.model == fleet::SMALL)
+                        .map(|r| format!("{} {}", r.id, r.state))
+                        .collect::<Vec<_>>()
+                ))
+            }
+        }
+    };
+    promise(
+        ctx,
+        "placement-carried-on",
+        format!("replica {placed} of {}", fleet::SMALL),
+        outcome,
+    );
+    Ok(())
+}
