@@ -237,13 +237,29 @@ pub(super) async fn drain_small_node(
 ) -> Result<(String, BTreeSet<String>), ScenarioError> {
     let before = latest(ctx)?;
     let node = pick_small_node(ctx, &before)?;
-    let drained: BTreeSet<String> = before
+    let drained = small_replicas_on(&before, &node);
+    drain_node(ctx, &node, &drained, deadline_s).await?;
+    Ok((node, drained))
+}
+
+/// The small model's replicas with a shard on `node`.
+pub(super) fn small_replicas_on(sample: &FleetSample, node: &str) -> BTreeSet<String> {
+    sample
         .replicas
         .iter()
         .flatten()
         .filter(|r| r.model == fleet::SMALL && r.shards.iter().any(|s| s.node == node))
         .map(|r| r.id.clone())
-        .collect();
+        .collect()
+}
+
+/// `POST /api/v1/nodes/{node}/drain` through the leader.
+pub(super) async fn drain_node(
+    ctx: &mut Ctx,
+    node: &str,
+    drained: &BTreeSet<String>,
+    deadline_s: u64,
+) -> Result<(), ScenarioError> {
     let answer = fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::POST,
@@ -257,7 +273,7 @@ pub(super) async fn drain_small_node(
         "drain node {node} (replicas {drained:?}, deadline {deadline_s} s): HTTP {}",
         answer.0
     ));
-    Ok((node, drained))
+    Ok(())
 }
 
 /// Waits until one of `followers` leads (after the old leader was killed

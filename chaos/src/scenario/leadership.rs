@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::Value;
 
-use super::ctx::{latest, node_addr, promise};
-use super::fleet_faults::{drain_completes, drain_small_node, wait_successor};
+use super::ctx::{latest, node_addr, pick_small_node, promise};
+use super::fleet_faults::{
+    drain_completes, drain_node, drain_small_node, small_replicas_on, wait_successor,
+};
 use super::{Ctx, ScenarioError};
 use crate::fleet::{self, Subject};
 
@@ -33,53 +35,121 @@ pub(super) async fn deposed_leader_during_drain(ctx: &mut Ctx) -> Result<(), Sce
     Ok(())
 }
 
-/// Drain a node; the moment one of its replicas drains, cut the node's
-/// control stream for less than `node_ttl`. The agent reconnects to the
-/// leader, whose `Registered` carries the drain with its deadline: the
-/// engine keeps draining (not a SIGTERM at once), and no request fails.
+/// Drain a node while a long request runs on one of its engines, so the
+/// drain lasts; the moment it drains, cut the node's control stream for
+/// longer than the agent's `leader_timeout` (below `lost_after`), so the
+/// agent leaves and registers again. The leader's `Registered` carries the
+/// drain with its deadline: the engine keeps draining (no SIGTERM at
+/// once), the long request finishes, and no routed request fails.
 pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
-    let (node, drained) = drain_small_node(ctx, 60).await?;
+    let before = latest(ctx)?;
+    let node = pick_small_node(ctx, &before)?;
+    let drained = small_replicas_on(&before, &node);
+    let endpoint = replicas(ctx)
+        .await
+        .map_err(ScenarioError::Setup)?
+        .iter()
+        .find(|r| r["id"].as_str().is_some_and(|id| drained.contains(id)))
+        .and_then(|r| r["endpoint"].as_str().map(str::to_owned))
+        .ok_or_else(|| ScenarioError::Setup(format!("no endpoint for {drained:?}")))?;
+    let long = tokio::spawn(long_request(endpoint.clone(), LONG_REQUEST_TOKENS));
+    ctx.fault(format!(
+        "a request for {LONG_REQUEST_TOKENS} tokens straight to {endpoint}"
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drain_node(ctx, &node, &drained, 60).await?;
     let draining = wait_draining(ctx, &node, &drained, Duration::from_secs(40)).await?;
     let addr = node_addr(ctx, &node);
     let peers = ctx.cluster.member_ids();
-    let cut_ms = ctx.rng.random_range(800..1500);
+    let cut_ms = ctx.rng.random_range(2600..3500);
     ctx.cluster
         .net
         .cut_stream(addr, &peers, fleet::STREAM_PORT)?;
     ctx.open_window(Subject::Node(node.clone()), false);
     ctx.fault(format!(
-        "replica {draining} drains on {node}: cut the node's control stream for {cut_ms} ms"
+        "replica {draining} drains on {node}: cut the node's control stream for {cut_ms} ms \
+         (past the agent's leader_timeout, below lost_after {:?})",
+        fleet::LOST_AFTER
     ));
     tokio::time::sleep(Duration::from_millis(cut_ms)).await;
     ctx.heal()?;
+    let finished = match long.await {
+        Ok(result) => result,
+        Err(e) => Err(format!("the request task failed: {e}")),
+    };
+    promise(
+        ctx,
+        "in-flight-request-finished",
+        format!("{LONG_REQUEST_TOKENS} tokens from {endpoint}"),
+        finished,
+    );
     drain_completes(ctx, &node, &drained).await;
-    // The agent's own words: a shard stopped because a `Registered` did
-    // not list it would say so.
+    // The agent's own words: it registered again after the cut, and no
+    // shard of the drain was stopped for want of an order.
     let agent_log = ctx
         .fleet
         .as_ref()
         .and_then(|f| f.agents.get(&node))
         .map(|a| a.log_text())
         .unwrap_or_default();
+    let left = agent_log.matches("leaving a silent peer").count()
+        + agent_log.matches("control-plane stream lost").count();
     let cut_short: Vec<&str> = agent_log
         .lines()
         .filter(|l| l.contains("not assigned to this node by the leader"))
         .filter(|l| drained.iter().any(|r| l.contains(r.as_str())))
         .collect();
+    let outcome = if left == 0 {
+        Err(format!(
+            "the agent of {node} never left its stream: the cut did not make it reconnect"
+        ))
+    } else if !cut_short.is_empty() {
+        Err(format!(
+            "the reconnect stopped draining shards at once: {}",
+            cut_short.join(" | ")
+        ))
+    } else {
+        Ok(())
+    };
     promise(
         ctx,
         "drain-survived-reconnect",
-        format!("node {node}, replicas {drained:?}"),
-        if cut_short.is_empty() {
-            Ok(())
-        } else {
-            Err(format!(
-                "the reconnect stopped draining shards at once: {}",
-                cut_short.join(" | ")
-            ))
-        },
+        format!("node {node}, replicas {drained:?}, the agent left its stream {left} time(s)"),
+        outcome,
     );
     Ok(())
+}
+
+/// Tokens of the long request: a few seconds at the simulator's 1 ms per
+/// token, so the drain lasts through the cut.
+const LONG_REQUEST_TOKENS: u64 = 6000;
+
+/// A chat completion of exactly `tokens` tokens, straight to an engine.
+async fn long_request(endpoint: String, tokens: u64) -> Result<(), String> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let response = http
+        .post(format!("{endpoint}/v1/chat/completions"))
+        .json(&serde_json::json!({
+            "model": fleet::SMALL,
+            "messages": [{"role": "user", "content": "Write a long story"}],
+            "max_tokens": tokens,
+            "ignore_eos": true
+        }))
+        .send()
+        .await
+        .map_err(|e| format!("transport: {e}"))?;
+    let status = response.status().as_u16();
+    let body: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("HTTP {status}, body: {e}"))?;
+    match body["usage"]["completion_tokens"].as_u64() {
+        Some(n) if status == 200 && n == tokens => Ok(()),
+        _ => Err(format!("HTTP {status}: {body}")),
+    }
 }
 
 /// Polls the leader until one of `drained` is draining; its id.
