@@ -35,12 +35,13 @@ pub(super) async fn deposed_leader_during_drain(ctx: &mut Ctx) -> Result<(), Sce
     Ok(())
 }
 
-/// Drain a node while a long request runs on one of its engines, so the
-/// drain lasts; the moment it drains, cut the node's control stream for
-/// longer than the agent's `leader_timeout` (below `lost_after`), so the
-/// agent leaves and registers again. The leader's `Registered` carries the
-/// drain with its deadline: the engine keeps draining (no SIGTERM at
-/// once), the long request finishes, and no routed request fails.
+/// A long request runs on one engine of a node; the node's control stream
+/// is cut, the node drained, and the cut held past the agent's
+/// `leader_timeout` (below `lost_after`), so the drain order cannot reach
+/// the agent and the agent leaves and registers again. The leader's
+/// `Registered` must carry the drain with its deadline: the engine drains
+/// (no SIGTERM at once), the long request finishes, no routed request
+/// fails.
 pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let before = latest(ctx)?;
     let node = pick_small_node(ctx, &before)?;
@@ -57,21 +58,27 @@ pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), Scenario
         "a request for {LONG_REQUEST_TOKENS} tokens straight to {endpoint}"
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    drain_node(ctx, &node, &drained, 60).await?;
-    let draining = wait_draining(ctx, &node, &drained, Duration::from_secs(40)).await?;
+    // The stream is cut before the drain is ordered: the order cannot
+    // reach the agent, and the first it hears of it is the `Registered`
+    // of its next stream.
     let addr = node_addr(ctx, &node);
     let peers = ctx.cluster.member_ids();
     let cut_ms = ctx.rng.random_range(2600..3500);
+    let cut_at = Instant::now();
     ctx.cluster
         .net
         .cut_stream(addr, &peers, fleet::STREAM_PORT)?;
     ctx.open_window(Subject::Node(node.clone()), false);
     ctx.fault(format!(
-        "replica {draining} drains on {node}: cut the node's control stream for {cut_ms} ms \
-         (past the agent's leader_timeout, below lost_after {:?})",
+        "cut node {node}'s control stream for at least {cut_ms} ms (past the agent's \
+         leader_timeout, below lost_after {:?})",
         fleet::LOST_AFTER
     ));
-    tokio::time::sleep(Duration::from_millis(cut_ms)).await;
+    drain_node(ctx, &node, &drained, 60).await?;
+    let draining = wait_draining(ctx, &node, &drained, Duration::from_secs(5)).await?;
+    ctx.fault(format!("replica {draining} is ordered to drain"));
+    let left = Duration::from_millis(cut_ms).saturating_sub(cut_at.elapsed());
+    tokio::time::sleep(left).await;
     ctx.heal()?;
     let finished = match long.await {
         Ok(result) => result,
