@@ -53,9 +53,7 @@ pub fn init_ca(dir: &Path) -> Result<PathBuf, TlsError> {
     Ok(cert_path)
 }
 
-/// The development CA's name and usages. `issue` signs with these same
-/// parameters, so it needs no certificate parser; it checks the result
-/// against ca.pem instead.
+/// The development CA's name and usages.
 fn ca_params() -> CertificateParams {
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -105,42 +103,54 @@ impl IssueRequest {
     }
 }
 
-/// Signs a certificate for `request` with the CA in `ca_dir` and writes
-/// `<stem>.pem` and `<stem>.key` into `out_dir`, replacing earlier files
-/// (each file atomically, key first). Returns the files a process would
-/// configure (`ca`, `cert`, `key`).
+/// Signs a certificate for `request` with the CA in `ca_dir` (`ca.pem`,
+/// `ca.key`) and writes `<stem>.pem` and `<stem>.key` into `out_dir`,
+/// replacing earlier files (each file atomically, key first). Returns the
+/// files a process would configure (`ca`, `cert`, `key`).
 pub fn issue(ca_dir: &Path, out_dir: &Path, request: &IssueRequest) -> Result<TlsFiles, TlsError> {
+    let (ca_cert_path, ca_key_path) = ca_files(ca_dir);
+    issue_with(&ca_cert_path, &ca_key_path, out_dir, request)
+}
+
+/// Like [`issue`], with any CA: one made by `llmgw certs init` or an
+/// operator's own (its certificate and private key in PEM; ECDSA, Ed25519
+/// or RSA). The new certificate names the CA's own subject as its issuer.
+pub fn issue_with(
+    ca_cert_path: &Path,
+    ca_key_path: &Path,
+    out_dir: &Path,
+    request: &IssueRequest,
+) -> Result<TlsFiles, TlsError> {
     if let Identity::Node(id) = &request.identity {
         crate::identity::check_node_id(id).map_err(TlsError::Identity)?;
     }
-    let (ca_cert_path, ca_key_path) = ca_files(ca_dir);
-    let ca_cert = crate::read_certificates("CA certificate", &ca_cert_path)?.remove(0);
-    let ca_key_pem = std::fs::read_to_string(&ca_key_path).map_err(|source| TlsError::Read {
+    let ca_cert = crate::read_certificates("CA certificate", ca_cert_path)?.remove(0);
+    let ca_key_pem = std::fs::read_to_string(ca_key_path).map_err(|source| TlsError::Read {
         what: "CA key",
-        path: ca_key_path.clone(),
+        path: ca_key_path.to_owned(),
         source,
     })?;
     let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| TlsError::Pem {
-        path: ca_key_path.clone(),
+        path: ca_key_path.to_owned(),
         why: format!("holds no usable private key: {e}"),
     })?;
-    let not_ours = |why: &str| TlsError::Pem {
-        path: ca_cert_path.clone(),
-        why: format!(
-            "{why}; `llmgw certs issue` signs only with a CA made by `llmgw certs init` (sign \
-             with your own CA's tools otherwise, see docs/security.md)"
-        ),
+    let bad_ca = |why: &str| TlsError::Pem {
+        path: ca_cert_path.to_owned(),
+        why: why.to_owned(),
     };
     let parsed_ca = webpki::EndEntityCert::try_from(&ca_cert)
-        .map_err(|e| not_ours(&format!("does not parse ({e})")))?;
+        .map_err(|e| bad_ca(&format!("does not parse ({e})")))?;
     if parsed_ca.subject_public_key_info().as_ref() != ca_key.subject_public_key_info().as_slice() {
-        return Err(not_ours(&format!(
+        return Err(bad_ca(&format!(
             "does not belong to the key in {}",
             ca_key_path.display()
         )));
     }
     let ca_subject = parsed_ca.subject().to_vec();
-    let issuer = Issuer::new(ca_params(), ca_key);
+    // The issuer's name and key identifier come from the CA certificate
+    // itself, so any CA signs, not only one with llmgw's own name.
+    let issuer = Issuer::from_ca_cert_der(&ca_cert, ca_key)
+        .map_err(|e| bad_ca(&format!("cannot be read as a CA certificate ({e})")))?;
 
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -173,7 +183,7 @@ pub fn issue(ca_dir: &Path, out_dir: &Path, request: &IssueRequest) -> Result<Tl
     let issued = webpki::EndEntityCert::try_from(cert.der())
         .map_err(|e| TlsError::Generate(format!("the new certificate does not parse: {e}")))?;
     if issued.issuer() != ca_subject.as_slice() {
-        return Err(not_ours("names a different subject than this CA would"));
+        return Err(bad_ca("signed a certificate that names another issuer"));
     }
     std::fs::create_dir_all(out_dir).map_err(|source| TlsError::Write {
         path: out_dir.to_owned(),
@@ -181,7 +191,7 @@ pub fn issue(ca_dir: &Path, out_dir: &Path, request: &IssueRequest) -> Result<Tl
     })?;
     let stem = request.file_stem();
     let files = TlsFiles {
-        ca: ca_cert_path,
+        ca: ca_cert_path.to_owned(),
         cert: out_dir.join(format!("{stem}.pem")),
         key: out_dir.join(format!("{stem}.key")),
     };

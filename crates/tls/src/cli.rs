@@ -1,7 +1,7 @@
 //! `llmgw certs`: a development CA and the certificates llmgw processes
 //! present to each other.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, Subcommand};
@@ -24,12 +24,20 @@ pub enum CertsCommand {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Issue a certificate signed by the CA in DIR.
+    /// Issue a certificate signed by the CA in DIR, or by your own CA
+    /// (--ca-cert and --ca-key).
     #[command(group(clap::ArgGroup::new("who").required(true).args(["peer", "node"])))]
+    #[command(group(clap::ArgGroup::new("ca").required(true).args(["dir", "ca_cert"])))]
     Issue {
         /// Directory holding the CA (from `llmgw certs init`).
         #[arg(long)]
-        dir: PathBuf,
+        dir: Option<PathBuf>,
+        /// Your own CA's certificate (PEM), instead of --dir.
+        #[arg(long, requires_all = ["ca_key", "out"])]
+        ca_cert: Option<PathBuf>,
+        /// Your own CA's private key (PEM: ECDSA, Ed25519 or RSA).
+        #[arg(long, requires = "ca_cert")]
+        ca_key: Option<PathBuf>,
         /// A control-plane peer's certificate, for the peer with this Raft id.
         #[arg(long)]
         peer: Option<u64>,
@@ -40,7 +48,8 @@ pub enum CertsCommand {
         /// several. Peers need every name others use in `peers[].grpc`.
         #[arg(long = "host")]
         hosts: Vec<String>,
-        /// Where to write the certificate and key; default the CA directory.
+        /// Where to write the certificate and key; default the CA directory
+        /// (required with --ca-cert).
         #[arg(long)]
         out: Option<PathBuf>,
         /// Days the certificate is valid.
@@ -64,6 +73,8 @@ pub fn run_certs(args: CertsArgs) -> Result<String, TlsError> {
         }
         CertsCommand::Issue {
             dir,
+            ca_cert,
+            ca_key,
             peer,
             node,
             hosts,
@@ -91,8 +102,19 @@ pub fn run_certs(args: CertsArgs) -> Result<String, TlsError> {
             }
             let mut request = IssueRequest::new(identity.clone(), hosts);
             request.not_after = SystemTime::now() + Duration::from_secs(days.max(1) * 24 * 3600);
-            let out = out.unwrap_or_else(|| dir.clone());
-            let files = certs::issue(&dir, &out, &request)?;
+            let (ca_cert, ca_key) = match (dir, ca_cert, ca_key) {
+                (_, Some(cert), Some(key)) => (cert, key),
+                (Some(dir), _, _) => certs::ca_files(&dir),
+                _ => {
+                    return Err(TlsError::Identity(
+                        "give --dir DIR, or --ca-cert FILE --ca-key FILE --out DIR".to_owned(),
+                    ));
+                }
+            };
+            let out = out
+                .or_else(|| ca_cert.parent().map(Path::to_path_buf))
+                .unwrap_or_default();
+            let files = certs::issue_with(&ca_cert, &ca_key, &out, &request)?;
             let section = if matches!(identity, Identity::Peer(_)) {
                 "server.yaml"
             } else {

@@ -170,3 +170,54 @@ async fn the_dialer_refuses_a_server_with_a_node_certificate() {
     let text = format!("{error:?}");
     assert!(text.contains("only control-plane peers"), "{text}");
 }
+
+/// An operator's own CA, with its own name and key type, signs what llmgw
+/// processes present; a peer and a node get through with their identity.
+#[tokio::test]
+async fn certificates_from_an_operators_own_ca_are_issued_and_accepted() {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair,
+        KeyUsagePurpose, PKCS_ECDSA_P384_SHA384,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("corp-ca");
+    std::fs::create_dir_all(&own).unwrap();
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P384_SHA384).unwrap();
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, "Example Corp Issuing CA 2");
+    name.push(DnType::OrganizationName, "Example Corp");
+    name.push(DnType::CountryName, "NL");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (own.join("corp-root.crt"), own.join("corp-root.key"));
+    std::fs::write(&cert_path, ca_cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+
+    let issue_own = |identity: Identity, stem: &str| {
+        let mut request = IssueRequest::new(identity, vec!["127.0.0.1".into()]);
+        request.name = Some(stem.into());
+        certs::issue_with(&cert_path, &key_path, dir.path(), &request).unwrap()
+    };
+    let server_files = issue_own(Identity::Peer(1), "p1");
+    assert_eq!(server_files.ca, cert_path);
+    let server = Tls::load(server_files, Identity::Peer(1)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut conns = incoming(listener, Some(server));
+    let identity = Identity::Node("gpu-1".into());
+    let client = Tls::load(issue_own(identity.clone(), "n1"), identity.clone()).unwrap();
+    let chain = llmgw_tls::probe(&addr, &client).await.unwrap();
+    assert_eq!(
+        Identity::from_certificate(&chain[0]).unwrap(),
+        Identity::Peer(1)
+    );
+    let conn = tokio::time::timeout(Duration::from_secs(10), conns.next())
+        .await
+        .expect("the connection is accepted")
+        .unwrap()
+        .unwrap();
+    assert_eq!(conn.info().identity.as_ref(), Some(&identity));
+}
