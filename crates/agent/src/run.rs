@@ -88,6 +88,7 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
                     ca: files.ca.clone(),
                     cert: files.cert.clone(),
                     key: files.key.clone(),
+                    crl: files.crl.clone(),
                 },
                 llmgw_tls::Identity::Node(config.node_id.clone()),
             )?;

@@ -57,15 +57,18 @@ pub struct TlsConfig {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// Certificate revocation lists (PEM); reloaded when the file changes.
+    pub crl: Option<PathBuf>,
 }
 
 impl Decode for TlsConfig {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(node, path, &["ca", "cert", "key"])?;
+        let f = cx.map(node, path, &["ca", "cert", "key", "crl"])?;
         Some(TlsConfig {
             ca: f.required(cx, "ca")?,
             cert: f.required(cx, "cert")?,
             key: f.required(cx, "key")?,
+            crl: f.optional(cx, "crl"),
         })
     }
 }
@@ -76,6 +79,7 @@ impl TlsConfig {
             ca: relative_to(config_file, self.ca),
             cert: relative_to(config_file, self.cert),
             key: relative_to(config_file, self.key),
+            crl: self.crl.map(|crl| relative_to(config_file, crl)),
         }
     }
 }

@@ -46,8 +46,13 @@ pub fn node_tls(work_dir: &Path, node_id: &str) -> Result<TlsFiles, TlsError> {
 
 /// The `tls` section of a config file for `files`.
 pub fn tls_yaml(files: &TlsFiles) -> String {
+    let crl = files
+        .crl
+        .as_ref()
+        .map(|crl| format!("  crl: \"{}\"\n", crl.display()))
+        .unwrap_or_default();
     format!(
-        "tls:\n  ca: \"{}\"\n  cert: \"{}\"\n  key: \"{}\"\n",
+        "tls:\n  ca: \"{}\"\n  cert: \"{}\"\n  key: \"{}\"\n{crl}",
         files.ca.display(),
         files.cert.display(),
         files.key.display()

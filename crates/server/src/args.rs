@@ -72,6 +72,7 @@ pub fn options_from(
             ca: tls.ca.clone(),
             cert: tls.cert.clone(),
             key: tls.key.clone(),
+            crl: tls.crl.clone(),
         }),
         admin: AdminAuth::from_config(&config.admin.tokens)
             .map_err(|e| ServerError::Config(format!("{}: {e}", file.display())))?,

@@ -55,10 +55,34 @@ async fn raft_status(addr: &str, tls: &Tls) -> Result<(), String> {
         .map_err(|status| format!("{:?}: {}", status.code(), status.message()))
 }
 
+/// What a refused client tries.
+enum Attempt {
+    /// A TLS handshake that offers no client certificate.
+    NoCertificate,
+    /// The Raft `status` RPC.
+    Raft(Tls),
+    /// `AgentService.Connect` with a `Register` for `node`.
+    Register { tls: Tls, node: &'static str },
+}
+
+/// One row of the refusal table: who, what they try, and what the client
+/// and the peer's log must say.
+struct Refusal {
+    who: &'static str,
+    attempt: Attempt,
+    /// In the error the client sees (empty: refused in the handshake,
+    /// whatever the client library makes of that).
+    client_sees: &'static str,
+    /// Every one of these in one line of the peer's log.
+    peer_logs: &'static [&'static str],
+}
+
+/// Every way into a peer without the right certificate, against a real
+/// mTLS cluster: each is refused, the peer logs why, and the cluster does
+/// not notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_without_a_valid_peer_certificate_are_refused_and_the_peer_says_why() {
+async fn the_mtls_refusals_table() {
     let cluster = Cluster::start_tls("");
-    // The peers themselves form a cluster over mTLS.
     cluster.wait_leader().await;
     let (status, view) = cluster.get(1, "/api/v1/cluster").await.unwrap();
     assert_eq!(status, 200);
@@ -67,22 +91,137 @@ async fn clients_without_a_valid_peer_certificate_are_refused_and_the_peer_says_
     let ca_dir = cluster.tls_dir();
     let trust = certs::ca_files(&ca_dir).0;
     let scratch = tempfile::tempdir().unwrap();
+    let material = |ca: &Path, request: IssueRequest, stem: &str| {
+        client_material(ca, scratch.path(), &trust, request, stem)
+    };
 
-    // Control: a valid peer certificate is served.
-    let good = client_material(
+    // Controls: a valid peer certificate is served, and so is the one
+    // revoked below, before its revocation.
+    let good = material(
         &ca_dir,
-        scratch.path(),
-        &trust,
         IssueRequest::new(Identity::Peer(7), vec![]),
         "peer-7",
     );
     raft_status(&addr, &good)
         .await
-        .expect("a valid peer certificate is accepted");
+        .expect("a valid peer certificate");
+    let doomed = material(
+        &ca_dir,
+        IssueRequest::new(Identity::Peer(9), vec![]),
+        "peer-9",
+    );
+    raft_status(&addr, &doomed)
+        .await
+        .expect("peer-9 before its revocation");
+    let (crl, _) = certs::revoke(&ca_dir, &scratch.path().join("peer-9.pem")).unwrap();
+    assert_eq!(crl, ca_dir.join(certs::CRL), "the peers' tls.crl");
 
-    // No client certificate at all.
+    let other_ca = tempfile::tempdir().unwrap();
+    certs::init_ca(other_ca.path()).unwrap();
+    let day = Duration::from_secs(24 * 3600);
+    let mut expired = IssueRequest::new(Identity::Peer(3), vec![]);
+    expired.not_before = SystemTime::now() - 10 * day;
+    expired.not_after = SystemTime::now() - day;
+    let table = vec![
+        Refusal {
+            who: "no client certificate",
+            attempt: Attempt::NoCertificate,
+            client_sees: "",
+            peer_logs: &["mTLS handshake failed", "no certificates"],
+        },
+        Refusal {
+            // Both dev CAs have the same name, so the verifier finds the
+            // issuer by name and the signature fails.
+            who: "a certificate from another CA",
+            attempt: Attempt::Raft(material(
+                other_ca.path(),
+                IssueRequest::new(Identity::Peer(2), vec![]),
+                "foreign-peer-2",
+            )),
+            client_sees: "",
+            peer_logs: &["mTLS handshake failed", "invalid peer certificate"],
+        },
+        Refusal {
+            who: "an expired certificate",
+            attempt: Attempt::Raft(material(&ca_dir, expired, "expired-peer-3")),
+            client_sees: "",
+            peer_logs: &["mTLS handshake failed", "expired"],
+        },
+        Refusal {
+            who: "a node certificate on the Raft service",
+            attempt: Attempt::Raft(material(
+                &ca_dir,
+                IssueRequest::new(Identity::Node("gpu-1".into()), vec![]),
+                "node-gpu-1",
+            )),
+            client_sees: "PermissionDenied",
+            peer_logs: &["refused a Raft RPC", "node gpu-1"],
+        },
+        Refusal {
+            who: "node A's certificate registering as node B",
+            attempt: Attempt::Register {
+                tls: material(
+                    &ca_dir,
+                    IssueRequest::new(Identity::Node("node-a".into()), vec![]),
+                    "node-a",
+                ),
+                node: "node-b",
+            },
+            client_sees: "PermissionDenied",
+            peer_logs: &["refused a node registration", "node-b"],
+        },
+        Refusal {
+            who: "a revoked certificate (after the peer reloaded its CRL)",
+            attempt: Attempt::Raft(doomed),
+            client_sees: "",
+            peer_logs: &["mTLS handshake failed", "Revoked"],
+        },
+    ];
+    for row in table {
+        let refused = match &row.attempt {
+            Attempt::NoCertificate => handshake_without_certificate(&addr, &trust).await,
+            Attempt::Raft(tls) => match row.who.contains("revoked") {
+                // The peer polls its files every 2 s.
+                true => {
+                    eventually(
+                        &cluster,
+                        "the peer refuses the revoked certificate",
+                        || async {
+                            match raft_status(&addr, tls).await {
+                                Err(why) => Ok(why),
+                                Ok(()) => Err("still accepted".to_owned()),
+                            }
+                        },
+                    )
+                    .await
+                }
+                false => raft_status(&addr, tls).await.err().unwrap_or_default(),
+            },
+            Attempt::Register { tls, node } => register_as(&addr, tls, node).await,
+        };
+        assert!(!refused.is_empty(), "{}: accepted", row.who);
+        assert!(
+            refused.contains(row.client_sees),
+            "{}: the client saw {refused}",
+            row.who
+        );
+        cluster.wait_log(1, row.peer_logs).await;
+    }
+
+    // None of it disturbed the cluster, and the good certificate still works.
+    cluster.wait_leader().await;
+    let (status, body) = cluster.put_model(2, "after-refusals").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    raft_status(&addr, &good)
+        .await
+        .expect("a valid peer certificate");
+}
+
+/// A TLS handshake that offers no client certificate; why it failed, or
+/// empty if the peer talked.
+async fn handshake_without_certificate(addr: &str, trust: &Path) -> String {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in llmgw_tls::read_certificates("CA", &trust).unwrap() {
+    for cert in llmgw_tls::read_certificates("CA", trust).unwrap() {
         roots.add(cert).unwrap();
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -92,79 +231,56 @@ async fn clients_without_a_valid_peer_certificate_are_refused_and_the_peer_says_
         .with_root_certificates(roots)
         .with_no_client_auth();
     no_cert.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
     // With TLS 1.3 the client finishes first; the refusal arrives on read.
-    if let Ok(mut stream) = tokio_rustls::TlsConnector::from(Arc::new(no_cert))
+    match tokio_rustls::TlsConnector::from(Arc::new(no_cert))
         .connect(name, tcp)
         .await
     {
-        let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
-        let mut buf = [0u8; 64];
-        let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
-            .await
-            .expect("the peer answers or closes");
-        assert!(
-            matches!(read, Err(_) | Ok(0)),
-            "a client without a certificate got data: {read:?}"
-        );
+        Err(e) => format!("handshake: {e}"),
+        Ok(mut stream) => {
+            let _ = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+                .await
+                .expect("the peer answers or closes");
+            match read {
+                Err(e) => format!("read: {e}"),
+                Ok(0) => "closed".to_owned(),
+                Ok(_) => String::new(),
+            }
+        }
     }
-    cluster
-        .wait_log(1, &["mTLS handshake failed", "no certificates"])
-        .await;
+}
 
-    // A certificate from another CA. Both dev CAs have the same name, so
-    // the verifier finds the issuer by name and the signature fails.
-    let other_ca = tempfile::tempdir().unwrap();
-    certs::init_ca(other_ca.path()).unwrap();
-    let foreign = client_material(
-        other_ca.path(),
-        scratch.path(),
-        &trust,
-        IssueRequest::new(Identity::Peer(2), vec![]),
-        "foreign-peer-2",
-    );
-    let refused = raft_status(&addr, &foreign).await;
-    assert!(refused.is_err(), "a foreign CA's certificate was accepted");
-    cluster
-        .wait_log(1, &["mTLS handshake failed", "invalid peer certificate"])
-        .await;
-
-    // An expired certificate from the right CA.
-    let day = Duration::from_secs(24 * 3600);
-    let mut expired = IssueRequest::new(Identity::Peer(3), vec![]);
-    expired.not_before = SystemTime::now() - 10 * day;
-    expired.not_after = SystemTime::now() - day;
-    let expired = client_material(&ca_dir, scratch.path(), &trust, expired, "expired-peer-3");
-    let refused = raft_status(&addr, &expired).await;
-    assert!(refused.is_err(), "an expired certificate was accepted");
-    cluster
-        .wait_log(1, &["mTLS handshake failed", "expired"])
-        .await;
-
-    // An agent's certificate reaches the server but not the Raft service.
-    let agent = client_material(
-        &ca_dir,
-        scratch.path(),
-        &trust,
-        IssueRequest::new(Identity::Node("gpu-1".into()), vec![]),
-        "node-gpu-1",
-    );
-    let refused = raft_status(&addr, &agent)
+/// `AgentService.Connect` with a `Register` for `node`; why it failed, or
+/// empty if it was taken.
+async fn register_as(addr: &str, tls: &Tls, node: &str) -> String {
+    use llmgw_proto::agent::agent_message::Body as Up;
+    use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+    use llmgw_proto::agent::{AgentMessage, Register};
+    let endpoint = llmgw_tls::endpoint(addr)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5));
+    let channel = match llmgw_tls::connect(&endpoint, Some(tls)).await {
+        Ok(channel) => channel,
+        Err(e) => return format!("connect: {e:?}"),
+    };
+    let register = AgentMessage {
+        body: Some(Up::Register(Register {
+            node_id: node.into(),
+            mgmt_addr: "127.0.0.1".into(),
+            ..Register::default()
+        })),
+    };
+    match AgentServiceClient::new(channel)
+        .connect(tokio_stream::iter([register]))
         .await
-        .expect_err("a node certificate called a Raft RPC");
-    assert!(
-        refused.starts_with("PermissionDenied") && refused.contains("only peer certificates"),
-        "{refused}"
-    );
-    cluster
-        .wait_log(1, &["refused a Raft RPC", "node gpu-1"])
-        .await;
-
-    // None of it disturbed the cluster.
-    cluster.wait_leader().await;
-    let (status, body) = cluster.put_model(2, "after-refusals").await.unwrap();
-    assert_eq!(status, 200, "{body}");
+    {
+        Ok(_) => String::new(),
+        Err(status) => format!("{:?}: {}", status.code(), status.message()),
+    }
 }
 
 /// The serial number of the certificate `addr` serves now.

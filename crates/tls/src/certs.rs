@@ -194,10 +194,127 @@ pub fn issue_with(
         ca: ca_cert_path.to_owned(),
         cert: out_dir.join(format!("{stem}.pem")),
         key: out_dir.join(format!("{stem}.key")),
+        crl: None,
     };
     write_file(&files.key, key.serialize_pem().as_bytes(), true)?;
     write_file(&files.cert, cert.pem().as_bytes(), false)?;
     Ok(files)
+}
+
+/// The revocation list `revoke` writes beside the CA, for `tls.crl`.
+pub const CRL: &str = "crl.pem";
+/// What `revoke` has revoked so far: one `SERIAL_HEX UNIX_SECONDS` line each.
+const REVOKED: &str = "revoked.txt";
+/// How long a revocation list is current; `revoke` issues a fresh one.
+const CRL_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Adds the certificate in `cert_path` to the revocation list of the CA in
+/// `ca_dir` and writes `crl.pem` there, signed by the CA. Processes with
+/// `tls.crl` pointing at it refuse that certificate from their next reload
+/// on. Returns the list's path and how many certificates it revokes.
+pub fn revoke(ca_dir: &Path, cert_path: &Path) -> Result<(PathBuf, usize), TlsError> {
+    let victim = crate::read_certificates("certificate to revoke", cert_path)?.remove(0);
+    let serial = webpki::EndEntityCert::try_from(&victim)
+        .map_err(|e| TlsError::Pem {
+            path: cert_path.to_owned(),
+            why: format!("does not parse ({e})"),
+        })?
+        .serial()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<String>();
+    let mut revoked = read_revoked(ca_dir)?;
+    if !revoked.iter().any(|(s, _)| *s == serial) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        revoked.push((serial, at));
+    }
+    let text: String = revoked
+        .iter()
+        .map(|(serial, at)| format!("{serial} {at}\n"))
+        .collect();
+    write_file(&ca_dir.join(REVOKED), text.as_bytes(), false)?;
+    let crl = publish_crl(ca_dir)?;
+    Ok((crl, revoked.len()))
+}
+
+/// Writes `crl.pem` in `ca_dir`: a fresh list, signed by the CA, of every
+/// certificate `revoke` revoked (none yet is a valid, empty list, so
+/// `tls.crl` can point at it before anything is revoked).
+pub fn publish_crl(ca_dir: &Path) -> Result<PathBuf, TlsError> {
+    let (ca_cert_path, ca_key_path) = ca_files(ca_dir);
+    let ca_cert = crate::read_certificates("CA certificate", &ca_cert_path)?.remove(0);
+    let ca_key_pem = std::fs::read_to_string(&ca_key_path).map_err(|source| TlsError::Read {
+        what: "CA key",
+        path: ca_key_path.clone(),
+        source,
+    })?;
+    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| TlsError::Pem {
+        path: ca_key_path.clone(),
+        why: format!("holds no usable private key: {e}"),
+    })?;
+    let issuer = Issuer::from_ca_cert_der(&ca_cert, ca_key).map_err(|e| TlsError::Pem {
+        path: ca_cert_path.clone(),
+        why: format!("cannot be read as a CA certificate ({e})"),
+    })?;
+    let revoked = read_revoked(ca_dir)?;
+    let now = SystemTime::now();
+    let params = rcgen::CertificateRevocationListParams {
+        this_update: OffsetDateTime::from(now),
+        next_update: OffsetDateTime::from(now + CRL_VALIDITY),
+        // Newer lists carry higher numbers.
+        crl_number: rcgen::SerialNumber::from(
+            now.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(1, |d| d.as_secs()),
+        ),
+        issuing_distribution_point: None,
+        revoked_certs: revoked
+            .iter()
+            .map(|(serial, at)| rcgen::RevokedCertParams {
+                serial_number: rcgen::SerialNumber::from(hex_bytes(serial)),
+                revocation_time: OffsetDateTime::from(
+                    SystemTime::UNIX_EPOCH + Duration::from_secs(*at),
+                ),
+                reason_code: None,
+                invalidity_date: None,
+            })
+            .collect(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    };
+    let crl = params
+        .signed_by(&issuer)
+        .and_then(|crl| crl.pem())
+        .map_err(generate)?;
+    let crl_path = ca_dir.join(CRL);
+    write_file(&crl_path, crl.as_bytes(), false)?;
+    Ok(crl_path)
+}
+
+/// The serials `revoke` recorded, with when.
+fn read_revoked(ca_dir: &Path) -> Result<Vec<(String, u64)>, TlsError> {
+    let path = ca_dir.join(REVOKED);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text
+            .lines()
+            .filter_map(|line| {
+                let (serial, at) = line.split_once(' ')?;
+                Some((serial.to_owned(), at.trim().parse().ok()?))
+            })
+            .collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(source) => Err(TlsError::Read {
+            what: "revoked serials",
+            path,
+            source,
+        }),
+    }
+}
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect()
 }
 
 fn generate(error: rcgen::Error) -> TlsError {

@@ -56,6 +56,16 @@ pub enum CertsCommand {
         #[arg(long, default_value_t = 365)]
         days: u64,
     },
+    /// Revoke a certificate: add it to the CA's revocation list (crl.pem in
+    /// DIR), which processes with `tls.crl` reload like their certificates.
+    Revoke {
+        /// Directory holding the CA (from `llmgw certs init`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate to revoke (PEM).
+        #[arg(long)]
+        cert: PathBuf,
+    },
 }
 
 /// Runs the subcommand; returns what to print.
@@ -129,6 +139,18 @@ pub fn run_certs(args: CertsArgs) -> Result<String, TlsError> {
                 files.ca.display(),
                 files.cert.display(),
                 files.key.display()
+            ))
+        }
+        CertsCommand::Revoke { dir, cert } => {
+            let (crl, count) = certs::revoke(&dir, &cert)?;
+            Ok(format!(
+                "{} revoked; {} now lists {count} certificate(s)\n\
+                 every peer and agent with `tls.crl: {}` refuses it within a reload \
+                 (about {} s); new connections only\n",
+                cert.display(),
+                crl.display(),
+                crl.display(),
+                crate::RELOAD_INTERVAL.as_secs()
             ))
         }
     }

@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, SystemTime};
 
+use rustls::client::WebPkiServerVerifier;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
 use crate::{Identity, TlsError};
 
@@ -25,6 +26,10 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// The certificate's private key (PKCS#8, SEC1 or PKCS#1).
     pub key: PathBuf,
+    /// Certificate revocation lists (PEM, one or more), reloaded like the
+    /// rest: a certificate listed there is refused on every link, in both
+    /// directions. `None`: nothing is revoked.
+    pub crl: Option<PathBuf>,
 }
 
 /// One loaded generation of the material.
@@ -46,7 +51,7 @@ struct Inner {
     identity: Identity,
     current: RwLock<Arc<Loaded>>,
     /// What the files looked like when last read (loaded or not).
-    seen: Mutex<[Option<Stamp>; 3]>,
+    seen: Mutex<[Option<Stamp>; 4]>,
 }
 
 /// Enough of a file's metadata to notice a replaced or rewritten file.
@@ -170,8 +175,34 @@ impl Tls {
     }
 }
 
-fn stamps(files: &TlsFiles) -> [Option<Stamp>; 3] {
-    [stamp(&files.ca), stamp(&files.cert), stamp(&files.key)]
+fn stamps(files: &TlsFiles) -> [Option<Stamp>; 4] {
+    [
+        stamp(&files.ca),
+        stamp(&files.cert),
+        stamp(&files.key),
+        files.crl.as_deref().and_then(stamp),
+    ]
+}
+
+/// Every CRL in a PEM file; an empty list for no file.
+fn read_crls(path: Option<&Path>) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let pem = read("revocation list", path)?;
+    let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            path: path.to_owned(),
+            why: format!("not a PEM revocation list: {e}"),
+        })?;
+    if crls.is_empty() {
+        return Err(TlsError::Pem {
+            path: path.to_owned(),
+            why: "holds no X509 CRL block".to_owned(),
+        });
+    }
+    Ok(crls)
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -252,6 +283,8 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
     let ca = read_certificates("CA bundle", &files.ca)?;
     let chain = read_certificates("certificate", &files.cert)?;
     let key = read_key(&files.key)?;
+    let crls = read_crls(files.crl.as_deref())?;
+    let crl_path = || files.crl.clone().unwrap_or_default();
 
     let mut roots = RootCertStore::empty();
     for cert in ca {
@@ -280,11 +313,34 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
         let what = format!("{what} ({}, {})", files.cert.display(), files.key.display());
         move |source: rustls::Error| TlsError::Rustls { what, source }
     };
+    // Revocation is checked for the leaf only, and a certificate whose CA
+    // published no list passes: during a CA rotation one CA may have a
+    // list and the other none.
     let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+        .with_crls(crls.clone())
+        .only_check_end_entity_revocation()
+        .allow_unknown_revocation_status()
         .build()
         .map_err(|e| TlsError::Pem {
-            path: files.ca.clone(),
-            why: format!("cannot verify client certificates with this CA bundle: {e}"),
+            path: if crls.is_empty() {
+                files.ca.clone()
+            } else {
+                crl_path()
+            },
+            why: format!("cannot verify client certificates with this CA bundle and CRL: {e}"),
+        })?;
+    let server_verifier = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .with_crls(crls.clone())
+        .only_check_end_entity_revocation()
+        .allow_unknown_revocation_status()
+        .build()
+        .map_err(|e| TlsError::Pem {
+            path: if crls.is_empty() {
+                files.ca.clone()
+            } else {
+                crl_path()
+            },
+            why: format!("cannot verify server certificates with this CA bundle and CRL: {e}"),
         })?;
     let mut server = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -297,7 +353,7 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
     let mut client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(rustls_error("TLS versions"))?
-        .with_root_certificates(roots)
+        .with_webpki_verifier(server_verifier)
         .with_client_auth_cert(chain, key)
         .map_err(rustls_error("the certificate and key do not go together"))?;
     client.alpn_protocols = vec![b"h2".to_vec()];

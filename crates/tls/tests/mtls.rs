@@ -221,3 +221,55 @@ async fn certificates_from_an_operators_own_ca_are_issued_and_accepted() {
         .unwrap();
     assert_eq!(conn.info().identity.as_ref(), Some(&identity));
 }
+
+/// `llmgw certs revoke` lists a certificate in the CA's CRL; a process
+/// whose `tls.crl` points there refuses it after its next reload, and
+/// still takes everyone else.
+#[tokio::test]
+async fn a_revoked_certificate_is_refused_after_the_crl_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    certs::init_ca(&ca).unwrap();
+    // A list that exists before anything that matters is revoked.
+    let retired = issue(&ca, dir.path(), Identity::Node("retired".into()), "retired");
+    let (crl, count) = certs::revoke(&ca, &retired.cert).unwrap();
+    assert_eq!((crl.clone(), count), (ca.join(certs::CRL), 1));
+
+    let server_files = TlsFiles {
+        crl: Some(crl.clone()),
+        ..issue(&ca, dir.path(), Identity::Peer(1), "p1")
+    };
+    let server = Tls::load(server_files, Identity::Peer(1)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut conns = incoming(listener, Some(server.clone()));
+    let node = |name: &str| {
+        let identity = Identity::Node(name.into());
+        let files = issue(&ca, dir.path(), identity.clone(), name);
+        (files.clone(), Tls::load(files, identity).unwrap())
+    };
+    let (stolen_files, stolen) = node("gpu-7");
+    let (_, honest) = node("gpu-8");
+    let _ = llmgw_tls::probe(&addr, &stolen).await;
+    assert!(accepted(&mut conns).await, "gpu-7 before its revocation");
+
+    certs::revoke(&ca, &stolen_files.cert).unwrap();
+    assert!(server.reload_if_changed().unwrap(), "the new CRL is loaded");
+    let _ = llmgw_tls::probe(&addr, &stolen).await;
+    assert!(
+        !accepted(&mut conns).await,
+        "a revoked certificate got through"
+    );
+    let _ = llmgw_tls::probe(&addr, &honest).await;
+    assert!(accepted(&mut conns).await, "gpu-8 is not revoked");
+    // Revoking twice lists it once.
+    let (_, count) = certs::revoke(&ca, &stolen_files.cert).unwrap();
+    assert_eq!(count, 2);
+}
+
+/// Whether the accept loop hands out a connection within 1.5 s.
+async fn accepted<S: tokio_stream::Stream + Unpin>(conns: &mut S) -> bool {
+    tokio::time::timeout(Duration::from_millis(1500), conns.next())
+        .await
+        .is_ok()
+}

@@ -31,6 +31,7 @@ pub fn node_tls_files(cluster: &Cluster, node_id: &str) -> llmgw_tls::TlsFiles {
         ca: llmgw_tls::certs::ca_files(&dir).0,
         cert: dir.join(format!("node-{node_id}.pem")),
         key: dir.join(format!("node-{node_id}.key")),
+        crl: None,
     }
 }
 

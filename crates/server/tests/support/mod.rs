@@ -96,7 +96,12 @@ impl Cluster {
         let layouts = plan_peers(dir.path(), 3).expect("free ports");
         for layout in &layouts {
             let yaml = if tls {
-                let files = llmgw_dev::certs::peer_tls(dir.path(), layout.id).expect("peer cert");
+                let mut files =
+                    llmgw_dev::certs::peer_tls(dir.path(), layout.id).expect("peer cert");
+                // Every TLS cluster checks revocation: an empty list until a
+                // test revokes something (`llmgw_tls::certs::revoke`).
+                let ca_dir = llmgw_dev::certs::tls_dir(dir.path());
+                files.crl = Some(llmgw_tls::certs::publish_crl(&ca_dir).expect("a CRL"));
                 server_yaml_tls(layout, &layouts, &files, extra_yaml)
             } else {
                 server_yaml(layout, &layouts, extra_yaml)
