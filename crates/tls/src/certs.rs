@@ -124,33 +124,11 @@ pub fn issue_with(
     if let Identity::Node(id) = &request.identity {
         crate::identity::check_node_id(id).map_err(TlsError::Identity)?;
     }
-    let ca_cert = crate::read_certificates("CA certificate", ca_cert_path)?.remove(0);
-    let ca_key_pem = std::fs::read_to_string(ca_key_path).map_err(|source| TlsError::Read {
-        what: "CA key",
-        path: ca_key_path.to_owned(),
-        source,
-    })?;
-    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| TlsError::Pem {
-        path: ca_key_path.to_owned(),
-        why: format!("holds no usable private key: {e}"),
-    })?;
+    let (issuer, ca_subject) = load_ca(ca_cert_path, ca_key_path)?;
     let bad_ca = |why: &str| TlsError::Pem {
         path: ca_cert_path.to_owned(),
         why: why.to_owned(),
     };
-    let parsed_ca = webpki::EndEntityCert::try_from(&ca_cert)
-        .map_err(|e| bad_ca(&format!("does not parse ({e})")))?;
-    if parsed_ca.subject_public_key_info().as_ref() != ca_key.subject_public_key_info().as_slice() {
-        return Err(bad_ca(&format!(
-            "does not belong to the key in {}",
-            ca_key_path.display()
-        )));
-    }
-    let ca_subject = parsed_ca.subject().to_vec();
-    // The issuer's name and key identifier come from the CA certificate
-    // itself, so any CA signs, not only one with llmgw's own name.
-    let issuer = Issuer::from_ca_cert_der(&ca_cert, ca_key)
-        .map_err(|e| bad_ca(&format!("cannot be read as a CA certificate ({e})")))?;
 
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -244,20 +222,7 @@ pub fn revoke(ca_dir: &Path, cert_path: &Path) -> Result<(PathBuf, usize), TlsEr
 /// `tls.crl` can point at it before anything is revoked).
 pub fn publish_crl(ca_dir: &Path) -> Result<PathBuf, TlsError> {
     let (ca_cert_path, ca_key_path) = ca_files(ca_dir);
-    let ca_cert = crate::read_certificates("CA certificate", &ca_cert_path)?.remove(0);
-    let ca_key_pem = std::fs::read_to_string(&ca_key_path).map_err(|source| TlsError::Read {
-        what: "CA key",
-        path: ca_key_path.clone(),
-        source,
-    })?;
-    let ca_key = KeyPair::from_pem(&ca_key_pem).map_err(|e| TlsError::Pem {
-        path: ca_key_path.clone(),
-        why: format!("holds no usable private key: {e}"),
-    })?;
-    let issuer = Issuer::from_ca_cert_der(&ca_cert, ca_key).map_err(|e| TlsError::Pem {
-        path: ca_cert_path.clone(),
-        why: format!("cannot be read as a CA certificate ({e})"),
-    })?;
+    let (issuer, _) = load_ca(&ca_cert_path, &ca_key_path)?;
     let revoked = read_revoked(ca_dir)?;
     let now = SystemTime::now();
     let params = rcgen::CertificateRevocationListParams {
@@ -315,6 +280,41 @@ fn hex_bytes(hex: &str) -> Vec<u8> {
     (0..hex.len() / 2)
         .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
         .collect()
+}
+
+/// A CA's certificate and key as a signer, and the CA's subject. The
+/// issuer's name and key identifier come from the certificate itself, so
+/// any CA signs, not only one with llmgw's own name.
+fn load_ca(
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<(Issuer<'static, KeyPair>, Vec<u8>), TlsError> {
+    let cert = crate::read_certificates("CA certificate", cert_path)?.remove(0);
+    let key_pem = std::fs::read_to_string(key_path).map_err(|source| TlsError::Read {
+        what: "CA key",
+        path: key_path.to_owned(),
+        source,
+    })?;
+    let key = KeyPair::from_pem(&key_pem).map_err(|e| TlsError::Pem {
+        path: key_path.to_owned(),
+        why: format!("holds no usable private key: {e}"),
+    })?;
+    let bad_ca = |why: String| TlsError::Pem {
+        path: cert_path.to_owned(),
+        why,
+    };
+    let parsed = webpki::EndEntityCert::try_from(&cert)
+        .map_err(|e| bad_ca(format!("does not parse ({e})")))?;
+    if parsed.subject_public_key_info().as_ref() != key.subject_public_key_info().as_slice() {
+        return Err(bad_ca(format!(
+            "does not belong to the key in {}",
+            key_path.display()
+        )));
+    }
+    let subject = parsed.subject().to_vec();
+    let issuer = Issuer::from_ca_cert_der(&cert, key)
+        .map_err(|e| bad_ca(format!("cannot be read as a CA certificate ({e})")))?;
+    Ok((issuer, subject))
 }
 
 fn generate(error: rcgen::Error) -> TlsError {

@@ -186,23 +186,10 @@ fn stamps(files: &TlsFiles) -> [Option<Stamp>; 4] {
 
 /// Every CRL in a PEM file; an empty list for no file.
 fn read_crls(path: Option<&Path>) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
-    let Some(path) = path else {
-        return Ok(Vec::new());
-    };
-    let pem = read("revocation list", path)?;
-    let crls = CertificateRevocationListDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            path: path.to_owned(),
-            why: format!("not a PEM revocation list: {e}"),
-        })?;
-    if crls.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.to_owned(),
-            why: "holds no X509 CRL block".to_owned(),
-        });
+    match path {
+        Some(path) => read_blocks("revocation list", "X509 CRL", path),
+        None => Ok(Vec::new()),
     }
-    Ok(crls)
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -218,20 +205,29 @@ pub fn read_certificates(
     what: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    read_blocks(what, "CERTIFICATE", path)
+}
+
+/// Every `block` in the PEM file at `path`; at least one.
+fn read_blocks<T: PemObject>(
+    what: &'static str,
+    block: &str,
+    path: &Path,
+) -> Result<Vec<T>, TlsError> {
     let pem = read(what, path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
+    let items = T::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::Pem {
             path: path.to_owned(),
-            why: format!("not a PEM certificate file: {e}"),
+            why: format!("not a PEM {what} file: {e}"),
         })?;
-    if certs.is_empty() {
+    if items.is_empty() {
         return Err(TlsError::Pem {
             path: path.to_owned(),
-            why: "holds no CERTIFICATE block".to_owned(),
+            why: format!("holds no {block} block"),
         });
     }
-    Ok(certs)
+    Ok(items)
 }
 
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
