@@ -191,7 +191,26 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         || leader.connections() > connections,
     )
     .await;
-    // The witness holds both: the start executed, the stop refused.
+    // Nor drain it.
+    let connections = leader.connections();
+    let stale_drain = Down::Drain(llmgw_proto::agent::DrainShard {
+        shard_id: "st-0".into(),
+        deadline_ms: 30_000,
+        reason: "a deposed leader's drain".into(),
+    });
+    leader.send(4, 20, stale_drain).await;
+    let ack = wait_ack(&leader, 20).await;
+    assert!(!ack.accepted, "{ack:?}");
+    assert_eq!(
+        supervisor.status("st-0").unwrap().state,
+        ShardState::Ready as i32
+    );
+    support::eventually("the agent left again", LONG, || {
+        leader.connections() > connections
+    })
+    .await;
+    // The witness holds all three: the start executed, the stop and the
+    // drain refused.
     let witness = std::fs::read_to_string(dir.path().join(llmgw_agent::Witness::FILE)).unwrap();
     let lines: Vec<serde_json::Value> = witness
         .lines()
@@ -207,6 +226,12 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         lines
             .iter()
             .any(|l| l["kind"] == "stop" && l["term"] == 4 && l["executed"] == false),
+        "{witness}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["kind"] == "drain" && l["term"] == 4 && l["executed"] == false),
         "{witness}"
     );
     let persisted = std::fs::read_to_string(dir.path().join(TermStore::FILE)).unwrap();
