@@ -16,6 +16,17 @@ pub struct CheckReport {
 /// Validates `path` as `kind`, or as the kind its content shows.
 pub fn check_file(path: &Path, kind: Option<FileKind>) -> Result<CheckReport, ConfigError> {
     let (name, text) = read_file(path)?;
+    check_text(&name, &text, kind)
+}
+
+/// Validates `text`, named `name` in every problem, as `kind` or as the
+/// kind its content shows.
+pub fn check_text(
+    name: &str,
+    text: &str,
+    kind: Option<FileKind>,
+) -> Result<CheckReport, ConfigError> {
+    let (name, text) = (name.to_owned(), text.to_owned());
     let kind = match kind {
         Some(k) => k,
         None => detect_kind(&name, &text)?,

@@ -20,7 +20,7 @@ pub use agent::{
     AgentConfig, DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, DiscoveryConfig, EngineVersion,
     EnginesConfig, FabricConfig, SglangConfig, SupervisorConfig, VllmConfig,
 };
-pub use check::{CheckReport, check_file};
+pub use check::{CheckReport, check_file, check_text};
 pub use common::{ConfigError, TlsConfig, check_host_port, grpc_authority};
 pub use kind::FileKind;
 pub use router::{ApiKey, BalancePolicy, Balancing, Ejection, RouterConfig, RouterTimeouts};

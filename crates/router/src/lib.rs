@@ -32,6 +32,7 @@ mod table;
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::ControlPlaneWatcher;
 pub use error::RouterError;
+pub use peek::{PeekError, Peeked, peek, prefix};
 pub use serve::{Router, RunningRouter};
 pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};

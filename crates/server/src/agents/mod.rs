@@ -10,7 +10,7 @@ mod rate;
 mod reports;
 mod service;
 
-pub use convert::{NodeFacts, check_node_id, node_facts};
+pub use convert::{NodeFacts, check_node_id, failure, node_facts, shard_state};
 pub use hub::{Desired, Hub, LinkView, Order, Refusal};
 pub use liveness::{LivenessSettings, next_status, run_liveness};
 pub use rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND};
