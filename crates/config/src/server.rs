@@ -174,7 +174,13 @@ impl ServerConfig {
                     .to_string(),
             );
         }
-        if self.admin.tokens.is_empty() {
+        if self.admin.tokens.is_empty() && !self.admin_listen.ip().is_loopback() && !self.insecure {
+            out.push(format!(
+                "no `admin.tokens` and the admin API listens on {}, not loopback: `llmgw server` \
+                 refuses to start; add tokens, listen on 127.0.0.1, or set `insecure: true`",
+                self.admin_listen
+            ));
+        } else if self.admin.tokens.is_empty() {
             out.push(format!(
                 "no `admin.tokens`: the admin API on {} is open to anyone who can reach it",
                 self.admin_listen

@@ -67,6 +67,19 @@ pub fn options_from(
             file.display()
         )));
     }
+    // Anyone who reaches an open admin API can change the fleet; on
+    // loopback only this host can.
+    if !config.admin_listen.ip().is_loopback() && config.admin.tokens.is_empty() && !config.insecure
+    {
+        return Err(ServerError::Config(format!(
+            "{}: the admin API listens on {} without `admin.tokens`: anyone who can reach it \
+             could change the fleet; add a read and a write token (docs/security.md), listen on \
+             loopback (`admin_listen: 127.0.0.1:7480`), or set `insecure: true` to run open on a \
+             trusted network",
+            file.display(),
+            config.admin_listen
+        )));
+    }
     let security = Security {
         tls: config.tls.as_ref().map(|tls| TlsFiles {
             ca: tls.ca.clone(),

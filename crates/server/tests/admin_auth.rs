@@ -188,3 +188,42 @@ fn a_server_yaml_with_bad_tokens_is_refused_with_the_reason() {
     let err = run("admin:\n  tokens:\n    - { name: a, role: read }\n");
     assert!(err.contains("token_file"), "{err}");
 }
+
+#[test]
+fn an_open_admin_api_off_loopback_is_refused_with_the_way_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = llmgw_dev::certs::peer_tls(dir.path(), 1).unwrap();
+    let config = dir.path().join("server.yaml");
+    let write = |transport: &str, admin: &str| {
+        let yaml = format!(
+            "id: 1\ndata_dir: {}\n{transport}admin_listen: \"{admin}\"\nrouter_listen: null\n\
+             peers:\n  - {{id: 1, grpc: \"127.0.0.1:1\", admin: \"http://127.0.0.1:2\"}}\n",
+            dir.path().join("data").display()
+        );
+        std::fs::write(&config, yaml).unwrap();
+    };
+    let refused = || {
+        let out = Command::new(llmgw_bin())
+            .args(["server", "--config"])
+            .arg(&config)
+            .output()
+            .expect("run llmgw server");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // mTLS on gRPC, no admin tokens, the admin API on every address.
+    write(&llmgw_dev::certs::tls_yaml(&files), "0.0.0.0:0");
+    let err = refused();
+    assert!(
+        err.contains("without `admin.tokens`") && err.contains("0.0.0.0:0"),
+        "{err}"
+    );
+    // `config check` says the same before anyone starts it.
+    let out = Command::new(llmgw_bin())
+        .args(["config", "check"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("refuses to start"), "{text}");
+}
