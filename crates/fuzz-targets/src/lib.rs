@@ -87,11 +87,11 @@ pub fn agent_message(data: &[u8]) {
     };
     match message.body {
         Some(Up::Register(register)) => {
-            let _ = llmgw_server::agents::node_facts(&register);
+            let _ = llmgw_agent_wire::node_facts(&register);
         }
         Some(Up::ShardStatus(status)) => {
-            let _ = llmgw_server::agents::shard_state(status.state);
-            let _ = llmgw_server::agents::failure(&status, status.at_unix_ms);
+            let _ = llmgw_agent_wire::shard_state(status.state);
+            let _ = llmgw_agent_wire::failure(&status, status.at_unix_ms);
         }
         _ => {}
     }

@@ -3,16 +3,15 @@
 //! commands sent on them ([`Hub`]), shard statuses written to Raft, and
 //! node liveness.
 
-mod convert;
 mod hub;
 mod liveness;
 mod rate;
 mod reports;
 mod service;
 
-pub use convert::{NodeFacts, check_node_id, failure, node_facts, shard_state};
 pub use hub::{Desired, Hub, LinkView, Order, Refusal};
 pub use liveness::{LivenessSettings, next_status, run_liveness};
+pub use llmgw_agent_wire::{NodeFacts, check_node_id, failure, node_facts, shard_state};
 pub use rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND};
 pub use reports::write_reports;
 pub use service::{AgentStreams, CONCURRENT_REGISTRATIONS, Report};

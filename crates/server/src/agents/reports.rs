@@ -8,8 +8,8 @@ use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_state::{Command, FleetState};
 use tokio::sync::mpsc;
 
-use super::convert::{failure, shard_state};
 use super::service::Report;
+use llmgw_agent_wire::{failure, shard_state};
 
 /// Runs until the channel closes. Reports that arrive while this peer does
 /// not lead are dropped: agents report to the leader only, and the next

@@ -17,10 +17,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::convert::node_facts;
 use super::hub::{Hub, Refusal};
 use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
 use crate::reconcile::specs::{desired_for_node, managed_models};
+use llmgw_agent_wire::node_facts;
 
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,4 +1,7 @@
-//! Translating between the agent protocol and the replicated records.
+//! The agent stream's messages as the control plane reads them: a
+//! `Register` becomes the node's facts in the replicated shape (and the
+//! `RegisterNode` command when they changed), a `ShardStatus` a shard state
+//! and its failure. Pure, so the fuzz targets reach it without a peer.
 
 use std::collections::BTreeMap;
 
