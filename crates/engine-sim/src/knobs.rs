@@ -115,7 +115,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "h" => number * 3600.0,
         _ => return None,
     };
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    Duration::try_from_secs_f64(seconds).ok()
 }
 
 const FAULT_HINT: &str = "expected a comma-separated list of crash_on_load:{kv_cache|oom|free_memory|arch}, \

@@ -203,7 +203,9 @@ impl EngineApp {
                         .ok()
                         .and_then(|v| v.parse::<f64>().ok())
                         .unwrap_or(20.0);
-                    tokio::time::sleep(Duration::from_secs_f64(timeout.max(0.0))).await;
+                    let wait =
+                        Duration::try_from_secs_f64(timeout).unwrap_or(Duration::from_secs(20));
+                    tokio::time::sleep(wait).await;
                     s.log.sglang(
                         None,
                         &format!("Health check failed. Server couldn't get a response from detokenizer for last {timeout} seconds. tic start time: 0. last_heartbeat time: 0"),

@@ -422,7 +422,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
         };
-        total += Duration::from_secs_f64(number * seconds_per_unit);
+        // A huge or endless number is a refusal, not a panic.
+        let too_long = || format!("{text:?} is longer than any duration llmgw can wait");
+        let part =
+            Duration::try_from_secs_f64(number * seconds_per_unit).map_err(|_| too_long())?;
+        total = total.checked_add(part).ok_or_else(too_long)?;
         rest = &rest[unit_len..];
     }
     Ok(total)
@@ -464,6 +468,15 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("5").unwrap_err().contains("unit"));
         assert!(parse_duration("5 parsecs").is_err());
+        // Found by fuzzing `config check`: these used to panic.
+        let huge = format!("{}h", "9".repeat(400));
+        assert!(
+            parse_duration(&huge)
+                .unwrap_err()
+                .contains("longer than any duration")
+        );
+        // Each part fits, the sum does not.
+        assert!(parse_duration("3000000000000000h3000000000000000h").is_err());
         assert_eq!(format_duration(Duration::from_secs(90)), "1m30s");
         assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
     }
