@@ -906,15 +906,19 @@ pub fn rejoined_after_healing(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_leadership_that_goes_back_is_reported_but_two_leaders_of_a_term_in_order_are_not() {
-        let at = |at_us, peer, term, leader| LeaderSample {
+    /// A leader sample answered the moment it was asked.
+    fn at(at_us: u64, peer: u64, term: u64, leader: Option<u64>) -> LeaderSample {
+        LeaderSample {
             at_us,
             answered_us: at_us,
             peer,
             term,
             leader,
-        };
+        }
+    }
+
+    #[test]
+    fn a_leadership_that_goes_back_is_reported_but_two_leaders_of_a_term_in_order_are_not() {
         let samples = vec![
             at(1, 1, 3, Some(1)),
             at(2, 2, 3, Some(1)),
@@ -1262,13 +1266,6 @@ mod tests {
 
     #[test]
     fn a_term_change_while_only_a_follower_was_paused_is_reported() {
-        let at = |at_us, peer, term, leader| LeaderSample {
-            at_us,
-            answered_us: at_us,
-            peer,
-            term,
-            leader,
-        };
         let samples = vec![
             at(1, 1, 5, Some(1)),
             at(2, 2, 5, Some(1)),
@@ -1321,13 +1318,6 @@ mod tests {
 
     #[test]
     fn a_healed_peer_that_names_the_new_leader_late_is_reported() {
-        let at = |at_us, peer, term, leader| LeaderSample {
-            at_us,
-            answered_us: at_us,
-            peer,
-            term,
-            leader,
-        };
         let samples = vec![
             at(100, 2, 2, Some(2)),
             at(100, 3, 2, Some(2)),

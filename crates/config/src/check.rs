@@ -26,14 +26,13 @@ pub fn check_text(
     text: &str,
     kind: Option<FileKind>,
 ) -> Result<CheckReport, ConfigError> {
-    let (name, text) = (name.to_owned(), text.to_owned());
     let kind = match kind {
         Some(k) => k,
-        None => detect_kind(&name, &text)?,
+        None => detect_kind(name, text)?,
     };
     let (summary, warnings) = match kind {
         FileKind::Agent => {
-            let c = AgentConfig::parse(&name, &text)?;
+            let c = AgentConfig::parse(name, text)?;
             let summary = format!(
                 "node {} with {} fabric(s), {} control-plane peer(s)",
                 c.node_id,
@@ -43,14 +42,14 @@ pub fn check_text(
             (summary, c.warnings())
         }
         FileKind::Server => {
-            let c = ServerConfig::parse(&name, &text)?;
+            let c = ServerConfig::parse(name, text)?;
             (
                 format!("peer {} of a {}-peer cluster", c.id, c.peers.len()),
                 c.warnings(),
             )
         }
         FileKind::Router => {
-            let c = RouterConfig::parse(&name, &text)?;
+            let c = RouterConfig::parse(name, text)?;
             let summary = format!(
                 "router on {} with {} static model(s), watching {} peer(s)",
                 c.listen,
@@ -60,7 +59,7 @@ pub fn check_text(
             (summary, Vec::new())
         }
         FileKind::Models => {
-            let c = llmgw_catalog::parse_catalog(&name, &text)?;
+            let c = llmgw_catalog::parse_catalog(name, text)?;
             let managed = c.models.iter().filter(|m| m.managed().is_some()).count();
             let summary = format!(
                 "{} model(s): {managed} run by llmgw, {} routed to static endpoints",

@@ -280,7 +280,17 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
     let chain = read_certificates("certificate", &files.cert)?;
     let key = read_key(&files.key)?;
     let crls = read_crls(files.crl.as_deref())?;
-    let crl_path = || files.crl.clone().unwrap_or_default();
+    // The file to blame when the CA bundle and CRL cannot verify anything.
+    let unusable = |whose: &'static str| {
+        let path = match &files.crl {
+            Some(crl) if !crls.is_empty() => crl.clone(),
+            _ => files.ca.clone(),
+        };
+        move |e: rustls::server::VerifierBuilderError| TlsError::Pem {
+            path,
+            why: format!("cannot verify {whose} certificates with this CA bundle and CRL: {e}"),
+        }
+    };
 
     let mut roots = RootCertStore::empty();
     for cert in ca {
@@ -317,27 +327,13 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
         .only_check_end_entity_revocation()
         .allow_unknown_revocation_status()
         .build()
-        .map_err(|e| TlsError::Pem {
-            path: if crls.is_empty() {
-                files.ca.clone()
-            } else {
-                crl_path()
-            },
-            why: format!("cannot verify client certificates with this CA bundle and CRL: {e}"),
-        })?;
+        .map_err(unusable("client"))?;
     let server_verifier = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .with_crls(crls.clone())
         .only_check_end_entity_revocation()
         .allow_unknown_revocation_status()
         .build()
-        .map_err(|e| TlsError::Pem {
-            path: if crls.is_empty() {
-                files.ca.clone()
-            } else {
-                crl_path()
-            },
-            why: format!("cannot verify server certificates with this CA bundle and CRL: {e}"),
-        })?;
+        .map_err(unusable("server"))?;
     let mut server = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(rustls_error("TLS versions"))?
