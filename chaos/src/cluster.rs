@@ -9,7 +9,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use llmgw_dev::{PeerLayout, server_yaml};
+use llmgw_dev::{AdminAccess, PeerLayout, server_yaml_tls};
+use llmgw_tls::certs::{self, IssueRequest};
+use llmgw_tls::{Identity, TlsFiles};
 use serde_json::Value;
 
 use crate::netns::{Net, NetError};
@@ -43,6 +45,8 @@ pub enum ClusterError {
     /// A lazy disk (power-cut runs) could not be mounted.
     #[error("{0}")]
     Disk(String),
+    #[error("certificates: {0}")]
+    Certs(#[from] llmgw_tls::TlsError),
 }
 
 /// Sends `signal` to every process of group `pgid`.
@@ -103,7 +107,11 @@ pub struct Cluster {
     pub members: Members,
     /// Every pid this run started, for the leftover check.
     pub spawned: Vec<u32>,
+    /// An admin API client: trusts the run's CA, sends the write token.
     pub http: reqwest::Client,
+    /// The run's CA and admin tokens: peers serve the admin API over HTTPS
+    /// on their namespace addresses, which needs tokens.
+    pub access: AdminAccess,
     /// Lazy disks under the peers' data directories (power-cut runs
     /// only); unmounted when the cluster is dropped.
     pub disks: BTreeMap<u64, crate::powercut::LazyDisk>,
@@ -119,19 +127,22 @@ impl Cluster {
         extra_yaml: &str,
         router: bool,
     ) -> Result<Cluster, ClusterError> {
+        let ca = certs::init_ca(&Self::tls_dir_of(dir))?;
+        let access = AdminAccess::create(dir, Some(ca)).map_err(|source| ClusterError::File {
+            path: dir.to_owned(),
+            source,
+        })?;
         let mut cluster = Cluster {
             net,
             dir: dir.to_owned(),
             bin: bin.to_owned(),
-            extra_yaml: extra_yaml.to_owned(),
+            extra_yaml: format!("{extra_yaml}{}", access.server_yaml()),
             router,
             peers: BTreeMap::new(),
             members: Members::default(),
             spawned: Vec::new(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(3))
-                .build()
-                .expect("an HTTP client with default TLS settings"),
+            http: admin_client(&access, Duration::from_secs(3)),
+            access,
             disks: BTreeMap::new(),
         };
         let ids: Vec<u64> = (1..=count).collect();
@@ -145,9 +156,44 @@ impl Cluster {
         Ok(cluster)
     }
 
+    fn tls_dir_of(dir: &Path) -> PathBuf {
+        dir.join("tls")
+    }
+
+    /// The CA and certificates of this run.
+    pub fn tls_dir(&self) -> PathBuf {
+        Self::tls_dir_of(&self.dir)
+    }
+
+    /// Peer `id`'s certificate files (made with its layout).
+    fn peer_tls(&self, id: u64) -> TlsFiles {
+        let dir = self.tls_dir();
+        TlsFiles {
+            ca: certs::ca_files(&dir).0,
+            cert: dir.join(format!("peer-{id}.pem")),
+            key: dir.join(format!("peer-{id}.key")),
+            crl: None,
+        }
+    }
+
+    /// A certificate for the agent of `node`, for agent.yaml's `tls`.
+    pub fn node_tls(&self, node: &str) -> Result<TlsFiles, ClusterError> {
+        let dir = self.tls_dir();
+        let request = IssueRequest::new(Identity::Node(node.to_owned()), Vec::new());
+        Ok(certs::issue(&dir, &dir, &request)?)
+    }
+
+    /// An admin API client with its own timeout.
+    pub fn admin_client(&self, timeout: Duration) -> reqwest::Client {
+        admin_client(&self.access, timeout)
+    }
+
     fn add_peer_layout(&mut self, id: u64) -> Result<(), ClusterError> {
         self.net.add_peer(id)?;
         let ip = self.net.peer_ip(id);
+        let dir = self.tls_dir();
+        let request = IssueRequest::new(Identity::Peer(id), vec![ip.to_string()]);
+        certs::issue(&dir, &dir, &request)?;
         let layout = PeerLayout {
             id,
             grpc: SocketAddr::new(ip.into(), GRPC_PORT),
@@ -155,6 +201,7 @@ impl Cluster {
             config: self.dir.join(format!("server-{id}.yaml")),
             data_dir: self.dir.join(format!("server-{id}")),
             log: self.dir.join(format!("server-{id}.log")),
+            https: true,
         };
         self.peers.insert(
             id,
@@ -171,7 +218,7 @@ impl Cluster {
     /// server.yaml of one peer, with the router turned on when the run
     /// has a fleet.
     fn yaml(&self, layout: &PeerLayout, all: &[PeerLayout]) -> String {
-        let yaml = server_yaml(layout, all, &self.extra_yaml);
+        let yaml = server_yaml_tls(layout, all, &self.peer_tls(layout.id), &self.extra_yaml);
         if self.router {
             yaml.replace(
                 "router_listen: null",
@@ -511,6 +558,13 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// A client for the peers' admin API: HTTPS trusting the run's CA, with the
+/// write token on every request (the peers listen on namespace addresses,
+/// not loopback, so they require tokens).
+fn admin_client(access: &AdminAccess, timeout: Duration) -> reqwest::Client {
+    access.http_client(timeout, access.write_token().ok().as_deref())
 }
 
 pub async fn get_json(

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use llmgw_dev::{A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml};
+use llmgw_dev::{
+    A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml_tls,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -160,7 +162,8 @@ impl Fleet {
             let mut servers: Vec<String> = peer_ids.iter().map(|id| cluster.grpc(*id)).collect();
             let count = servers.len();
             servers.rotate_left(i % count);
-            let yaml = agent_yaml(&layout, &servers, &fixtures, &engines, "")
+            let tls = cluster.node_tls(node_id)?;
+            let yaml = agent_yaml_tls(&layout, &servers, &fixtures, &engines, &tls, "")
                 .replace("mgmt_addr: 127.0.0.1", &format!("mgmt_addr: {ip}"));
             std::fs::write(&layout.config, yaml).map_err(|source| ClusterError::File {
                 path: layout.config.clone(),
@@ -461,6 +464,7 @@ pub async fn sample_once(
 
 /// Samples every `every` until `stop`.
 pub async fn sampler(
+    http: reqwest::Client,
     members: Members,
     work_dirs: Vec<(String, PathBuf)>,
     history: History,
@@ -468,10 +472,6 @@ pub async fn sampler(
     stop: Arc<AtomicBool>,
     every: Duration,
 ) {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_millis(800))
-        .build()
-        .expect("an HTTP client with default TLS settings");
     while !stop.load(Ordering::Relaxed) {
         let sample = sample_once(&http, &members, &work_dirs, &history).await;
         log.lock().unwrap_or_else(|p| p.into_inner()).push(sample);
@@ -613,6 +613,7 @@ pub fn fleet_ready(sample: &FleetSample, desired: &BTreeMap<String, u64>) -> Res
 /// Waits until `check` passes on a fresh sample; `Err` with the last
 /// reason after `within`.
 pub async fn wait_sample<F>(
+    http: &reqwest::Client,
     members: &Members,
     work_dirs: &[(String, PathBuf)],
     history: &History,
@@ -622,13 +623,9 @@ pub async fn wait_sample<F>(
 where
     F: FnMut(&FleetSample) -> Result<(), String>,
 {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_millis(1500))
-        .build()
-        .expect("an HTTP client with default TLS settings");
     let started = Instant::now();
     loop {
-        let sample = sample_once(&http, members, work_dirs, history).await;
+        let sample = sample_once(http, members, work_dirs, history).await;
         let why = match check(&sample) {
             Ok(()) => return Ok(sample),
             Err(why) => why,

@@ -50,13 +50,9 @@ pub fn model_body(key: &str, value: &str) -> String {
     serde_json::json!({"name": key, "endpoints": [format!("{VALUE_PREFIX}{value}")]}).to_string()
 }
 
-/// The client every worker uses.
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(CLIENT_TIMEOUT)
-        .connect_timeout(Duration::from_secs(2))
-        .build()
-        .expect("an HTTP client with default TLS settings")
+/// The client every worker uses (HTTPS with the run's CA and token).
+pub fn client(cluster: &crate::cluster::Cluster) -> reqwest::Client {
+    cluster.admin_client(CLIENT_TIMEOUT)
 }
 
 /// One request's outcome from the HTTP exchange.
@@ -118,7 +114,9 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
 }
 
 /// Runs `worker` until `stop`; each worker has its own seeded choices.
+#[allow(clippy::too_many_arguments)]
 pub async fn worker(
+    http: reqwest::Client,
     worker: usize,
     seed: u64,
     run_id: String,
@@ -127,7 +125,6 @@ pub async fn worker(
     stop: Arc<AtomicBool>,
     pause: Duration,
 ) {
-    let http = client();
     let mut rng = StdRng::seed_from_u64(seed ^ (0x9e37_79b9 * (worker as u64 + 1)));
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
@@ -193,15 +190,12 @@ pub struct LeaderSample {
 /// every peer's samples vanished for as long as any peer was cut off.
 /// A sample carries the time its request was sent.
 pub async fn sampler(
+    http: reqwest::Client,
     members: Members,
     history: History,
     stop: Arc<AtomicBool>,
     every: Duration,
 ) -> Vec<LeaderSample> {
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(3))
-        .build()
-        .expect("an HTTP client with default TLS settings");
     let samples: Arc<Mutex<Vec<LeaderSample>>> = Arc::default();
     let busy: Arc<Mutex<BTreeSet<u64>>> = Arc::default();
     let mut asks: Vec<tokio::task::JoinHandle<()>> = Vec::new();

@@ -53,8 +53,14 @@ pub struct SoakReport {
 
 type Acked = Arc<Mutex<BTreeMap<String, String>>>;
 
-async fn writer(worker: usize, cycle: u64, members: Members, acked: Acked, stop: Arc<AtomicBool>) {
-    let http = load::client();
+async fn writer(
+    http: reqwest::Client,
+    worker: usize,
+    cycle: u64,
+    members: Members,
+    acked: Acked,
+    stop: Arc<AtomicBool>,
+) {
     let mut i = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let targets = crate::cluster::snapshot(&members);
@@ -220,6 +226,7 @@ async fn cycles_on(
         let writers: Vec<_> = (0..3)
             .map(|w| {
                 tokio::spawn(writer(
+                    load::client(cluster),
                     w,
                     cycle,
                     cluster.members.clone(),

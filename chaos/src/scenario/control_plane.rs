@@ -205,10 +205,7 @@ pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError>
     ctx.cluster.prepare_new_peer(NEW, &[1, 2, 3])?;
     ctx.cluster.spawn(NEW)?;
     ctx.fault(format!("start new peer {NEW}"));
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(75))
-        .build()
-        .expect("an HTTP client with default TLS settings");
+    let http = ctx.cluster.admin_client(Duration::from_secs(75));
     let body = serde_json::json!({
         "id": NEW,
         "grpc": ctx.cluster.grpc(NEW),

@@ -185,6 +185,7 @@ impl Ctx {
         F: FnMut(&FleetSample) -> Result<(), String>,
     {
         fleet::wait_sample(
+            &self.cluster.admin_client(Duration::from_millis(1500)),
             &self.cluster.members,
             &self.work_dirs(),
             &self.history,
@@ -218,6 +219,7 @@ impl Ctx {
         }
         for i in 0..n {
             self.burst.push(tokio::spawn(load::worker(
+                load::client(&self.cluster),
                 100 + i,
                 self.seed,
                 self.run_id.clone(),

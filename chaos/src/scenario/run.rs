@@ -159,6 +159,7 @@ fn start_load(ctx: &Ctx, scenario: &Scenario, seed: u64, options: &RunOptions) -
     let stop_load = Arc::new(AtomicBool::new(false));
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn(load::sampler(
+        ctx.cluster.admin_client(Duration::from_secs(3)),
         ctx.cluster.members.clone(),
         history.clone(),
         stop_sampler.clone(),
@@ -166,6 +167,7 @@ fn start_load(ctx: &Ctx, scenario: &Scenario, seed: u64, options: &RunOptions) -
     ));
     let fleet_sampler = ctx.fleet.as_ref().map(|f| {
         tokio::spawn(fleet::sampler(
+            ctx.cluster.admin_client(Duration::from_millis(800)),
             ctx.cluster.members.clone(),
             f.work_dirs(),
             history.clone(),
@@ -177,6 +179,7 @@ fn start_load(ctx: &Ctx, scenario: &Scenario, seed: u64, options: &RunOptions) -
     let workers: Vec<_> = (0..options.workers)
         .map(|w| {
             tokio::spawn(load::worker(
+                load::client(&ctx.cluster),
                 w,
                 seed,
                 ctx.run_id.clone(),
@@ -276,6 +279,7 @@ async fn settle(ctx: &mut Ctx, scenario: &Scenario, healed_at: Instant) -> Vec<C
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, ctx.cluster.admin(id));
             let ready = fleet::wait_sample(
+                &ctx.cluster.admin_client(Duration::from_millis(1500)),
                 &one,
                 &[],
                 &ctx.history,

@@ -67,6 +67,7 @@ pub(super) async fn setup_fleet(ctx: &mut Ctx) -> Result<(), ScenarioError> {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, ctx.cluster.admin(id));
         fleet::wait_sample(
+            &ctx.cluster.admin_client(Duration::from_millis(1500)),
             &one,
             &[],
             &ctx.history,
@@ -112,7 +113,7 @@ pub(super) async fn wait_converged(
 /// stopped; recorded like any other operation.
 pub(super) async fn final_reads(cluster: &Cluster, history: &History) {
     let keys: BTreeSet<String> = history.ops().into_iter().map(|op| op.key).collect();
-    let http = load::client();
+    let http = load::client(cluster);
     for id in cluster.member_ids() {
         let base = cluster.admin(id);
         for key in &keys {

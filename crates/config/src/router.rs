@@ -17,6 +17,10 @@ pub struct RouterConfig {
     /// Admin API URLs of control-plane peers to watch for endpoints. The
     /// router keeps its last known endpoints while none answers.
     pub control_plane: Vec<String>,
+    /// CA bundle that signed the peers' certificates, for https:// peers.
+    pub control_plane_ca: Option<PathBuf>,
+    /// File holding an admin API read token, for peers that require one.
+    pub control_plane_token_file: Option<PathBuf>,
     /// Static catalog file (models with `endpoints`).
     pub catalog: Option<PathBuf>,
     /// Static models written inline, as in models.yaml.
@@ -79,6 +83,10 @@ impl RouterConfig {
         let (name, text) = read_file(path)?;
         let mut config = Self::parse(&name, &text)?;
         config.catalog = config.catalog.map(|c| relative_to(path, c));
+        config.control_plane_ca = config.control_plane_ca.map(|c| relative_to(path, c));
+        config.control_plane_token_file = config
+            .control_plane_token_file
+            .map(|c| relative_to(path, c));
         for key in &mut config.api_keys {
             key.key_file = relative_to(path, std::mem::take(&mut key.key_file));
         }
@@ -95,6 +103,8 @@ impl RouterConfig {
 const ROUTER_KEYS: &[&str] = &[
     "listen",
     "control_plane",
+    "control_plane_ca",
+    "control_plane_token_file",
     "catalog",
     "models",
     "balancing",
@@ -114,10 +124,22 @@ impl Decode for RouterConfig {
                 cx.report(
                     f.item_pos("control_plane", i),
                     &f.path().field("control_plane").index(i),
-                    format!("{url:?} is not an admin API URL; write e.g. http://10.0.0.1:7480"),
+                    format!("{url:?} is not an admin API URL; write e.g. https://10.0.0.1:7480"),
                 );
             }
         }
+        let control_plane_ca: Option<PathBuf> = f.optional(cx, "control_plane_ca");
+        if control_plane_ca.is_none()
+            && let Some(i) = control_plane.iter().position(|u| u.starts_with("https://"))
+        {
+            cx.report(
+                f.item_pos("control_plane", i),
+                &f.path().field("control_plane").index(i),
+                "an https:// peer needs `control_plane_ca`: the CA bundle that signed the peers' \
+                 certificates (the `ca` of their server.yaml)",
+            );
+        }
+        let control_plane_token_file: Option<PathBuf> = f.optional(cx, "control_plane_token_file");
         let models = match f.node("models") {
             Some(models_node) => {
                 // Inline models read exactly like models.yaml's list.
@@ -167,6 +189,8 @@ impl Decode for RouterConfig {
         Some(RouterConfig {
             listen: f.or(cx, "listen", SocketAddr::from(([0, 0, 0, 0], 8080))),
             control_plane,
+            control_plane_ca,
+            control_plane_token_file,
             catalog,
             models,
             balancing: f

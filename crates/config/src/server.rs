@@ -245,6 +245,7 @@ impl Decode for ServerConfig {
             .optional(cx, "liveness")
             .unwrap_or_else(LivenessConfig::defaults);
         let (tls, insecure) = decode_transport(&f, cx);
+        check_admin_schemes(&f, cx, &peers, tls.is_some());
 
         let id = id?;
         // A peer advertises what the others know it by.
@@ -267,6 +268,28 @@ impl Decode for ServerConfig {
             insecure,
             admin: f.or(cx, "admin", AdminConfig::default()),
         })
+    }
+}
+
+/// The admin API speaks HTTPS exactly when the peer has TLS material, so
+/// the URLs clients learn from `peers` must say so.
+fn check_admin_schemes(f: &llmgw_yaml::Fields<'_>, cx: &mut Cx, peers: &[PeerConfig], tls: bool) {
+    let (want, why) = if tls {
+        (
+            "https://",
+            "this file has `tls`, so every peer's admin API serves HTTPS",
+        )
+    } else {
+        ("http://", "without `tls` the admin API serves plain HTTP")
+    };
+    for (i, peer) in peers.iter().enumerate() {
+        if !peer.admin.starts_with(want) {
+            cx.report(
+                f.item_pos("peers", i),
+                &f.path().field("peers").index(i).field("admin"),
+                format!("{:?}: {why}; write {want}…", peer.admin),
+            );
+        }
     }
 }
 

@@ -226,6 +226,24 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         "server.yaml:3:36: peers[0].admin: \"a:7480\" is not a URL",
     ),
     (
+        "plain http admin URL on a TLS peer",
+        FileKind::Server,
+        "id: 1\ntls: {ca: a, cert: b, key: c}\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n",
+        "server.yaml:4:6: peers[0].admin: \"http://a:7480\": this file has `tls`, so every peer's admin API serves HTTPS; write https://",
+    ),
+    (
+        "https admin URL on a plaintext peer",
+        FileKind::Server,
+        "id: 1\ninsecure: true\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"https://a:7480\"}\n",
+        "peers[0].admin: \"https://a:7480\": without `tls` the admin API serves plain HTTP; write http://",
+    ),
+    (
+        "https control plane without its CA",
+        FileKind::Router,
+        "control_plane: [\"https://a:7480\"]\n",
+        "router.yaml:1:17: control_plane[0]: an https:// peer needs `control_plane_ca`",
+    ),
+    (
         "listen address not an address",
         FileKind::Server,
         "id: 1\nadmin_listen: localhost\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n",

@@ -19,9 +19,13 @@ pub struct CtlArgs {
         global = true,
         env = "LLMGW_API",
         value_delimiter = ',',
-        default_value = "http://127.0.0.1:7480"
+        default_value = "https://127.0.0.1:7480"
     )]
     pub api: Vec<String>,
+    /// CA bundle that signed the peers' certificates (the `ca` of
+    /// server.yaml): the admin API is HTTPS whenever the peers have TLS.
+    #[arg(long, global = true, env = "LLMGW_CA", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
     /// Admin API bearer token (a read token for reads, a write token for
     /// changes). Prefer the environment variable: a flag shows in `ps`.
     #[arg(long, global = true, env = "LLMGW_TOKEN", hide_env_values = true)]

@@ -26,12 +26,20 @@ pub enum CtlError {
 pub struct AdminClient {
     bases: Vec<String>,
     http: reqwest::Client,
+    /// Whether a CA bundle was given (for hints on certificate errors).
+    has_ca: bool,
     /// Sent as `Authorization: Bearer`; never printed.
     token: Option<String>,
 }
 
 impl AdminClient {
-    pub fn new(bases: Vec<String>, token: Option<String>) -> Result<Self, CtlError> {
+    /// `ca`: the CA bundle that signed the peers' certificates, trusted
+    /// instead of the system's roots for https:// peers.
+    pub fn new(
+        bases: Vec<String>,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self, CtlError> {
         let bases: Vec<String> = bases
             .into_iter()
             .map(|b| b.trim().trim_end_matches('/').to_owned())
@@ -42,13 +50,24 @@ impl AdminClient {
                 "no admin API URL given; pass --api URL".to_owned(),
             ));
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(70))
+            .timeout(Duration::from_secs(70));
+        if let Some(ca) = ca {
+            let tls = llmgw_tls::https_client_config(ca)
+                .map_err(|e| CtlError::Usage(format!("--ca: {e}")))?;
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let http = builder
             .build()
             .map_err(|e| CtlError::Usage(format!("cannot build an HTTP client: {e}")))?;
         let token = token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
-        Ok(Self { bases, http, token })
+        Ok(Self {
+            bases,
+            http,
+            has_ca: ca.is_some(),
+            token,
+        })
     }
 
     /// Sends the request to each peer in turn until one answers; returns the
@@ -74,7 +93,7 @@ impl AdminClient {
             let response = match request.send().await {
                 Ok(response) => response,
                 Err(error) => {
-                    failures.push(format!("{base} ({})", describe(&error)));
+                    failures.push(format!("{base} ({})", describe(&error, self.has_ca)));
                     continue;
                 }
             };
@@ -127,6 +146,7 @@ impl AdminClient {
             let leader_client = AdminClient {
                 bases: vec![admin.trim_end_matches('/').to_owned()],
                 http: self.http.clone(),
+                has_ca: self.has_ca,
                 token: self.token.clone(),
             };
             if let Ok(value) = leader_client.call(Method::GET, path, None).await {
@@ -137,12 +157,37 @@ impl AdminClient {
     }
 }
 
-fn describe(error: &reqwest::Error) -> String {
-    if error.is_connect() {
-        "connection refused or no route".to_owned()
-    } else if error.is_timeout() {
-        "timed out".to_owned()
-    } else {
-        error.to_string()
+/// Why a request got no answer, with what to do about it.
+fn describe(error: &reqwest::Error, has_ca: bool) -> String {
+    if error.is_timeout() {
+        return "timed out".to_owned();
     }
+    let mut innermost = error.to_string();
+    let mut whole = innermost.clone();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        innermost = cause.to_string();
+        whole.push_str(": ");
+        whole.push_str(&innermost);
+        source = cause.source();
+    }
+    if whole.contains("certificate") {
+        let hint = if has_ca {
+            "is --ca the CA bundle that signed the peers' certificates, and does the peer's \
+             certificate name the host in the URL?"
+        } else {
+            "the peers' certificates are signed by the cluster's own CA: pass --ca FILE or set \
+             LLMGW_CA to its CA bundle (the `ca` of server.yaml)"
+        };
+        return format!("{innermost}; {hint}");
+    }
+    if whole.contains("corrupt message") {
+        return format!(
+            "{innermost}; the peer seems to speak plain HTTP (`insecure: true`): use http://"
+        );
+    }
+    if error.is_connect() {
+        return format!("cannot connect: {innermost}");
+    }
+    whole
 }

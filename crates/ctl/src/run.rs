@@ -12,7 +12,7 @@ use crate::table::Table;
 /// Runs the command and returns what to print; with `--watch`, prints it
 /// every 2 seconds until interrupted.
 pub async fn run_ctl(args: CtlArgs) -> Result<String, CtlError> {
-    let client = AdminClient::new(args.api.clone(), args.token.clone())?;
+    let client = AdminClient::new(args.api.clone(), args.token.clone(), args.ca.as_deref())?;
     crate::table::set_colour(args.output == OutputFormat::Table && std::io::stdout().is_terminal());
     if !args.watch {
         return once(&client, &args).await;
@@ -403,7 +403,7 @@ mod tests {
     #[tokio::test]
     async fn unreachable_peers_are_named_with_what_to_do_next() {
         // Port 9 (discard) on loopback is closed on test machines.
-        let client = AdminClient::new(vec!["http://127.0.0.1:9".into()], None).unwrap();
+        let client = AdminClient::new(vec!["http://127.0.0.1:9".into()], None, None).unwrap();
         let error = client
             .call(Method::GET, "/api/v1/cluster", None)
             .await

@@ -14,11 +14,14 @@ pub struct PeerLayout {
     pub config: PathBuf,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// The admin API serves HTTPS (the peer has TLS material).
+    pub https: bool,
 }
 
 impl PeerLayout {
     pub fn admin_url(&self) -> String {
-        format!("http://{}", self.admin)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.admin)
     }
 }
 
@@ -28,6 +31,14 @@ pub struct DevFile {
     pub processes: Vec<DevProcess>,
     pub router: Option<String>,
     pub api: Vec<String>,
+    /// The CA bundle that signed the peers' certificates (`LLMGW_CA`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca: Option<String>,
+    /// Files holding the admin API's read and write tokens (`LLMGW_TOKEN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_token_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_token_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -85,8 +96,9 @@ fn free_ports(n: usize) -> std::io::Result<Vec<SocketAddr>> {
     held.iter().map(TcpListener::local_addr).collect()
 }
 
-/// Chooses ports and paths for `count` peers under `work_dir`.
-pub fn plan_peers(work_dir: &Path, count: u64) -> std::io::Result<Vec<PeerLayout>> {
+/// Chooses ports and paths for `count` peers under `work_dir`; `https`:
+/// the peers will have TLS material, so their admin API is HTTPS.
+pub fn plan_peers(work_dir: &Path, count: u64, https: bool) -> std::io::Result<Vec<PeerLayout>> {
     let ports = free_ports(2 * usize::try_from(count).unwrap_or(0))?;
     (1..=count)
         .map(|id| {
@@ -98,6 +110,7 @@ pub fn plan_peers(work_dir: &Path, count: u64) -> std::io::Result<Vec<PeerLayout
                 config: work_dir.join(format!("server-{id}.yaml")),
                 data_dir: work_dir.join(format!("server-{id}")),
                 log: work_dir.join(format!("server-{id}.log")),
+                https,
             })
         })
         .collect()
@@ -109,13 +122,15 @@ pub fn server_yaml(peer: &PeerLayout, all: &[PeerLayout], extra: &str) -> String
     server_yaml_with(peer, all, "insecure: true\n", extra)
 }
 
-/// The server.yaml of one local peer with mTLS from `tls`.
+/// The server.yaml of one local peer with mTLS from `tls` (and HTTPS on
+/// its admin API: the layouts must be planned with `https`).
 pub fn server_yaml_tls(
     peer: &PeerLayout,
     all: &[PeerLayout],
     tls: &llmgw_tls::TlsFiles,
     extra: &str,
 ) -> String {
+    debug_assert!(all.iter().all(|p| p.https), "TLS peers serve HTTPS");
     server_yaml_with(peer, all, &crate::certs::tls_yaml(tls), extra)
 }
 
@@ -154,7 +169,7 @@ mod tests {
     #[test]
     fn every_peer_gets_distinct_ports_and_lists_all_peers() {
         let dir = tempfile::tempdir().unwrap();
-        let peers = plan_peers(dir.path(), 3).unwrap();
+        let peers = plan_peers(dir.path(), 3, false).unwrap();
         let mut ports: Vec<u16> = peers
             .iter()
             .flat_map(|p| [p.grpc.port(), p.admin.port()])
@@ -174,10 +189,12 @@ mod tests {
         assert!(config.insecure && config.tls.is_none());
 
         let files = crate::certs::peer_tls(dir.path(), 2).unwrap();
+        let peers = plan_peers(dir.path(), 3, true).unwrap();
         let yaml = server_yaml_tls(&peers[1], &peers, &files, "");
         let config = llmgw_config::ServerConfig::parse("server-2.yaml", &yaml)
             .expect("valid server.yaml with tls");
         assert!(!config.insecure);
+        assert!(config.peers.iter().all(|p| p.admin.starts_with("https://")));
         let tls = config.tls.expect("a tls section");
         assert_eq!(
             (tls.ca, tls.cert, tls.key),

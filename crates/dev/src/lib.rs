@@ -5,9 +5,12 @@
 //! port; seeds a demo catalog; shows progress until the demo models serve;
 //! writes every config and `dev.json` into the work directory; and stops
 //! everything it started, engines included, on SIGINT or SIGTERM. Every
-//! gRPC link is mTLS with a development CA in `<work-dir>/tls` ([`certs`])
-//! unless `--insecure` is given.
+//! gRPC link is mTLS with a development CA in `<work-dir>/tls` ([`certs`]),
+//! and the admin API is HTTPS with the peers' certificates, unless
+//! `--insecure` is given; the admin API takes a read and a write token made
+//! for the work directory ([`AdminAccess`]).
 
+mod access;
 mod args;
 pub mod certs;
 mod demo;
@@ -16,6 +19,7 @@ mod nodes;
 mod progress;
 mod run;
 
+pub use access::AdminAccess;
 pub use args::DevArgs;
 pub use demo::demo_catalog;
 pub use layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};

@@ -8,23 +8,22 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::access::AdminAccess;
 use crate::run::{DevError, Phase, Running, check_children};
 
 pub(crate) struct Progress {
     apis: Vec<String>,
+    /// Sends the read token.
     http: reqwest::Client,
     /// What was last printed per subject, so each change prints once.
     shown: BTreeMap<String, String>,
 }
 
 impl Progress {
-    pub(crate) fn new(apis: Vec<String>) -> Progress {
+    pub(crate) fn new(apis: Vec<String>, access: &AdminAccess) -> Progress {
         Progress {
             apis,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(3))
-                .build()
-                .expect("an HTTP client"),
+            http: access.http_client(Duration::from_secs(3), access.read_token().ok().as_deref()),
             shown: BTreeMap::new(),
         }
     }
@@ -234,8 +233,8 @@ async fn chat_works(http: &reqwest::Client, router: &str) -> bool {
 }
 
 /// The nodes and replicas as the cluster sees them once it serves.
-pub(crate) async fn fleet_tables(apis: &[String]) -> String {
-    let progress = Progress::new(apis.to_vec());
+pub(crate) async fn fleet_tables(apis: &[String], access: &AdminAccess) -> String {
+    let progress = Progress::new(apis.to_vec(), access);
     let mut out = String::new();
     if let Some(nodes) = progress.get("/api/v1/nodes").await {
         out.push_str(&format!(

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
+use crate::access::AdminAccess;
 use crate::args::DevArgs;
 use crate::demo::demo_catalog;
 use crate::layout::{DevFile, DevProcess, PeerLayout, plan_peers, server_yaml, server_yaml_tls};
@@ -138,30 +139,47 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
             "cannot use {router_addr} for the router ({e}); pass --port with a free port"
         )));
     }
-    let layouts = plan_peers(&work_dir, args.peers)
+    let layouts = plan_peers(&work_dir, args.peers, !args.insecure)
         .map_err(io("cannot find free ports on", Path::new("127.0.0.1")))?;
+    let ca = if args.insecure {
+        None
+    } else {
+        Some(crate::certs::ensure_ca(&work_dir)?)
+    };
+    let access = AdminAccess::create(&work_dir, ca)
+        .map_err(io("cannot write the admin tokens in", &work_dir))?;
 
     let mut extra =
         String::from("liveness:\n  node_ttl: 5s\n  lost_after: 30s\n  leader_grace: 5s\n");
+    extra.push_str(&access.server_yaml());
     if !args.no_demo {
         let catalog = work_dir.join("models.yaml");
         std::fs::write(&catalog, demo_catalog(args.nodes)).map_err(io("cannot write", &catalog))?;
         extra.push_str(&format!("catalog: {}\n", catalog.display()));
     }
     let mut running = Vec::new();
-    let started = start_all(&args, &exe, &sim, &work_dir, &layouts, &extra, &mut running).await;
+    let plan = StartPlan {
+        args: &args,
+        exe: &exe,
+        sim: &sim,
+        work_dir: &work_dir,
+        layouts: &layouts,
+        extra: &extra,
+        access: &access,
+    };
+    let started = start_all(plan, &mut running).await;
     if let Err(error) = started {
         stop_all(&mut running).await;
         return Err(error);
     }
-    print!("{}", render(&running, &work_dir, &router_addr));
+    print!("{}", render(&running, &work_dir, &router_addr, &access));
     let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
-    print!("{}", crate::progress::fleet_tables(&apis).await);
+    print!("{}", crate::progress::fleet_tables(&apis, &access).await);
     if args.insecure {
-        println!("gRPC: plaintext (--insecure)");
+        println!("gRPC and the admin API: plaintext (--insecure)");
     } else {
         println!(
-            "gRPC: mTLS on every link; CA and certificates in {}",
+            "gRPC: mTLS on every link; admin API: HTTPS; CA and certificates in {}",
             crate::certs::tls_dir(&work_dir).display()
         );
     }
@@ -176,15 +194,28 @@ pub async fn run_dev(args: DevArgs) -> Result<(), DevError> {
     Ok(())
 }
 
-async fn start_all(
-    args: &DevArgs,
-    exe: &Path,
-    sim: &Path,
-    work_dir: &Path,
-    layouts: &[PeerLayout],
-    extra: &str,
-    running: &mut Vec<Running>,
-) -> Result<(), DevError> {
+/// What starting the processes needs.
+#[derive(Clone, Copy)]
+struct StartPlan<'a> {
+    args: &'a DevArgs,
+    exe: &'a Path,
+    sim: &'a Path,
+    work_dir: &'a Path,
+    layouts: &'a [PeerLayout],
+    extra: &'a str,
+    access: &'a AdminAccess,
+}
+
+async fn start_all(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<(), DevError> {
+    let StartPlan {
+        args,
+        exe,
+        sim,
+        work_dir,
+        layouts,
+        extra,
+        access,
+    } = plan;
     let timeout = Duration::from_secs(args.ready_timeout_s);
     for layout in layouts {
         let yaml = if args.insecure {
@@ -208,8 +239,8 @@ async fn start_all(
         running.push(spawn(&mut process, &layout.log, None)?);
     }
     let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
-    let mut progress = Progress::new(apis.clone());
-    write_dev_json(running, work_dir, &apis, None)?;
+    let mut progress = Progress::new(apis.clone(), access);
+    write_dev_json(running, work_dir, &apis, access, None)?;
     progress.wait_leader(running, timeout, work_dir).await?;
 
     let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
@@ -255,12 +286,13 @@ async fn start_all(
     let router_url = format!("http://127.0.0.1:{}", args.port);
     let text = format!(
         "# Written by `llmgw dev`: a standalone router that follows the control plane.\n\
-         listen: 127.0.0.1:{}\ncontrol_plane: [{}]\n",
+         listen: 127.0.0.1:{}\ncontrol_plane: [{}]\n{}",
         args.port,
         apis.iter()
             .map(|a| format!("\"{a}\""))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        access.router_yaml()
     );
     std::fs::write(&router_yaml, text).map_err(io("cannot write", &router_yaml))?;
     let mut process = DevProcess {
@@ -274,7 +306,7 @@ async fn start_all(
         log: None,
     };
     running.push(spawn(&mut process, &work_dir.join("router.log"), None)?);
-    write_dev_json(running, work_dir, &apis, Some(router_url.clone()))?;
+    write_dev_json(running, work_dir, &apis, access, Some(router_url.clone()))?;
 
     progress
         .wait_nodes(running, args.nodes as usize, timeout, work_dir)
@@ -348,12 +380,17 @@ fn write_dev_json(
     running: &[Running],
     work_dir: &Path,
     apis: &[String],
+    access: &AdminAccess,
     router: Option<String>,
 ) -> Result<(), DevError> {
+    let text = |path: &Path| Some(path.display().to_string());
     let dev = DevFile {
         processes: running.iter().map(|r| r.process.clone()).collect(),
         router,
         api: apis.to_vec(),
+        ca: access.ca.as_deref().and_then(text),
+        read_token_file: text(&access.read_token_file),
+        write_token_file: text(&access.write_token_file),
     };
     let path = work_dir.join("dev.json");
     serde_json::to_vec_pretty(&dev)
@@ -429,7 +466,7 @@ async fn report_exits(running: &mut [Running]) {
     }
 }
 
-fn render(running: &[Running], work_dir: &Path, router_addr: &str) -> String {
+fn render(running: &[Running], work_dir: &Path, router_addr: &str, access: &AdminAccess) -> String {
     let mut out = format!(
         "\n{:<8} {:<10} {:<8} {:<28} {}\n",
         "ROLE", "ID", "PID", "API", "GRPC / ROUTER"
@@ -449,18 +486,18 @@ fn render(running: &[Running], work_dir: &Path, router_addr: &str) -> String {
             p.grpc.as_deref().or(p.router.as_deref()).unwrap_or("-"),
         ));
     }
-    let apis: Vec<&str> = running
+    let apis: Vec<String> = running
         .iter()
-        .filter_map(|r| r.process.api.as_deref())
+        .filter_map(|r| r.process.api.clone())
         .collect();
     out.push_str(&format!(
         "\nOpenAI base URL: http://{router_addr}/v1\n\
          try:\n  curl -N http://{router_addr}/v1/chat/completions -H 'content-type: application/json' \\\n\
          \x20   -d '{{\"model\": \"qwen-0.5b\", \"stream\": true, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n\
-         \x20 export LLMGW_API={apis}\n\
-         \x20 llmgw ctl nodes; llmgw ctl replicas; llmgw ctl explain llama-70b\n\
+         admin API (llmgw ctl reads these variables):\n\
+         {env}         \x20 llmgw ctl nodes; llmgw ctl replicas; llmgw ctl explain llama-70b\n\
          configs, logs and dev.json: {dir}\n",
-        apis = apis.join(","),
+        env = access.ctl_env(&apis),
         dir = work_dir.display(),
     ));
     out

@@ -180,8 +180,19 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
 
     // SIGKILL the leader named by the control plane, by its pid in dev.json.
     let api = dev_file["api"][0].as_str().unwrap();
-    let cluster: Value = http
+    // The admin API is HTTPS with the dev CA and wants the read token,
+    // both named in dev.json.
+    let ca = dev_file["ca"].as_str().expect("dev.json names the CA");
+    let token_file = dev_file["read_token_file"].as_str().unwrap();
+    let token = std::fs::read_to_string(token_file).unwrap();
+    let admin = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .use_preconfigured_tls(llmgw_tls::https_client_config(std::path::Path::new(ca)).unwrap())
+        .build()
+        .unwrap();
+    let cluster: Value = admin
         .get(format!("{api}/api/v1/cluster"))
+        .bearer_auth(token.trim())
         .send()
         .await
         .unwrap()

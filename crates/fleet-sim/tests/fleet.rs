@@ -90,7 +90,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
     let dir = tempfile::tempdir().unwrap();
-    let layouts = llmgw_dev::plan_peers(dir.path(), 3).unwrap();
+    let layouts = llmgw_dev::plan_peers(dir.path(), 3, false).unwrap();
     let mut peers = Peers(Vec::new());
     for layout in &layouts {
         let extra = "liveness:\n  node_ttl: 3s\n  lost_after: 10s\n  leader_grace: 5s\n";

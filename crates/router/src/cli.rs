@@ -8,7 +8,7 @@ use llmgw_catalog::Catalog;
 use llmgw_config::RouterConfig;
 use tokio::sync::watch;
 
-use crate::control_plane::{ControlPlaneWatcher, POLL_INTERVAL};
+use crate::control_plane::{ControlPlaneAccess, ControlPlaneWatcher, POLL_INTERVAL};
 use crate::error::RouterError;
 use crate::serve::Router;
 use crate::settings::Settings;
@@ -58,10 +58,11 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
             };
             Source::ControlPlane(ControlPlaneWatcher::spawn(
                 config.control_plane.clone(),
+                ControlPlaneAccess::from_config(&config)?,
                 static_only,
                 POLL_INTERVAL,
                 settings.connect_timeout,
-            ))
+            )?)
         };
         let source: &dyn EndpointSource = match &source {
             Source::Static(sender) => sender,

@@ -2,8 +2,10 @@
 //! `llmgw router`: polls `GET /api/v1/models` and `GET /api/v1/replicas` on
 //! the peers (any peer answers reads), and keeps the last known table while
 //! none answers, because engines keep serving while the control plane is
-//! down or electing.
+//! down or electing. Peers with TLS serve the admin API over HTTPS: the
+//! router trusts the cluster's CA bundle and sends a read token.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::proxy::Upstream;
+use crate::error::RouterError;
 use crate::table::{
     Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, normalize_url,
 };
@@ -37,20 +39,105 @@ impl Drop for ControlPlaneWatcher {
     }
 }
 
+/// How the router reaches the peers' admin API.
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneAccess {
+    /// CA bundle that signed the peers' certificates (https:// peers).
+    pub ca: Option<PathBuf>,
+    /// An admin API read token; sent as `Authorization: Bearer`.
+    pub token: Option<String>,
+}
+
+impl ControlPlaneAccess {
+    /// router.yaml's `control_plane_ca` and `control_plane_token_file`.
+    pub fn from_config(config: &llmgw_config::RouterConfig) -> Result<Self, RouterError> {
+        let token = match &config.control_plane_token_file {
+            Some(file) => {
+                let text = std::fs::read_to_string(file).map_err(|source| {
+                    RouterError::ControlPlaneTokenFile {
+                        file: file.clone(),
+                        source,
+                    }
+                })?;
+                let token = text.trim().to_owned();
+                if token.is_empty() {
+                    return Err(RouterError::ControlPlaneEmptyToken { file: file.clone() });
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        Ok(ControlPlaneAccess {
+            ca: config.control_plane_ca.clone(),
+            token,
+        })
+    }
+}
+
+/// The admin API as the watcher calls it.
+struct AdminApi {
+    http: reqwest::Client,
+    token: Option<String>,
+}
+
+impl AdminApi {
+    fn new(access: ControlPlaneAccess, connect_timeout: Duration) -> Result<Self, RouterError> {
+        let mut builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+        if let Some(ca) = &access.ca {
+            let tls = llmgw_tls::https_client_config(ca)
+                .map_err(|e| RouterError::ControlPlaneCa(e.to_string()))?;
+            builder = builder.use_preconfigured_tls(tls);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| RouterError::ControlPlaneCa(format!("cannot build the client: {e}")))?;
+        Ok(AdminApi {
+            http,
+            token: access.token,
+        })
+    }
+
+    /// Status and body of `GET url`, within `limit`.
+    async fn get_text(&self, url: &str, limit: Duration) -> Result<(u16, String), String> {
+        let mut request = self.http.get(url).timeout(limit);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| error_chain(&e))?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(|e| error_chain(&e))?;
+        Ok((status, body))
+    }
+}
+
+/// An error and its causes on one line (a certificate problem hides in the
+/// causes of reqwest's "error sending request").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 impl ControlPlaneWatcher {
     /// Starts polling `peers` (admin API base URLs). `static_models` (from
     /// router.yaml) are served alongside what the control plane reports and
     /// win on a name clash, since the operator wrote them for this router.
     pub fn spawn(
         peers: Vec<String>,
+        access: ControlPlaneAccess,
         static_models: RoutingTable,
         interval: Duration,
         connect_timeout: Duration,
-    ) -> Self {
+    ) -> Result<Self, RouterError> {
         let (tx, rx) = watch::channel(Arc::new(static_models.clone()));
-        let upstream = Upstream::new(connect_timeout);
-        let task = tokio::spawn(poll_loop(peers, static_models, interval, upstream, tx));
-        ControlPlaneWatcher { table: rx, task }
+        let api = AdminApi::new(access, connect_timeout)?;
+        let task = tokio::spawn(poll_loop(peers, static_models, interval, api, tx));
+        Ok(ControlPlaneWatcher { table: rx, task })
     }
 }
 
@@ -58,7 +145,7 @@ async fn poll_loop(
     peers: Vec<String>,
     static_models: RoutingTable,
     interval: Duration,
-    upstream: Upstream,
+    api: AdminApi,
     tx: watch::Sender<Arc<RoutingTable>>,
 ) {
     let peers: Vec<String> = peers
@@ -75,7 +162,7 @@ async fn poll_loop(
         let mut failures = Vec::new();
         for i in 0..peers.len() {
             let peer = &peers[(preferred + i) % peers.len()];
-            match fetch(&upstream, peer).await {
+            match fetch(&api, peer).await {
                 Ok(table) => {
                     preferred = (preferred + i) % peers.len();
                     fetched = Some(table);
@@ -120,27 +207,22 @@ fn merge_static(table: &mut RoutingTable, static_models: &RoutingTable) {
 
 const FETCH_LIMIT: Duration = Duration::from_secs(3);
 
-async fn get_json(upstream: &Upstream, url: &str) -> Result<Value, String> {
-    let (status, body) = upstream
-        .get_text(url, FETCH_LIMIT)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn get_json(api: &AdminApi, url: &str) -> Result<Value, String> {
+    let (status, body) = api.get_text(url, FETCH_LIMIT).await?;
     if status != 200 {
         return Err(format!("GET {url} answered {status}"));
     }
     serde_json::from_str(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
 }
 
-async fn fetch(upstream: &Upstream, peer: &str) -> Result<RoutingTable, String> {
-    let models = get_json(upstream, &format!("{peer}/api/v1/models")).await?;
-    let replicas = get_json(upstream, &format!("{peer}/api/v1/replicas")).await?;
+async fn fetch(api: &AdminApi, peer: &str) -> Result<RoutingTable, String> {
+    let models = get_json(api, &format!("{peer}/api/v1/models")).await?;
+    let replicas = get_json(api, &format!("{peer}/api/v1/replicas")).await?;
     let needs_nodes = list(&replicas, "replicas")
         .iter()
         .any(|r| replica_endpoint(r, None).is_none());
     let nodes = if needs_nodes {
-        get_json(upstream, &format!("{peer}/api/v1/nodes"))
-            .await
-            .ok()
+        get_json(api, &format!("{peer}/api/v1/nodes")).await.ok()
     } else {
         None
     };
@@ -148,7 +230,7 @@ async fn fetch(upstream: &Upstream, peer: &str) -> Result<RoutingTable, String> 
     for model in &mut table.models {
         if model.ready_endpoints().next().is_none() && model.unavailable_reason.is_none() {
             let url = format!("{peer}/api/v1/models/{}/explain", model.name);
-            if let Ok((200, text)) = upstream.get_text(&url, FETCH_LIMIT).await {
+            if let Ok((200, text)) = api.get_text(&url, FETCH_LIMIT).await {
                 model.unavailable_reason = Some(explanation_text(&text));
             }
         }

@@ -24,6 +24,16 @@ pub enum RouterError {
     },
     #[error("api key `{name}`: {file} is empty")]
     EmptyKey { name: String, file: PathBuf },
+    #[error("control_plane_token_file: cannot read {file}: {source}")]
+    ControlPlaneTokenFile {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("control_plane_token_file: {file} is empty")]
+    ControlPlaneEmptyToken { file: PathBuf },
+    #[error("control_plane_ca: {0}")]
+    ControlPlaneCa(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

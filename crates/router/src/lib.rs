@@ -30,7 +30,7 @@ mod settings;
 mod table;
 
 pub use cli::{RouterArgs, run_cli};
-pub use control_plane::ControlPlaneWatcher;
+pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use error::RouterError;
 pub use peek::{PeekError, Peeked, peek, prefix};
 pub use serve::{Router, RunningRouter};

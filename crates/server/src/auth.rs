@@ -144,8 +144,8 @@ async fn require_token(State(auth): State<AdminAuth>, request: Request, next: Ne
     };
     let remote = request
         .extensions()
-        .get::<ConnectInfo<std::net::SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string());
+        .get::<ConnectInfo<crate::admin_listener::Caller>>()
+        .map_or_else(|| "unknown".to_owned(), |c| c.0.0.to_string());
     let (status, kind, message) = match &refusal {
         Refusal::Missing => (
             StatusCode::UNAUTHORIZED,

@@ -1,13 +1,15 @@
 //! `llmgw server`: one control-plane peer. It runs the Raft node over its
 //! RocksDB store; on its gRPC listener the peer transport and the agent
 //! stream service ([`agents`]); while it leads, node liveness and the
-//! reconciler ([`reconcile`]); the admin HTTP API (cluster, nodes,
+//! reconciler ([`reconcile`]); the admin API, HTTPS with the peer's
+//! certificate (cluster, nodes,
 //! replicas, models, explain; health and metrics); and optionally an
 //! OpenAI router fed from its own applied state ([`routes`]).
 //!
 //! The CLI calls [`run_server`] with [`ServerArgs`]; tests and `llmgw dev`
 //! start the real binary.
 
+mod admin_listener;
 pub mod agents;
 mod api;
 mod args;

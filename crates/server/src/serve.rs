@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use llmgw_catalog::Catalog;
 use llmgw_state::Command;
 
+use crate::admin_listener::{AdminListener, Caller};
 use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
 use crate::api::{self, ApiState};
 use crate::reconcile::{PlanSettings, run_reconciler};
@@ -91,6 +92,7 @@ pub async fn serve(
         id = options.id,
         grpc = %options.grpc_listen,
         admin = %options.admin_listen,
+        admin_scheme = if tls.is_some() { "https" } else { "http" },
         "llmgw server peer started"
     );
 
@@ -160,7 +162,7 @@ pub async fn serve(
         .add_service(agents.into_service())
         .serve_with_incoming_shutdown(
             // mTLS handshakes here; handlers see the caller's identity.
-            llmgw_tls::incoming(grpc_listener, tls),
+            llmgw_tls::incoming(grpc_listener, tls.clone()),
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
@@ -181,9 +183,15 @@ pub async fn serve(
         placement: options.placement.clone(),
     });
     let app = options.security.admin.protect(app);
+    let admin_listener =
+        AdminListener::new(admin_listener, tls.clone()).map_err(|source| ServerError::Listen {
+            what: "admin API",
+            addr: options.admin_listen,
+            source,
+        })?;
     let admin = axum::serve(
         admin_listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app.into_make_service_with_connect_info::<Caller>(),
     )
     .with_graceful_shutdown(stopped(stop_rx));
     let admin_result = admin.await;

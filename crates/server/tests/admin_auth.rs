@@ -197,7 +197,7 @@ fn an_open_admin_api_off_loopback_is_refused_with_the_way_out() {
     let write = |transport: &str, admin: &str| {
         let yaml = format!(
             "id: 1\ndata_dir: {}\n{transport}admin_listen: \"{admin}\"\nrouter_listen: null\n\
-             peers:\n  - {{id: 1, grpc: \"127.0.0.1:1\", admin: \"http://127.0.0.1:2\"}}\n",
+             peers:\n  - {{id: 1, grpc: \"127.0.0.1:1\", admin: \"https://127.0.0.1:2\"}}\n",
             dir.path().join("data").display()
         );
         std::fs::write(&config, yaml).unwrap();

@@ -398,7 +398,7 @@ impl Drop for Dev {
 // held for the whole test on purpose, as `Cluster` holds its own.
 #[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
+async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens() {
     use std::os::unix::process::CommandExt;
     let _serial = support::one_at_a_time();
     let work = tempfile::tempdir().unwrap();
@@ -422,12 +422,10 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
             .spawn()
             .expect("start llmgw dev"),
     };
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
     let started = Instant::now();
     let dev_json = work.path().join("dev.json");
+    let mut http = None;
+    let mut read_token = String::new();
     let view = loop {
         assert!(
             started.elapsed() < support::DEADLINE,
@@ -441,8 +439,23 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
         let Ok(dev) = serde_json::from_str::<serde_json::Value>(&text) else {
             continue;
         };
+        // The admin API is HTTPS with the dev CA, and needs a token.
+        let http = http.get_or_insert_with(|| {
+            let ca = dev["ca"].as_str().expect("dev.json names the CA");
+            read_token = std::fs::read_to_string(dev["read_token_file"].as_str().unwrap())
+                .unwrap()
+                .trim()
+                .to_owned();
+            support::admin_client(Some(Path::new(ca)))
+        });
         let api = dev["api"][0].as_str().unwrap().to_owned();
-        let Ok(response) = http.get(format!("{api}/api/v1/cluster")).send().await else {
+        assert!(api.starts_with("https://"), "{api}");
+        let Ok(response) = http
+            .get(format!("{api}/api/v1/cluster"))
+            .bearer_auth(&read_token)
+            .send()
+            .await
+        else {
             continue;
         };
         let view: serde_json::Value = response.json().await.unwrap();
@@ -458,7 +471,12 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
             .and_then(|p| p["api"].as_str())
             .unwrap()
             .to_owned();
-        let Ok(response) = http.get(format!("{leader_api}/api/v1/nodes")).send().await else {
+        let Ok(response) = http
+            .get(format!("{leader_api}/api/v1/nodes"))
+            .bearer_auth(&read_token)
+            .send()
+            .await
+        else {
             continue;
         };
         let nodes: serde_json::Value = response.json().await.unwrap_or_default();
@@ -474,6 +492,74 @@ async fn llmgw_dev_comes_up_with_mtls_on_every_grpc_link() {
     };
     let (dev, cluster) = view;
     assert_eq!(cluster["insecure"], false, "{cluster}");
+    let http = http.unwrap();
+    let api = dev["api"][0].as_str().unwrap().to_owned();
+    let ca = dev["ca"].as_str().unwrap().to_owned();
+
+    // Without a token the admin API says what to send.
+    let response = http
+        .get(format!("{api}/api/v1/nodes"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    // Plain HTTP to the HTTPS port gets a 400 that says to use https://.
+    let plain = api.replace("https://", "http://");
+    let response = reqwest::get(format!("{plain}/api/v1/cluster"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("HTTPS") && text.contains("https://"),
+        "{text}"
+    );
+    // A client that does not trust the dev CA is refused by its own TLS.
+    let untrusting = reqwest::Client::new();
+    let error = untrusting
+        .get(format!("{api}/api/v1/cluster"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(error.is_connect(), "{error:?}");
+
+    // `llmgw dev` printed how to point `llmgw ctl` at it, and that works.
+    let wanted = [
+        "export LLMGW_API=https://",
+        "export LLMGW_CA=",
+        "export LLMGW_TOKEN=$(cat ",
+    ];
+    let deadline = Instant::now() + support::DEADLINE;
+    loop {
+        let printed = std::fs::read_to_string(work.path().join("dev.out")).unwrap_or_default();
+        if wanted.iter().all(|line| printed.contains(line)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no {wanted:?} in:\n{printed}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ctl = |with_ca: bool, token: &str| {
+        let mut command = std::process::Command::new(support::llmgw_bin());
+        command
+            .args(["ctl", "--api", &api, "nodes"])
+            .env("LLMGW_TOKEN", token);
+        command.env_remove("LLMGW_CA").env_remove("LLMGW_API");
+        if with_ca {
+            command.args(["--ca", &ca]);
+        }
+        command.output().unwrap()
+    };
+    let out = ctl(true, &read_token);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("h100-1"), "{stdout}");
+    let out = ctl(false, &read_token);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("--ca"),
+        "ctl without the CA says what to do: {stderr}"
+    );
     let processes: Vec<&serde_json::Value> = dev["processes"]
         .as_array()
         .unwrap()

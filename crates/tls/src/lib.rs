@@ -1,10 +1,14 @@
-//! mTLS for llmgw's gRPC links (agent to peer, peer to peer).
+//! mTLS for llmgw's gRPC links (agent to peer, peer to peer), and HTTPS for
+//! the admin API.
 //!
 //! * [`Tls`]: this process's CA bundle, certificate and key as rustls server
 //!   and client configs (ring, TLS 1.2 and 1.3), client certificates
 //!   required and verified against the CA, reloaded when the files change.
 //! * [`Identity`]: who a certificate speaks for, from its SAN URI
 //!   (`llmgw://peer/<ID>`, `llmgw://node/<NODE_ID>`).
+//! * [`incoming_https`]: the admin API's listener, HTTPS with the same
+//!   certificate (no client certificate), or plaintext without TLS.
+//! * [`https_client_config`]: what admin API clients trust (the CA bundle).
 //! * [`incoming`]: a listener for tonic's `serve_with_incoming`; every
 //!   request carries a [`ConnInfo`] extension with the caller's identity.
 //! * [`require_peer`] (Raft RPCs) and [`check_node_identity`] (`Register`).
@@ -27,8 +31,8 @@ pub use check::{check_node_identity, remote_addr, require_peer};
 pub use cli::{CertsArgs, CertsCommand, run_certs};
 pub use client::{TlsConnectorService, connect, connect_lazy, endpoint, probe};
 pub use identity::{Identity, check_node_id};
-pub use material::{RELOAD_INTERVAL, Tls, TlsFiles, read_certificates};
-pub use server::{Conn, ConnInfo, incoming};
+pub use material::{RELOAD_INTERVAL, Tls, TlsFiles, https_client_config, read_certificates};
+pub use server::{Conn, ConnInfo, incoming, incoming_https};
 
 /// Why TLS material could not be loaded or made. Never carries key bytes.
 #[derive(Debug, thiserror::Error)]

@@ -35,6 +35,9 @@ pub struct TlsFiles {
 /// One loaded generation of the material.
 struct Loaded {
     server: Arc<ServerConfig>,
+    /// The admin API's: the same certificate, no client certificate asked
+    /// for (callers authenticate with bearer tokens), HTTP/1.1.
+    https: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     /// Serial and validity of the certificate, for logs.
     summary: String,
@@ -106,6 +109,11 @@ impl Tls {
     /// The config new incoming handshakes use.
     pub fn server_config(&self) -> Arc<ServerConfig> {
         self.current().server.clone()
+    }
+
+    /// The config new HTTPS handshakes on the admin API use.
+    pub fn https_server_config(&self) -> Arc<ServerConfig> {
+        self.current().https.clone()
     }
 
     /// The config new outgoing handshakes use.
@@ -341,6 +349,13 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(rustls_error("the certificate and key do not go together"))?;
     server.alpn_protocols = vec![b"h2".to_vec()];
+    let mut https = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(rustls_error("TLS versions"))?
+        .with_no_client_auth()
+        .with_single_cert(chain.clone(), key.clone_key())
+        .map_err(rustls_error("the certificate and key do not go together"))?;
+    https.alpn_protocols = vec![b"http/1.1".to_vec()];
 
     let mut client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -352,7 +367,31 @@ fn load(files: &TlsFiles, identity: &Identity) -> Result<Loaded, TlsError> {
 
     Ok(Loaded {
         server: Arc::new(server),
+        https: Arc::new(https),
         client: Arc::new(client),
         summary,
     })
+}
+
+/// What an admin API client (`llmgw ctl`, a router, a test) trusts: the
+/// certificates in the CA bundle at `ca` and nothing else, HTTP/1.1, no
+/// client certificate.
+pub fn https_client_config(ca: &Path) -> Result<ClientConfig, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certificates("CA bundle", ca)? {
+        roots.add(cert).map_err(|e| TlsError::Pem {
+            path: ca.to_owned(),
+            why: format!("holds a certificate that cannot be a trust anchor: {e}"),
+        })?;
+    }
+    let mut config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsError::Rustls {
+            what: "TLS versions".to_owned(),
+            source,
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
 }

@@ -25,12 +25,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ConnInfo {
     pub remote: Option<SocketAddr>,
     /// The identity in the client's verified certificate; `None` on a
-    /// plaintext listener (`insecure: true`).
+    /// plaintext listener (`insecure: true`) and on the admin API.
     pub identity: Option<Identity>,
 }
 
 impl ConnInfo {
-    /// Whether the connection is mTLS (otherwise the server runs plaintext).
+    /// Whether the client presented a verified certificate (mTLS).
     pub fn is_tls(&self) -> bool {
         self.identity.is_some()
     }
@@ -128,6 +128,33 @@ pub fn incoming(
     listener: TcpListener,
     tls: Option<Tls>,
 ) -> ReceiverStream<Result<Conn, io::Error>> {
+    accept_loop(listener, tls, Mode::MutualTls)
+}
+
+/// Accepts connections for the admin API: with `tls`, HTTPS with this
+/// process's certificate and no client certificate asked for (callers
+/// present bearer tokens); without, plaintext. A client that speaks plain
+/// HTTP to the HTTPS port gets a 400 saying to use https://.
+pub fn incoming_https(
+    listener: TcpListener,
+    tls: Option<Tls>,
+) -> ReceiverStream<Result<Conn, io::Error>> {
+    accept_loop(listener, tls, Mode::Https)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// gRPC: both sides present certificates.
+    MutualTls,
+    /// The admin API: only the server does.
+    Https,
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    tls: Option<Tls>,
+    mode: Mode,
+) -> ReceiverStream<Result<Conn, io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -139,7 +166,7 @@ pub fn incoming(
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // Out of descriptors and the like: wait, do not spin.
-                    tracing::warn!(%error, "accepting a gRPC connection failed");
+                    tracing::warn!(%error, ?mode, "accepting a connection failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
@@ -158,17 +185,28 @@ pub fn incoming(
                 }
                 continue;
             };
-            let acceptor = TlsAcceptor::from(tls.server_config());
             let tx = tx.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                match handshake(acceptor, stream, remote).await {
+                let result = match mode {
+                    Mode::MutualTls => {
+                        handshake(TlsAcceptor::from(tls.server_config()), stream, remote).await
+                    }
+                    Mode::Https => https_handshake(&tls, stream, remote).await,
+                };
+                match result {
                     Ok(conn) => {
                         let _ = tx.send(Ok(conn)).await;
                     }
-                    Err(why) => tracing::warn!(
+                    Err(why) if mode == Mode::MutualTls => tracing::warn!(
                         %remote,
                         reason = %why,
                         "refused a gRPC connection: mTLS handshake failed"
+                    ),
+                    Err(why) => tracing::info!(
+                        %remote,
+                        reason = %why,
+                        "refused an admin API connection: HTTPS handshake failed"
                     ),
                 }
             });
@@ -177,16 +215,77 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
+/// The first byte of every TLS handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// What a plain HTTP client gets from the HTTPS port.
+const PLAIN_HTTP_REFUSAL: &str = "This is llmgw's admin API over HTTPS (server.yaml has `tls`): \
+use https:// and trust the cluster's CA bundle (llmgw ctl --ca, LLMGW_CA).\n";
+
+/// Reads the request head (so closing does not reset the connection
+/// before the client reads the answer), answers 400 and closes.
+async fn refuse_plain_http(mut stream: TcpStream) -> io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    let response = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\nconnection: close\r\n\
+         content-length: {}\r\n\r\n{PLAIN_HTTP_REFUSAL}",
+        PLAIN_HTTP_REFUSAL.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+async fn https_handshake(tls: &Tls, stream: TcpStream, remote: SocketAddr) -> Result<Conn, String> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await {
+        Err(_) => return Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
+        Ok(Err(error)) => return Err(error.to_string()),
+        Ok(Ok(0)) => return Err("closed before the handshake".to_owned()),
+        Ok(Ok(_)) => {}
+    }
+    if first[0] != TLS_HANDSHAKE_RECORD {
+        // Most likely plain HTTP: say what to do instead of dropping the
+        // connection on a client that cannot tell why.
+        let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, refuse_plain_http(stream)).await;
+        return Err("the client spoke plain HTTP to the HTTPS port".to_owned());
+    }
+    let acceptor = TlsAcceptor::from(tls.https_server_config());
+    let stream = tls_accept(acceptor, stream).await?;
+    Ok(Conn {
+        io: Io::Tls(Box::new(stream)),
+        info: ConnInfo {
+            remote: Some(remote),
+            identity: None,
+        },
+    })
+}
+
+async fn tls_accept(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+) -> Result<TlsStream<TcpStream>, String> {
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Err(_) => Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
+        Ok(Err(error)) => Err(crate::error_chain(&error)),
+        Ok(Ok(stream)) => Ok(stream),
+    }
+}
+
 async fn handshake(
     acceptor: TlsAcceptor,
     stream: TcpStream,
     remote: SocketAddr,
 ) -> Result<Conn, String> {
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Err(_) => return Err(format!("no handshake within {HANDSHAKE_TIMEOUT:?}")),
-        Ok(Err(error)) => return Err(crate::error_chain(&error)),
-        Ok(Ok(stream)) => stream,
-    };
+    let stream = tls_accept(acceptor, stream).await?;
     let identity = {
         let (_, session) = stream.get_ref();
         let cert = session

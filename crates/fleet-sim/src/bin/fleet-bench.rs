@@ -212,7 +212,7 @@ async fn main() -> Result<()> {
     decide_in_process(args.nodes, args.replicas)?;
     let bin = llmgw_bin()?;
     let dir = tempfile::tempdir()?;
-    let layouts = llmgw_dev::plan_peers(dir.path(), 3)?;
+    let layouts = llmgw_dev::plan_peers(dir.path(), 3, false)?;
     let mut peers = Vec::new();
     for layout in &layouts {
         std::fs::write(&layout.config, llmgw_dev::server_yaml(layout, &layouts, ""))?;

@@ -10,7 +10,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use llmgw_router::{ControlPlaneWatcher, Router, RoutingTable};
+use llmgw_router::{ControlPlaneAccess, ControlPlaneWatcher, Router, RoutingTable};
 
 use crate::common::*;
 
@@ -58,10 +58,12 @@ async fn endpoints_come_from_the_admin_api_and_outlive_the_peer() {
 
     let watcher = ControlPlaneWatcher::spawn(
         vec![admin_url],
+        ControlPlaneAccess::default(),
         RoutingTable::default(),
         Duration::from_millis(100),
         Duration::from_secs(1),
-    );
+    )
+    .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let router = Router::new(test_settings(), &watcher)
         .serve(listener)

@@ -66,6 +66,22 @@ pub struct Cluster {
     _serial: MutexGuard<'static, ()>,
 }
 
+/// An admin API client; `ca`: the CA bundle of a TLS cluster, whose peers
+/// serve HTTPS.
+pub fn admin_client(ca: Option<&std::path::Path>) -> reqwest::Client {
+    let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(20));
+    if let Some(ca) = ca {
+        builder =
+            builder.use_preconfigured_tls(llmgw_tls::https_client_config(ca).expect("the CA"));
+    }
+    builder.build().unwrap()
+}
+
+/// The CA bundle of the cluster whose test directory is `dir`.
+fn dir_ca(dir: &std::path::Path) -> PathBuf {
+    llmgw_tls::certs::ca_files(&llmgw_dev::certs::tls_dir(dir)).0
+}
+
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
 impl Cluster {
@@ -93,7 +109,7 @@ impl Cluster {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let dir = tempfile::tempdir().expect("temp dir");
         prepare(dir.path());
-        let layouts = plan_peers(dir.path(), 3).expect("free ports");
+        let layouts = plan_peers(dir.path(), 3, tls).expect("free ports");
         for layout in &layouts {
             let yaml = if tls {
                 let mut files =
@@ -108,6 +124,7 @@ impl Cluster {
             };
             std::fs::write(&layout.config, yaml).unwrap();
         }
+        let http = admin_client(tls.then(|| dir_ca(dir.path())).as_deref());
         let mut cluster = Cluster {
             dir,
             peers: layouts
@@ -118,10 +135,7 @@ impl Cluster {
                     starts: 0,
                 })
                 .collect(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
+            http,
             token: None,
             tls,
             _serial: serial,
@@ -235,6 +249,21 @@ impl Cluster {
 
     pub fn admin(&self, id: u64) -> String {
         self.peer(id).layout.admin_url()
+    }
+
+    /// The CA bundle clients trust (TLS clusters).
+    pub fn ca(&self) -> PathBuf {
+        dir_ca(self.dir.path())
+    }
+
+    /// `llmgw ctl` against peer `id`, trusting the cluster's CA.
+    pub fn ctl(&self, id: u64) -> std::process::Command {
+        let mut command = std::process::Command::new(llmgw_bin());
+        command.args(["ctl", "--api", &self.admin(id)]);
+        if self.tls {
+            command.arg("--ca").arg(self.ca());
+        }
+        command
     }
 
     pub fn raft_dir(&self, id: u64) -> PathBuf {
