@@ -328,7 +328,15 @@ fn bind(cfg: &ServeConfig) -> Result<TcpSocket, Failure> {
     let ip: std::net::IpAddr = match cfg.host.as_str() {
         "" | "0.0.0.0" => std::net::Ipv4Addr::UNSPECIFIED.into(),
         "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
-        h => h.parse().map_err(|_| in_use())?,
+        // A host name binds to what it resolves to, as the engines' servers do.
+        h => match h.parse() {
+            Ok(ip) => ip,
+            Err(_) => std::net::ToSocketAddrs::to_socket_addrs(&(h, cfg.port))
+                .ok()
+                .and_then(|mut addrs| addrs.next())
+                .map(|addr| addr.ip())
+                .ok_or_else(in_use)?,
+        },
     };
     let addr = SocketAddr::new(ip, cfg.port);
     let socket = if addr.is_ipv4() {
