@@ -20,6 +20,14 @@ pub struct AgentArgs {
     /// The agent's config file (see deploy/examples/agent.yaml).
     #[arg(long, short, default_value = "/etc/llmgw/agent.yaml")]
     pub config: PathBuf,
+    /// This node's id, instead of the file's `node_id` (a DaemonSet passes
+    /// the Kubernetes node name).
+    #[arg(long, env = "LLMGW_NODE_ID")]
+    pub node_id: Option<String>,
+    /// The address engines are reachable on, instead of the file's
+    /// `mgmt_addr` (a DaemonSet passes the node's IP).
+    #[arg(long, env = "LLMGW_MGMT_ADDR")]
+    pub mgmt_addr: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +66,7 @@ pub fn main(args: AgentArgs) -> ExitCode {
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)
-        .and_then(|rt| rt.block_on(run_from_file(&args.config)));
+        .and_then(|rt| rt.block_on(run_from_file(&args)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -68,8 +76,15 @@ pub fn main(args: AgentArgs) -> ExitCode {
     }
 }
 
-async fn run_from_file(path: &std::path::Path) -> Result<(), AgentError> {
-    let config = AgentConfig::load(path)?;
+async fn run_from_file(args: &AgentArgs) -> Result<(), AgentError> {
+    let overrides: Vec<(&str, String)> = [
+        ("node_id", args.node_id.clone()),
+        ("mgmt_addr", args.mgmt_addr.clone()),
+    ]
+    .into_iter()
+    .filter_map(|(key, value)| Some((key, value?)))
+    .collect();
+    let config = AgentConfig::load_with(&args.config, &overrides)?;
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }

@@ -138,8 +138,46 @@ impl AgentConfig {
     }
 
     pub fn parse(file: &str, text: &str) -> Result<Self, ConfigError> {
+        Self::parse_with(file, text, &[])
+    }
+
+    /// Loads the file with top-level `overrides` (`node_id`, `mgmt_addr`
+    /// from the command line or environment) in place of the file's own
+    /// values: a DaemonSet shares one file across nodes. Overridden values
+    /// are checked exactly as if the file said them.
+    pub fn load_with(path: &FsPath, overrides: &[(&str, String)]) -> Result<Self, ConfigError> {
+        let (name, text) = read_file(path)?;
+        let config = Self::parse_with(&name, &text, overrides)?;
+        Ok(config.resolve_paths(path))
+    }
+
+    pub fn parse_with(
+        file: &str,
+        text: &str,
+        overrides: &[(&str, String)],
+    ) -> Result<Self, ConfigError> {
         Ok(llmgw_yaml::load(file, text, |node, cx| {
-            Self::decode(node, &Path::root(), cx)
+            if overrides.is_empty() {
+                return Self::decode(node, &Path::root(), cx);
+            }
+            let mut node = node.clone();
+            if let llmgw_yaml::Value::Map(entries) = &mut node.value {
+                for (key, value) in overrides {
+                    entries.retain(|e| e.key != *key);
+                    entries.push(llmgw_yaml::Entry {
+                        key: (*key).to_owned(),
+                        key_pos: node.pos,
+                        value: llmgw_yaml::Node {
+                            pos: node.pos,
+                            value: llmgw_yaml::Value::Scalar {
+                                text: value.clone(),
+                                quoted: true,
+                            },
+                        },
+                    });
+                }
+            }
+            Self::decode(&node, &Path::root(), cx)
         })?)
     }
 

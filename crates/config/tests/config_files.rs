@@ -372,3 +372,35 @@ fn relative_paths_resolve_against_the_file() {
     assert_eq!(config.data_dir, dir.path().join("data"));
     assert_eq!(config.catalog.unwrap(), dir.path().join("models.yaml"));
 }
+
+#[test]
+fn agent_node_id_and_mgmt_addr_can_come_from_the_command_line() {
+    // One file for every node of a DaemonSet: no node_id, no mgmt_addr.
+    let shared = "servers: [\"a:7443\"]\ninsecure: true\n";
+    assert!(AgentConfig::parse("agent.yaml", shared).is_err());
+    let config = AgentConfig::parse_with(
+        "agent.yaml",
+        shared,
+        &[
+            ("node_id", "gpu-7".into()),
+            ("mgmt_addr", "10.0.0.7".into()),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        (config.node_id.as_str(), config.mgmt_addr.as_str()),
+        ("gpu-7", "10.0.0.7")
+    );
+    // An override wins over the file and is checked like the file's value.
+    let with_file = format!("node_id: from-file\nmgmt_addr: 10.0.0.1\n{shared}");
+    let config =
+        AgentConfig::parse_with("agent.yaml", &with_file, &[("node_id", "gpu-8".into())]).unwrap();
+    assert_eq!(
+        (config.node_id.as_str(), config.mgmt_addr.as_str()),
+        ("gpu-8", "10.0.0.1")
+    );
+    let error = AgentConfig::parse_with("agent.yaml", &with_file, &[("node_id", "bad id".into())])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("invalid node id \"bad id\""), "{error}");
+}

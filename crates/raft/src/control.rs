@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use llmgw_proto::raft::RaftPayload;
 use llmgw_state::{Command, FleetState, Leadership, Outcome};
-use llmgw_store::{AppliedState, ApplyStats, PeerNode, TypeConfig};
+use llmgw_store::{AppliedState, ApplyStats, PeerNode, SyncStats, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, Instant as _, RaftMetrics, ReadPolicy, ServerState};
@@ -56,6 +56,7 @@ struct Inner {
     raft: LlmgwRaft,
     applied: Arc<RwLock<AppliedState>>,
     stats: Arc<ApplyStats>,
+    sync_stats: Arc<SyncStats>,
     peers: Peers,
     settings: RaftSettings,
     configured: BTreeMap<u64, PeerNode>,
@@ -104,6 +105,7 @@ impl ControlPlane {
         let pristine_at_start = store.is_pristine();
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
+        let sync_stats = store.log.sync_stats();
         let peer_net = Peers::new(id, settings.rpc_timeout, tls);
         let factory = NetworkFactory {
             peers: peer_net.clone(),
@@ -125,6 +127,7 @@ impl ControlPlane {
                 raft,
                 applied,
                 stats,
+                sync_stats,
                 peers: peer_net,
                 settings,
                 configured,
@@ -156,6 +159,11 @@ impl ControlPlane {
 
     pub fn apply_stats(&self) -> &ApplyStats {
         &self.inner.stats
+    }
+
+    /// Synced writes of this peer's Raft log and vote.
+    pub fn log_sync_stats(&self) -> &SyncStats {
+        &self.inner.sync_stats
     }
 
     pub fn metrics(&self) -> RaftMetrics<TypeConfig> {

@@ -86,6 +86,27 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
     assert_eq!(status, 204);
     let names = cluster.model_names(leader, true).await.unwrap();
     assert!(!names.contains(&"model-via-1".to_owned()), "{names:?}");
+
+    // What a dashboard scrapes: the leader says so, and every peer has
+    // applied the writes and timed the fsyncs it waited for.
+    for id in 1..=3 {
+        let (status, text) = cluster.get(id, "/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        let text = text.as_str().unwrap_or_default().to_owned();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in peer {id}'s metrics:\n{text}"))
+        };
+        assert_eq!(
+            value("llmgw_raft_is_leader"),
+            f64::from(u8::from(id == leader))
+        );
+        assert!(value("llmgw_raft_applied_entries_total") >= 4.0, "{text}");
+        assert!(value("llmgw_raft_log_sync_seconds_count") >= 4.0, "{text}");
+        assert!(value("llmgw_raft_log_sync_seconds_sum") > 0.0, "{text}");
+        assert!(value("llmgw_raft_log_sync_seconds_max") > 0.0, "{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,6 @@ mod types;
 pub use backup::{BACKUP_FORMAT, Backup, restore};
 pub use db::{Store, open};
 pub use error::StoreError;
-pub use log_store::LogStore;
+pub use log_store::{LogStore, SyncStats};
 pub use state_machine::{AppliedState, ApplyStats, StateMachineStore};
 pub use types::{Entry, LogId, PeerNode, SnapshotData, StoredMembership, TypeConfig, Vote};

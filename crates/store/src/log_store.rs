@@ -5,6 +5,8 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
@@ -23,6 +25,25 @@ pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    syncs: Arc<SyncStats>,
+}
+
+/// How long the synced writes of the Raft log and vote take: the fsync a
+/// peer waits for before it acknowledges anything. Exported as metrics.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    pub syncs: AtomicU64,
+    pub nanos_total: AtomicU64,
+    pub nanos_max: AtomicU64,
+}
+
+impl SyncStats {
+    fn record(&self, started: Instant) {
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.nanos_total.fetch_add(nanos, Ordering::Relaxed);
+        self.nanos_max.fetch_max(nanos, Ordering::Relaxed);
+    }
 }
 
 pub(crate) struct Meta {
@@ -75,7 +96,25 @@ pub(crate) fn synced() -> WriteOptions {
 
 impl LogStore {
     pub(crate) fn new(db: Arc<DB>) -> Self {
-        Self { db }
+        Self {
+            db,
+            syncs: Arc::default(),
+        }
+    }
+
+    pub fn sync_stats(&self) -> Arc<SyncStats> {
+        self.syncs.clone()
+    }
+
+    /// Writes `batch` and syncs it to disk before returning.
+    fn write_synced(&self, batch: WriteBatch) -> io::Result<()> {
+        let started = Instant::now();
+        let result = self
+            .db
+            .write_opt(batch, &synced())
+            .map_err(io::Error::other);
+        self.syncs.record(started);
+        result
     }
 
     fn logs(&self) -> &rocksdb::ColumnFamily {
@@ -123,9 +162,7 @@ impl LogStore {
     fn put_meta_synced<T: Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.meta(), key, to_json(value)?);
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(io::Error::other)
+        self.write_synced(batch)
     }
 }
 
@@ -212,10 +249,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 to_json(&entry)?,
             );
         }
-        let result = self
-            .db
-            .write_opt(batch, &synced())
-            .map_err(io::Error::other);
+        let result = self.write_synced(batch);
         let report = match &result {
             Ok(()) => Ok(()),
             Err(e) => Err(io::Error::other(e.to_string())),
@@ -229,9 +263,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.logs(), encode_index(from), encode_index(u64::MAX));
         batch.delete_cf(self.logs(), encode_index(u64::MAX));
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(io::Error::other)
+        self.write_synced(batch)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
@@ -240,8 +272,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // so a crash never leaves a log with a hole and no explanation.
         batch.put_cf(self.meta(), KEY_LAST_PURGED, to_json(&log_id)?);
         batch.delete_range_cf(self.logs(), encode_index(0), encode_index(log_id.index + 1));
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(io::Error::other)
+        self.write_synced(batch)
     }
 }

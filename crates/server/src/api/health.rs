@@ -1,7 +1,7 @@
 //! Liveness, readiness and Prometheus metrics.
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Json;
 use axum::extract::State;
@@ -33,7 +33,6 @@ pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
 pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
     let metrics = state.control.metrics();
     let apply = state.control.apply_stats();
-    let nanos = |n: u64| n as f64 / 1e9;
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, kind: &str, value: f64| {
         let _ = writeln!(out, "# HELP {name} {help}");
@@ -117,30 +116,18 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         "counter",
         state.hub.refusals_total.load(Ordering::Relaxed) as f64,
     );
-    let _ = writeln!(
-        out,
-        "# HELP llmgw_raft_apply_seconds Time spent applying batches of committed entries."
+    summary(
+        &mut out,
+        "llmgw_raft_apply_seconds",
+        "Time spent applying batches of committed entries.",
+        [&apply.nanos_total, &apply.batches, &apply.nanos_max],
     );
-    let _ = writeln!(out, "# TYPE llmgw_raft_apply_seconds summary");
-    let _ = writeln!(
-        out,
-        "llmgw_raft_apply_seconds_sum {}",
-        nanos(apply.nanos_total.load(Ordering::Relaxed))
-    );
-    let _ = writeln!(
-        out,
-        "llmgw_raft_apply_seconds_count {}",
-        apply.batches.load(Ordering::Relaxed)
-    );
-    let _ = writeln!(
-        out,
-        "# HELP llmgw_raft_apply_seconds_max Slowest apply batch since start."
-    );
-    let _ = writeln!(out, "# TYPE llmgw_raft_apply_seconds_max gauge");
-    let _ = writeln!(
-        out,
-        "llmgw_raft_apply_seconds_max {}",
-        nanos(apply.nanos_max.load(Ordering::Relaxed))
+    let syncs = state.control.log_sync_stats();
+    summary(
+        &mut out,
+        "llmgw_raft_log_sync_seconds",
+        "Synced (fsynced) writes of the Raft log and vote: what a peer waits for before it acknowledges.",
+        [&syncs.nanos_total, &syncs.syncs, &syncs.nanos_max],
     );
     let (nodes, replicas) = state.control.read(super::fleet::counts);
     let _ = writeln!(out, "# HELP llmgw_nodes Registered GPU nodes by status.");
@@ -155,4 +142,20 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         let _ = writeln!(out, "llmgw_replicas{{state=\"{replica_state}\"}} {n}");
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+/// A summary (`_sum`, `_count`) and its `_max` gauge, from nanosecond
+/// counters: total, count, max.
+fn summary(out: &mut String, name: &str, help: &str, [total, count, max]: [&AtomicU64; 3]) {
+    let seconds = |n: &AtomicU64| n.load(Ordering::Relaxed) as f64 / 1e9;
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} summary");
+    let _ = writeln!(out, "{name}_sum {}", seconds(total));
+    let _ = writeln!(out, "{name}_count {}", count.load(Ordering::Relaxed));
+    let _ = writeln!(
+        out,
+        "# HELP {name}_max The slowest since this peer started."
+    );
+    let _ = writeln!(out, "# TYPE {name}_max gauge");
+    let _ = writeln!(out, "{name}_max {}", seconds(max));
 }
