@@ -494,10 +494,12 @@ fn render(running: &[Running], work_dir: &Path, router_addr: &str, access: &Admi
         "\nOpenAI base URL: http://{router_addr}/v1\n\
          try:\n  curl -N http://{router_addr}/v1/chat/completions -H 'content-type: application/json' \\\n\
          \x20   -d '{{\"model\": \"qwen-0.5b\", \"stream\": true, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n\
+         console: {console}/ui/ (enter the read or write token)\n\
          admin API (llmgw ctl reads these variables):\n\
          {env}         \x20 llmgw ctl nodes; llmgw ctl replicas; llmgw ctl explain llama-70b\n\
          configs, logs and dev.json: {dir}\n",
         env = access.ctl_env(&apis),
+        console = apis.first().map_or("-", String::as_str),
         dir = work_dir.display(),
     ));
     out

@@ -32,6 +32,37 @@ pub struct PeerSpec {
 #[derive(Debug, Default)]
 pub struct RaftCounters {
     pub leader_changes: AtomicU64,
+    /// When this peer saw the latest leader changes (ms since the epoch),
+    /// newest last, at most [`RECENT_LEADER_CHANGES`].
+    recent_changes: std::sync::Mutex<std::collections::VecDeque<u64>>,
+}
+
+/// How many leader-change times are kept.
+const RECENT_LEADER_CHANGES: usize = 256;
+
+impl RaftCounters {
+    fn leader_changed(&self) {
+        self.leader_changes.fetch_add(1, Ordering::Relaxed);
+        let mut recent = self
+            .recent_changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if recent.len() == RECENT_LEADER_CHANGES {
+            recent.pop_front();
+        }
+        recent.push_back(now_ms());
+    }
+
+    /// Leader changes this peer saw in the last `window`.
+    pub fn leader_changes_within(&self, window: Duration) -> usize {
+        let since = now_ms().saturating_sub(u64::try_from(window.as_millis()).unwrap_or(u64::MAX));
+        self.recent_changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|at| **at >= since)
+            .count()
+    }
 }
 
 /// How long a write keeps looking for a leader before it gives up.
@@ -853,7 +884,7 @@ fn spawn_leader_watch(raft: LlmgwRaft, counters: Arc<RaftCounters>) {
         loop {
             let leader = metrics.borrow_watched().current_leader;
             if leader.is_some() && leader != last {
-                counters.leader_changes.fetch_add(1, Ordering::Relaxed);
+                counters.leader_changed();
                 tracing::info!(leader = ?leader, "Raft leader changed");
             }
             if leader.is_some() {

@@ -76,7 +76,10 @@ impl AdminAuth {
         path: &str,
         authorization: Option<&HeaderValue>,
     ) -> Result<(), Refusal> {
-        if self.is_open() || OPEN_PATHS.contains(&path) {
+        if self.is_open()
+            || OPEN_PATHS.contains(&path)
+            || (*method == Method::GET && crate::api::console::is_asset(path))
+        {
             return Ok(());
         }
         let Some(value) = authorization else {

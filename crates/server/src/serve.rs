@@ -181,6 +181,7 @@ pub async fn serve(
         insecure: options.security.insecure(),
         hub,
         placement: options.placement.clone(),
+        stopping: stop_rx.clone(),
     });
     let app = options.security.admin.protect(app);
     let admin_listener =

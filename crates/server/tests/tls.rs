@@ -347,81 +347,15 @@ async fn a_rotated_peer_certificate_is_served_without_a_restart() {
     cluster.wait_converged().await;
 }
 
-/// `llmgw dev`, stopped with SIGTERM to its process group when dropped;
-/// then any engine an agent recorded is killed too.
-struct Dev {
-    child: std::process::Child,
-    work: std::path::PathBuf,
-}
-
-impl Dev {
-    fn kill_engines(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.work) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() && entry.file_name().to_string_lossy().starts_with("agent-") {
-                for group in llmgw_dev::engine_groups(&path) {
-                    let _ = std::process::Command::new("kill")
-                        .args(["-KILL", "--", &format!("-{group}")])
-                        .status();
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.child.id());
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", "--", &group])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                self.kill_engines();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .status();
-        let _ = self.child.wait();
-        self.kill_engines();
-    }
-}
-
 // The guard only keeps other clusters of this binary from starting; it is
 // held for the whole test on purpose, as `Cluster` holds its own.
 #[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens() {
-    use std::os::unix::process::CommandExt;
     let _serial = support::one_at_a_time();
     let work = tempfile::tempdir().unwrap();
-    let log = std::fs::File::create(work.path().join("dev.out")).unwrap();
     // No demo catalog: agents connect, but no engine is started.
-    let router_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
-    let _dev = Dev {
-        work: work.path().to_owned(),
-        child: std::process::Command::new(support::llmgw_bin())
-            .args(["dev", "--no-demo", "--port", &router_port, "--work-dir"])
-            .arg(work.path())
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .process_group(0)
-            .spawn()
-            .expect("start llmgw dev"),
-    };
+    let llmgw_dev = support::dev::Dev::start(work.path(), &["--no-demo"]);
     let started = Instant::now();
     let dev_json = work.path().join("dev.json");
     let mut http = None;
@@ -430,7 +364,7 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         assert!(
             started.elapsed() < support::DEADLINE,
             "llmgw dev did not come up: {}",
-            std::fs::read_to_string(work.path().join("dev.out")).unwrap_or_default()
+            llmgw_dev.output()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
         let Ok(text) = std::fs::read_to_string(&dev_json) else {
@@ -524,19 +458,12 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
     assert!(error.is_connect(), "{error:?}");
 
     // `llmgw dev` printed how to point `llmgw ctl` at it, and that works.
-    let wanted = [
+    for line in [
         "export LLMGW_API=https://",
         "export LLMGW_CA=",
         "export LLMGW_TOKEN=$(cat ",
-    ];
-    let deadline = Instant::now() + support::DEADLINE;
-    loop {
-        let printed = std::fs::read_to_string(work.path().join("dev.out")).unwrap_or_default();
-        if wanted.iter().all(|line| printed.contains(line)) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no {wanted:?} in:\n{printed}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    ] {
+        llmgw_dev.wait_printed(line, support::DEADLINE).await;
     }
     let ctl = |with_ca: bool, token: &str| {
         let mut command = std::process::Command::new(support::llmgw_bin());

@@ -3,6 +3,7 @@
 //! go through the Raft leader, wherever they arrive.
 
 mod backup;
+pub(crate) mod console;
 mod error;
 mod explain;
 mod fleet;
@@ -35,6 +36,9 @@ pub struct ApiState {
     pub placement: PlanSettings,
     /// gRPC links are plaintext (`insecure: true`); shown in /api/v1/cluster.
     pub insecure: bool,
+    /// Turns true when the peer stops: long-lived answers (the console's
+    /// event streams) end, so the admin API can shut down gracefully.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -61,6 +65,11 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// All admin routes.
 pub fn router(state: ApiState) -> Router {
     Router::new()
+        .route("/ui", get(console::root))
+        .route("/ui/", get(console::index))
+        .route("/ui/app.js", get(console::app))
+        .route("/ui/style.css", get(console::style))
+        .route("/api/v1/events", get(console::events))
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(health::metrics))

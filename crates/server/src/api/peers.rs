@@ -16,6 +16,8 @@ pub struct ClusterView {
     pub peers: Vec<PeerView>,
     /// This peer's gRPC links are plaintext (`insecure: true`).
     pub insecure: bool,
+    /// Leader changes this peer saw in the last hour.
+    pub leader_changes_last_hour: usize,
 }
 
 pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
@@ -27,6 +29,10 @@ pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
         term: metrics.current_term,
         peers,
         insecure: state.insecure,
+        leader_changes_last_hour: state
+            .control
+            .counters()
+            .leader_changes_within(std::time::Duration::from_secs(3600)),
     })
 }
 

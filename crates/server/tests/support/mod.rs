@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod agents;
+pub mod dev;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

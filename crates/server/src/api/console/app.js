@@ -1,0 +1,288 @@
+// The llmgw console: reads the admin API of the peer that served it, and
+// reloads its views whenever that peer's event stream says the replicated
+// state or the leadership changed. The token lives in sessionStorage and
+// travels only in the Authorization header, never in a URL.
+"use strict";
+
+const view = {
+  token: sessionStorage.getItem("llmgw-token") || "",
+  cluster: null,
+  nodes: [],
+  replicas: [],
+  models: [],
+  explain: {},
+  // Why the views could not be read (cleared by the next good read).
+  error: "",
+  // What the last action did, or why it was refused (kept until the next).
+  notice: { text: "", refused: false },
+};
+
+const esc = (value) =>
+  String(value ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+
+function headers(extra) {
+  const out = Object.assign({}, extra || {});
+  if (view.token) out.Authorization = "Bearer " + view.token;
+  return out;
+}
+
+async function api(path, options) {
+  const response = await fetch(path, Object.assign({}, options, { headers: headers(options && options.headers) }));
+  const text = await response.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch (_) { body = text; }
+  if (!response.ok) {
+    const message = (body && body.error && body.error.message) || text || response.statusText;
+    throw new Error(response.status + ": " + message);
+  }
+  return body;
+}
+
+async function load() {
+  try {
+    const [cluster, nodes, replicas, models] = await Promise.all([
+      api("/api/v1/cluster"), api("/api/v1/nodes"), api("/api/v1/replicas"), api("/api/v1/models"),
+    ]);
+    Object.assign(view, { cluster, nodes, replicas, models, error: "" });
+    const explain = {};
+    for (const model of models) {
+      const ready = replicas.filter((r) => r.model === model.name && r.state === "ready").length;
+      if (ready < (model.replicas ?? 1)) {
+        explain[model.name] = await api("/api/v1/models/" + encodeURIComponent(model.name) + "/explain").catch((e) => ({ explanation: e.message }));
+      }
+    }
+    view.explain = explain;
+  } catch (e) {
+    view.error = e.message.startsWith("401") ? "This admin API needs a token: enter a read or write token above. " + e.message : e.message;
+  }
+  render();
+}
+
+let pending = null;
+function reloadSoon() {
+  if (!pending) pending = setTimeout(() => { pending = null; load(); }, 150);
+}
+
+// Server-sent events over fetch, so the token goes in a header. A new
+// token restarts the stream at once.
+let events = null;
+function restartEvents() {
+  if (events) events.abort();
+}
+async function follow() {
+  const live = document.getElementById("live");
+  for (;;) {
+    events = new AbortController();
+    try {
+      const response = await fetch("/api/v1/events", {
+        headers: headers({ Accept: "text/event-stream" }), signal: events.signal,
+      });
+      if (!response.ok) throw new Error("events: " + response.status);
+      live.textContent = "live";
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true });
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5)).join("\n");
+          if (!data) continue;
+          const event = JSON.parse(data);
+          live.textContent = "live: leader " + (event.leader_id ?? "none") + ", term " + event.term + ", applied " + (event.applied_index ?? "-");
+          reloadSoon();
+        }
+      }
+    } catch (e) {
+      if (events.signal.aborted) continue;
+      live.textContent = "reconnecting (" + e.message + ")";
+    }
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, 1000);
+      events.signal.addEventListener("abort", () => { clearTimeout(timer); resolve(); });
+    });
+  }
+}
+
+function statusClass(status) {
+  if (["ready", "leader", "follower", "voter"].includes(status)) return "ok";
+  if (["unreachable", "starting", "loading", "pending", "draining", "candidate", "placed"].includes(status)) return "warn";
+  return "bad";
+}
+const badge = (text) => `<span class="status ${statusClass(text)}">${esc(text)}</span>`;
+const ago = (ms) => (ms == null ? "-" : ms < 1000 ? ms + " ms ago" : (ms / 1000).toFixed(1) + " s ago");
+
+function renderCluster() {
+  const c = view.cluster;
+  if (!c) return "";
+  const hashes = new Set(c.peers.map((p) => p.state_hash).filter(Boolean));
+  const rows = c.peers.map((p) => `<tr>
+      <td>${esc(p.id)}${p.id === c.leader_id ? " (leader)" : ""}</td><td>${badge(p.role)}</td><td>${esc(p.membership)}</td>
+      <td>${esc(p.term ?? "-")}</td><td>${esc(p.last_log_index ?? "-")}</td><td>${esc(p.last_applied_index ?? "-")}</td>
+      <td class="mono">${esc(p.state_hash ?? "unreachable")}</td><td class="mono">${esc(p.addr)}</td></tr>`).join("");
+  return `<h2>Cluster</h2>
+    <p>Leader: <strong>${c.leader_id == null ? "none elected" : "peer " + esc(c.leader_id)}</strong>, term ${esc(c.term)}.
+      Transport: <strong>${c.insecure ? "INSECURE (plaintext)" : "mTLS"}</strong>.
+      State hashes: <strong>${hashes.size <= 1 ? "all equal" : hashes.size + " different (a peer is behind)"}</strong>.
+      Leader changes in the last hour (seen by peer ${esc(c.id)}): <strong>${esc(c.leader_changes_last_hour ?? 0)}</strong>.</p>
+    <table><caption class="note">Each peer as peer ${esc(c.id)} sees it</caption>
+      <thead><tr><th>Peer</th><th>Role</th><th>Membership</th><th>Term</th><th>Last log</th><th>Applied</th><th>State hash</th><th>gRPC</th></tr></thead>
+      <tbody>${rows}</tbody></table>`;
+}
+
+function leaderNote() {
+  const c = view.cluster;
+  if (!c || c.leader_id === c.id) return "";
+  const leader = c.peers.find((p) => p.id === c.leader_id);
+  return leader
+    ? `<p class="note">Heartbeats and streams are known to the leader: <a href="${esc(leader.admin)}/ui/${esc(location.hash)}">open peer ${esc(leader.id)}'s console</a>.</p>`
+    : "";
+}
+
+function renderNodes() {
+  const rows = view.nodes.map((n) => `<tr>
+      <td><a href="#/nodes/${encodeURIComponent(n.id)}">${esc(n.id)}</a></td><td>${badge(n.status)}</td>
+      <td>${n.cordoned ? "cordoned" : ""}${n.draining ? " draining" : ""}</td>
+      <td>${n.stream ? (n.stream.connected ? "connected, heartbeat " + ago(n.stream.last_heartbeat_ms_ago) : "not connected") : "-"}</td>
+      <td>${esc(n.gpus_used)}/${esc(n.gpus_total)}</td><td>${esc((n.fabrics || []).join(", ") || "-")}</td>
+      <td>${esc((n.labels || {}).rack || "-")}</td>
+      <td>${n.shards.map((s) => esc(s.model) + " [" + esc(s.gpus.join(",")) + "] " + esc(s.state)).join("<br>")}</td></tr>`).join("");
+  return `<h2>Nodes</h2>${leaderNote()}
+    <table><thead><tr><th>Node</th><th>Status</th><th>Flags</th><th>Agent stream</th><th>GPUs used</th><th>Fabrics</th><th>Rack</th><th>Shards</th></tr></thead>
+    <tbody>${rows || '<tr><td colspan="8">No node has registered yet.</td></tr>'}</tbody></table>`;
+}
+
+function gpuGrid(node) {
+  const holder = {};
+  for (const s of node.shards) for (const g of s.gpus) holder[g] = s;
+  return `<div class="gpus" role="list" aria-label="GPUs of ${esc(node.id)}">${node.inventory.gpus.map((g) => {
+    const s = holder[g.index];
+    return `<div class="gpu${s ? " used" : ""}" role="listitem"><span class="idx">GPU ${esc(g.index)}</span> ${esc(g.model)}<br>
+      ${esc(Math.round(g.memory_mb / 1024))} GiB<br>${s ? "holds " + esc(s.model) + " (" + esc(s.state) + ")" : "free"}</div>`;
+  }).join("")}</div>`;
+}
+
+function linkMatrix(node) {
+  const gpus = node.inventory.gpus.map((g) => g.index);
+  if (gpus.length < 2) return "";
+  const link = (a, b) => (node.inventory.links || []).find((l) => (l.a === a && l.b === b) || (l.a === b && l.b === a));
+  const head = gpus.map((g) => `<th scope="col">${esc(g)}</th>`).join("");
+  const rows = gpus.map((a) => `<tr><th scope="row">${esc(a)}</th>${gpus.map((b) => {
+    if (a === b) return "<td>-</td>";
+    const l = link(a, b);
+    const text = l ? (l.nvlinks ? "NV" + l.nvlinks : l.kind) : "?";
+    return `<td class="${l && l.nvlinks ? "nv" : ""}">${esc(text)}</td>`;
+  }).join("")}</tr>`).join("");
+  return `<h3>GPU links</h3><table class="matrix" aria-label="How each pair of GPUs is connected: NVn is n NVLinks">
+    <thead><tr><th></th>${head}</tr></thead><tbody>${rows}</tbody></table>`;
+}
+
+function renderNode(id) {
+  const n = view.nodes.find((x) => x.id === id);
+  if (!n) return `<p>No node <code>${esc(id)}</code>. <a href="#/nodes">All nodes</a></p>`;
+  const left = n.shards.length;
+  return `<h2>Node ${esc(n.id)} ${badge(n.status)}</h2>${leaderNote()}
+    <p>${esc(n.inventory.hostname)}, ${esc(n.mgmt_addr)}; GPUs from ${esc(n.inventory.gpu_source)};
+      fabrics ${esc((n.fabrics || []).join(", ") || "none")}; labels ${esc(JSON.stringify(n.labels || {}))}.
+      ${n.cordoned ? "<strong>Cordoned.</strong>" : ""} ${n.draining ? "<strong>Draining: " + left + " shard(s) still on it.</strong>" : ""}</p>
+    <div class="actions">
+      <button data-action="cordon" data-node="${esc(n.id)}">Cordon</button>
+      <button data-action="uncordon" data-node="${esc(n.id)}">Uncordon</button>
+      <label>Drain deadline (s) <input id="deadline" type="number" min="1" value="300" size="5"></label>
+      <button data-action="drain" data-node="${esc(n.id)}">Drain</button>
+    </div>
+    <h3>GPUs</h3>${gpuGrid(n)}${linkMatrix(n)}
+    <h3>InfiniBand / RoCE ports</h3>
+    <table><thead><tr><th>HCA</th><th>Port</th><th>State</th><th>Rate</th></tr></thead><tbody>
+    ${(n.inventory.hcas || []).map((h) => `<tr><td>${esc(h.name)} (${esc(h.link_layer)})</td><td>${esc(h.port)}</td><td>${esc(h.state)}</td><td>${esc(h.rate_gbps ?? "")}</td></tr>`).join("") || '<tr><td colspan="4">none</td></tr>'}
+    </tbody></table>`;
+}
+
+function renderModels() {
+  const cards = view.models.map((m) => {
+    const replicas = view.replicas.filter((r) => r.model === m.name);
+    const ready = replicas.filter((r) => r.state === "ready").length;
+    const why = view.explain[m.name];
+    const rows = replicas.map((r) => {
+      const failure = r.shards.map((s) => s.last_failure).find(Boolean);
+      return `<tr><td class="mono">${esc(r.id)}</td><td>${badge(r.state)}</td><td>${r.shards.map((s) =>
+        `<a href="#/nodes/${encodeURIComponent(s.node)}">${esc(s.node)}</a> GPUs [${esc(s.gpus.join(","))}] :${esc(s.port)} ${esc(s.state)}`).join("<br>")}
+        ${failure ? `<details><summary class="error">${esc(failure.message)}</summary><pre>${esc((failure.output_tail || []).join("\n"))}</pre></details>` : ""}</td></tr>`;
+    }).join("");
+    return `<section class="card" aria-labelledby="model-${esc(m.name)}"><h3 id="model-${esc(m.name)}">${esc(m.name)}</h3>
+      <p>${esc(ready)} of ${esc(m.replicas ?? 1)} replicas ready. <span class="note">${esc(m.source || "")}</span></p>
+      <div class="actions"><label>Replicas <input type="number" min="0" value="${esc(m.replicas ?? 1)}" size="3" data-scale="${esc(m.name)}"></label>
+        <button data-action="scale" data-model="${esc(m.name)}">Scale</button></div>
+      ${why ? `<p><strong>Why not ready:</strong> ${esc(why.explanation || (why.replicas || []).map((r) => r.id + ": " + r.why).join("; ") || "placing")}</p>` : ""}
+      <table><thead><tr><th>Replica</th><th>State</th><th>Shards</th></tr></thead><tbody>${rows || '<tr><td colspan="3">none</td></tr>'}</tbody></table></section>`;
+  }).join("");
+  return `<h2>Models and replicas</h2><div class="cards">${cards || "<p>The catalog is empty.</p>"}</div>`;
+}
+
+function render() {
+  const route = location.hash.replace(/^#\/?/, "") || "cluster";
+  const [page, arg] = route.split("/");
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.page === page) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
+  }
+  const focused = document.activeElement && document.activeElement.id;
+  // What the user typed survives a redraw.
+  const key = (input) => input.id || input.dataset.scale;
+  const typed = {};
+  for (const input of document.querySelectorAll("#main input")) typed[key(input)] = input.value;
+  const body = page === "nodes" && arg ? renderNode(decodeURIComponent(arg))
+    : page === "nodes" ? renderNodes() : page === "models" ? renderModels() : renderCluster();
+  const banner = (view.error ? `<p class="error" role="alert">${esc(view.error)}</p>` : "")
+    + (view.notice.text
+      ? `<p class="${view.notice.refused ? "error" : ""}" role="status">${esc(view.notice.text)}</p>` : "");
+  document.getElementById("main").innerHTML = banner + body;
+  for (const input of document.querySelectorAll("#main input")) {
+    if (key(input) in typed) input.value = typed[key(input)];
+  }
+  if (focused) { const again = document.getElementById(focused); if (again) again.focus(); }
+}
+
+async function act(button) {
+  const { action, node, model } = button.dataset;
+  const done = (text) => { view.notice = { text, refused: false }; };
+  try {
+    if (action === "cordon" || action === "uncordon") {
+      await api(`/api/v1/nodes/${encodeURIComponent(node)}/${action}`, { method: "POST" });
+      done(`${node}: ${action}ed.`);
+    } else if (action === "drain") {
+      const deadline = Number(document.getElementById("deadline").value) || 300;
+      await api(`/api/v1/nodes/${encodeURIComponent(node)}/drain?deadline_s=${deadline}`, { method: "POST" });
+      done(`${node}: drain started; each replica moves once its replacement is ready.`);
+    } else if (action === "scale") {
+      const spec = await api("/api/v1/models/" + encodeURIComponent(model));
+      spec.replicas = Number(document.querySelector(`input[data-scale="${CSS.escape(model)}"]`).value);
+      await api("/api/v1/models/" + encodeURIComponent(model), {
+        method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(spec),
+      });
+      done(`${model}: scaled to ${spec.replicas} replicas.`);
+    }
+  } catch (e) {
+    view.notice = { text: `${action} refused: ${e.message}`, refused: true };
+  }
+  load();
+}
+
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("button[data-action]");
+  if (button) act(button);
+});
+document.getElementById("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  view.token = document.getElementById("token").value.trim();
+  sessionStorage.setItem("llmgw-token", view.token);
+  document.getElementById("token").value = "";
+  restartEvents();
+  load();
+});
+window.addEventListener("hashchange", render);
+load();
+follow();
