@@ -112,12 +112,20 @@ async fn name_the_body_limit(request: Request, next: Next) -> Response {
     if response.status() != StatusCode::PAYLOAD_TOO_LARGE || is_json {
         return response;
     }
-    ApiError {
+    let mut response = ApiError {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         kind: "payload_too_large",
         message: format!(
             "{what}: the request body is larger than the admin API's limit of {MAX_BODY_BYTES} bytes (1 MiB)"
         ),
     }
-    .into_response()
+    .into_response();
+    // The rest of the body is never read, so the connection cannot carry
+    // another request: say so, or a client reuses it and its next request
+    // fails.
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
 }
