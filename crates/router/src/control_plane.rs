@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use llmgw_tls::error_chain;
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -108,19 +109,6 @@ impl AdminApi {
         let body = response.text().await.map_err(|e| error_chain(&e))?;
         Ok((status, body))
     }
-}
-
-/// An error and its causes on one line (a certificate problem hides in the
-/// causes of reqwest's "error sending request").
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl ControlPlaneWatcher {

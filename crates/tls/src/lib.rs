@@ -72,8 +72,9 @@ pub enum TlsError {
     },
 }
 
-/// An error and its causes on one line.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error and its causes on one line (rustls's reasons hide in the causes
+/// of the errors that carry them).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

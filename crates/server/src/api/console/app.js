@@ -223,6 +223,7 @@ function renderModels() {
   return `<h2>Models and replicas</h2><div class="cards">${cards || "<p>The catalog is empty.</p>"}</div>`;
 }
 
+let lastHtml = "";
 function render() {
   const route = location.hash.replace(/^#\/?/, "") || "cluster";
   const [page, arg] = route.split("/");
@@ -239,7 +240,12 @@ function render() {
   const banner = (view.error ? `<p class="error" role="alert">${esc(view.error)}</p>` : "")
     + (view.notice.text
       ? `<p class="${view.notice.refused ? "error" : ""}" role="status">${esc(view.notice.text)}</p>` : "");
-  document.getElementById("main").innerHTML = banner + body;
+  const html = banner + body;
+  // Unchanged views keep their elements: what the user is typing or about
+  // to click stays put.
+  if (html === lastHtml) return;
+  lastHtml = html;
+  document.getElementById("main").innerHTML = html;
   for (const input of document.querySelectorAll("#main input")) {
     if (key(input) in typed) input.value = typed[key(input)];
   }
