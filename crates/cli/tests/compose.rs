@@ -85,6 +85,16 @@ impl Compose {
         run(&mut command)
     }
 
+    /// A docker-compose command that must succeed.
+    fn must(&self, args: &[&str]) {
+        let out = self.compose(args);
+        assert!(
+            out.status.success(),
+            "docker-compose {args:?}: {}",
+            text(&out)
+        );
+    }
+
     fn script(&self, name: &str) -> Output {
         let mut command = Command::new(Self::dir().join(name));
         self.env(&mut command);
@@ -331,24 +341,14 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     //    the old one comes back and catches up.
     let leader = compose.wait_leader().await;
     step(format!("docker kill server-{leader} (the leader)"));
-    assert!(
-        compose
-            .compose(&["kill", &format!("server-{leader}")])
-            .status
-            .success()
-    );
+    compose.must(&["kill", &format!("server-{leader}")]);
     compose
         .wait_cluster("a new leader", |v| {
             v["leader_id"].as_u64().is_some_and(|l| l != leader)
         })
         .await;
     step(format!("new leader elected; docker start server-{leader}"));
-    assert!(
-        compose
-            .compose(&["start", &format!("server-{leader}")])
-            .status
-            .success()
-    );
+    compose.must(&["start", &format!("server-{leader}")]);
     compose
         .wait_all_caught_up("every peer caught up after the leader kill")
         .await;
@@ -396,7 +396,7 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     // time says whether it went through a new start.
     let changed_before = shard["state_changed_at_ms"].as_u64();
     step(format!("docker restart {node} (an agent with an engine)"));
-    assert!(compose.compose(&["restart", &node]).status.success());
+    compose.must(&["restart", &node]);
     // The engine died with its container: ready again after a transition.
     let started_wait = Instant::now();
     loop {
@@ -429,12 +429,7 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     // 4. A rolling restart of the three peers (SIGTERM, start, caught up).
     for id in 1..=3 {
         step(format!("docker restart server-{id}"));
-        assert!(
-            compose
-                .compose(&["restart", &format!("server-{id}")])
-                .status
-                .success()
-        );
+        compose.must(&["restart", &format!("server-{id}")]);
         compose
             .wait_all_caught_up(&format!(
                 "every peer caught up after restarting server-{id}"

@@ -61,16 +61,12 @@ impl AdminAccess {
 
     /// The read token, for clients inside this process.
     pub fn read_token(&self) -> std::io::Result<String> {
-        Ok(std::fs::read_to_string(&self.read_token_file)?
-            .trim()
-            .to_owned())
+        read_trimmed(&self.read_token_file)
     }
 
     /// The write token, for clients inside this process.
     pub fn write_token(&self) -> std::io::Result<String> {
-        Ok(std::fs::read_to_string(&self.write_token_file)?
-            .trim()
-            .to_owned())
+        read_trimmed(&self.write_token_file)
     }
 
     /// An admin API client: trusts the CA (when there is one) and sends
@@ -110,6 +106,10 @@ impl AdminAccess {
         ));
         out
     }
+}
+
+fn read_trimmed(path: &Path) -> std::io::Result<String> {
+    Ok(std::fs::read_to_string(path)?.trim().to_owned())
 }
 
 /// 32 random bytes as hex.

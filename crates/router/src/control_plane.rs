@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::error::RouterError;
+use crate::settings::{SecretFileError, read_secret_file};
 use crate::table::{
     Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, normalize_url,
 };
@@ -53,19 +54,15 @@ impl ControlPlaneAccess {
     /// router.yaml's `control_plane_ca` and `control_plane_token_file`.
     pub fn from_config(config: &llmgw_config::RouterConfig) -> Result<Self, RouterError> {
         let token = match &config.control_plane_token_file {
-            Some(file) => {
-                let text = std::fs::read_to_string(file).map_err(|source| {
-                    RouterError::ControlPlaneTokenFile {
-                        file: file.clone(),
-                        source,
-                    }
-                })?;
-                let token = text.trim().to_owned();
-                if token.is_empty() {
-                    return Err(RouterError::ControlPlaneEmptyToken { file: file.clone() });
+            Some(file) => Some(read_secret_file(file).map_err(|e| match e {
+                SecretFileError::Unreadable(source) => RouterError::ControlPlaneTokenFile {
+                    file: file.clone(),
+                    source,
+                },
+                SecretFileError::Empty => {
+                    RouterError::ControlPlaneEmptyToken { file: file.clone() }
                 }
-                Some(token)
-            }
+            })?),
             None => None,
         };
         Ok(ControlPlaneAccess {

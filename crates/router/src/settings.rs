@@ -64,28 +64,43 @@ impl Default for Settings {
     }
 }
 
+/// Why a file holding a secret (an API key, a token) gave none.
+pub(crate) enum SecretFileError {
+    Unreadable(std::io::Error),
+    Empty,
+}
+
+/// The secret in `file`, trimmed of surrounding whitespace (files usually
+/// end with a newline).
+pub(crate) fn read_secret_file(file: &std::path::Path) -> Result<String, SecretFileError> {
+    let text = std::fs::read_to_string(file).map_err(SecretFileError::Unreadable)?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(SecretFileError::Empty);
+    }
+    Ok(secret.to_owned())
+}
+
 impl Settings {
     /// Reads the key files named in the config; the keys are trimmed of
     /// surrounding whitespace (files usually end with a newline).
     pub fn from_config(config: &RouterConfig) -> Result<Self, RouterError> {
         let mut api_keys = Vec::with_capacity(config.api_keys.len());
         for key in &config.api_keys {
-            let text =
-                std::fs::read_to_string(&key.key_file).map_err(|source| RouterError::KeyFile {
+            let secret = read_secret_file(&key.key_file).map_err(|e| match e {
+                SecretFileError::Unreadable(source) => RouterError::KeyFile {
                     name: key.name.clone(),
                     file: key.key_file.clone(),
                     source,
-                })?;
-            let secret = text.trim();
-            if secret.is_empty() {
-                return Err(RouterError::EmptyKey {
+                },
+                SecretFileError::Empty => RouterError::EmptyKey {
                     name: key.name.clone(),
                     file: key.key_file.clone(),
-                });
-            }
+                },
+            })?;
             api_keys.push(KeyGrant {
                 name: key.name.clone(),
-                key: secret.to_string(),
+                key: secret,
                 models: key.models.clone(),
             });
         }

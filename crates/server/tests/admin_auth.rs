@@ -160,13 +160,7 @@ fn a_server_yaml_with_bad_tokens_is_refused_with_the_reason() {
     let peers = "id: 1\ninsecure: true\npeers:\n  - {id: 1, grpc: \"127.0.0.1:1\", admin: \"http://127.0.0.1:2\"}\n";
     let run = |yaml: &str| {
         std::fs::write(&config, format!("{peers}{yaml}")).unwrap();
-        let out = Command::new(llmgw_bin())
-            .args(["server", "--config"])
-            .arg(&config)
-            .output()
-            .expect("run llmgw server");
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        refused_to_start(&config)
     };
     let err =
         run("admin:\n  tokens:\n    - { name: a, role: admin, token: \"0123456789abcdefXYZ\" }\n");
@@ -202,15 +196,7 @@ fn an_open_admin_api_off_loopback_is_refused_with_the_way_out() {
         );
         std::fs::write(&config, yaml).unwrap();
     };
-    let refused = || {
-        let out = Command::new(llmgw_bin())
-            .args(["server", "--config"])
-            .arg(&config)
-            .output()
-            .expect("run llmgw server");
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let refused = || refused_to_start(&config);
     // mTLS on gRPC, no admin tokens, the admin API on every address.
     write(&llmgw_dev::certs::tls_yaml(&files), "0.0.0.0:0");
     let err = refused();
@@ -226,4 +212,15 @@ fn an_open_admin_api_off_loopback_is_refused_with_the_way_out() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("refuses to start"), "{text}");
+}
+
+/// Starts `llmgw server --config CONFIG`, which must refuse; its stderr.
+fn refused_to_start(config: &std::path::Path) -> String {
+    let out = Command::new(llmgw_bin())
+        .args(["server", "--config"])
+        .arg(config)
+        .output()
+        .expect("run llmgw server");
+    assert!(!out.status.success(), "the server started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
