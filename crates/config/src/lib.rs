@@ -23,5 +23,7 @@ pub use agent::{
 pub use check::{CheckReport, check_file, check_text};
 pub use common::{ConfigError, TlsConfig, check_host_port, grpc_authority};
 pub use kind::FileKind;
-pub use router::{ApiKey, BalancePolicy, Balancing, Ejection, RouterConfig, RouterTimeouts};
+pub use router::{
+    ApiKey, BalancePolicy, Balancing, Ejection, Resume, RouterConfig, RouterTimeouts,
+};
 pub use server::{InitialClusterState, LivenessConfig, PeerConfig, RaftTiming, ServerConfig};

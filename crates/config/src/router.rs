@@ -31,6 +31,20 @@ pub struct RouterConfig {
     pub ejection: Ejection,
     pub max_body_bytes: usize,
     pub api_keys: Vec<ApiKey>,
+    pub resume: Resume,
+}
+
+/// Mid-stream failover: a stream whose engine fails after the first byte
+/// is continued by another ready replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Resume {
+    pub enabled: bool,
+    /// Resumptions one stream may use.
+    pub max_resumptions: u32,
+    /// Answer text one stream keeps for resuming.
+    pub max_text_bytes: usize,
+    /// Request bodies and answer text kept by all streams together.
+    pub memory_cap_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -113,6 +127,7 @@ const ROUTER_KEYS: &[&str] = &[
     "ejection",
     "max_body_bytes",
     "api_keys",
+    "resume",
 ];
 
 impl Decode for RouterConfig {
@@ -205,7 +220,56 @@ impl Decode for RouterConfig {
                 .unwrap_or_else(Ejection::defaults),
             max_body_bytes,
             api_keys,
+            resume: f.optional(cx, "resume").unwrap_or_else(Resume::defaults),
         })
+    }
+}
+
+impl Resume {
+    pub fn defaults() -> Self {
+        Resume {
+            enabled: true,
+            max_resumptions: 2,
+            max_text_bytes: 256 * 1024,
+            memory_cap_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+impl Decode for Resume {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "enabled",
+                "max_resumptions",
+                "max_text_bytes",
+                "memory_cap_bytes",
+            ],
+        )?;
+        let d = Resume::defaults();
+        let r = Resume {
+            enabled: f.or(cx, "enabled", d.enabled),
+            max_resumptions: f.or(cx, "max_resumptions", d.max_resumptions),
+            max_text_bytes: f.or(cx, "max_text_bytes", d.max_text_bytes),
+            memory_cap_bytes: f.or(cx, "memory_cap_bytes", d.memory_cap_bytes),
+        };
+        if r.max_resumptions > 10 {
+            f.report(
+                cx,
+                "max_resumptions",
+                "at most 10; each resumption is another replica's time",
+            );
+        }
+        if r.memory_cap_bytes < r.max_text_bytes {
+            f.report(
+                cx,
+                "memory_cap_bytes",
+                "must be at least max_text_bytes, or no stream could keep its text",
+            );
+        }
+        Some(r)
     }
 }
 

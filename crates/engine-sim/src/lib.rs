@@ -13,6 +13,7 @@
 pub mod argparse;
 mod cli;
 mod config;
+mod continuation;
 mod embed;
 pub mod failures;
 pub mod flags;

@@ -7,40 +7,11 @@ use std::sync::atomic::Ordering;
 
 use serde::Deserialize;
 
+use crate::continuation::{self, VOCABULARY};
 use crate::persona::Engine;
 use crate::rng::SplitMix;
 use crate::state::EngineState;
 use crate::wire::{self, Envelope, Finish, Route};
-
-/// What the model "says": a fixed vocabulary so that `stop` is testable.
-const VOCABULARY: &[&str] = &[
-    "The",
-    " quick",
-    " brown",
-    " fox",
-    " jumps",
-    " over",
-    " the",
-    " lazy",
-    " dog",
-    ".",
-    " A",
-    " simulated",
-    " engine",
-    " answers",
-    " every",
-    " request",
-    " with",
-    " plain",
-    " words",
-    ",",
-    " one",
-    " token",
-    " at",
-    " a",
-    " time",
-    ".",
-];
 
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
@@ -86,6 +57,12 @@ pub struct GenRequest {
     pub stop: Option<StopSpec>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Chat: the final message is an answer to go on with, not a turn to
+    /// answer.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
 }
 
 /// A rejected request: status, message and OpenAI error type.
@@ -178,7 +155,12 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
         });
     }
     let mut prompt_text = String::new();
-    let prompt_tokens = match route {
+    // The answer so far that this request asks to continue, if any; the
+    // conversation before it decides the words.
+    let mut continued: Option<(usize, String)> = None;
+    // The weights decide the words, not the name they are served under.
+    let model_name = state.cfg.model.clone();
+    let mut prompt_tokens = match route {
         Route::Chat => {
             let messages = request.messages.as_ref().ok_or_else(|| {
                 Rejection::bad_request(
@@ -188,8 +170,20 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
             if messages.is_empty() {
                 return Err(Rejection::bad_request("messages must not be empty"));
             }
+            let continue_final = request.continue_final_message.unwrap_or(false);
+            if continue_final && request.add_generation_prompt.unwrap_or(true) {
+                return Err(Rejection::bad_request(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                ));
+            }
+            let (asked, final_message) = if continue_final {
+                let (last, rest) = messages.split_last().expect("checked non-empty");
+                (rest, Some(last))
+            } else {
+                (&messages[..], None)
+            };
             let mut tokens = 3;
-            for m in messages {
+            for m in asked {
                 let start = prompt_text.len();
                 if let Some(role) = &m.role {
                     prompt_text.push_str(role);
@@ -198,6 +192,13 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
                     text_of(content, &mut prompt_text);
                 }
                 tokens += 4 + count_tokens(&prompt_text[start..]);
+            }
+            if let Some(last) = final_message {
+                let mut text = String::new();
+                if let Some(content) = &last.content {
+                    text_of(content, &mut text);
+                }
+                continued = Some((prompt_text.len(), text));
             }
             tokens
         }
@@ -208,9 +209,34 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
                 )
             })?;
             text_of(prompt, &mut prompt_text);
-            1 + count_tokens(&prompt_text)
+            match continuation::split_own_answer(&model_name, &prompt_text) {
+                Some((offset, _)) => {
+                    let said = prompt_text.split_off(offset);
+                    continued = Some((offset, said));
+                    1 + count_tokens(&prompt_text)
+                }
+                None => 1 + count_tokens(&prompt_text),
+            }
         }
     };
+    let mut content = continuation::content_rng(&model_name, &prompt_text);
+    let first_word = continuation::first_word(&mut content);
+    // Words of its own answer already given: they count as prompt, and the
+    // answer goes on after them.
+    let said_words = match &continued {
+        Some((_, text)) => match continuation::words_matching(text, first_word) {
+            Some(words) => words,
+            None => {
+                prompt_tokens += count_tokens(text);
+                0
+            }
+        },
+        None => 0,
+    };
+    prompt_tokens += said_words;
+    if let Some((_, text)) = continued {
+        prompt_text.push_str(&text);
+    }
     let max_len = state.max_model_len;
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
     if let Some(max_tokens) = max_tokens {
@@ -255,10 +281,17 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
         .cfg
         .knobs
         .output_tokens
-        .unwrap_or_else(|| 16 + rng.below(49));
+        .unwrap_or_else(|| 16 + content.below(49));
     let ignore_eos = request.ignore_eos.unwrap_or(false);
+    let words = Words {
+        first: first_word,
+        said: said_words,
+        limit,
+        eos,
+        ignore_eos,
+    };
     let choices = (0..n)
-        .map(|_| plan_choice(&mut rng, engine, limit, eos, ignore_eos, &stops, state))
+        .map(|_| plan_choice(&words, engine, &stops, state))
         .collect();
     let id = match (engine, route) {
         (Engine::Vllm, Route::Chat) => format!("chatcmpl-{}", rng.hex32()),
@@ -297,21 +330,31 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
     })
 }
 
-fn plan_choice(
-    rng: &mut SplitMix,
-    engine: Engine,
+/// The shape of an answer: where its words start, how many were already
+/// said (a continuation), how many more may be, and where it would end.
+struct Words {
+    first: usize,
+    said: u64,
     limit: u64,
     eos: u64,
     ignore_eos: bool,
-    stops: &[String],
-    state: &EngineState,
-) -> ChoicePlan {
-    let natural = if ignore_eos { limit } else { eos.min(limit) };
-    let start = rng.below(VOCABULARY.len() as u64) as usize;
-    let mut pieces: Vec<Cow<'static, str>> = Vec::with_capacity(natural as usize);
+}
+
+/// One choice: the whole answer is decided as if uninterrupted, and only
+/// the words after those already said are delivered.
+fn plan_choice(words: &Words, engine: Engine, stops: &[String], state: &EngineState) -> ChoicePlan {
+    let total_limit = words.said + words.limit;
+    let natural = if words.ignore_eos {
+        total_limit
+    } else {
+        words.eos.min(total_limit)
+    };
+    let skip = words.said as usize;
+    let mut pieces: Vec<Cow<'static, str>> =
+        Vec::with_capacity((natural as usize).saturating_sub(skip));
     let mut text = String::new();
     for i in 0..natural as usize {
-        let piece = VOCABULARY[(start + i) % VOCABULARY.len()];
+        let piece = VOCABULARY[(words.first + i) % VOCABULARY.len()];
         let before = text.len();
         text.push_str(piece);
         if let Some((pos, stop)) = stops
@@ -325,7 +368,9 @@ fn plan_choice(
             .min_by_key(|(p, _)| *p)
         {
             let keep = pos.saturating_sub(before);
-            pieces.push(Cow::Owned(piece[..keep.min(piece.len())].to_string()));
+            if i >= skip {
+                pieces.push(Cow::Owned(piece[..keep.min(piece.len())].to_string()));
+            }
             let matched = wire::js(stop);
             return ChoicePlan {
                 pieces,
@@ -335,9 +380,11 @@ fn plan_choice(
                 },
             };
         }
-        pieces.push(Cow::Borrowed(piece));
+        if i >= skip {
+            pieces.push(Cow::Borrowed(piece));
+        }
     }
-    let finish = if natural < limit {
+    let finish = if natural < total_limit {
         Finish {
             reason: "stop",
             matched: match engine {

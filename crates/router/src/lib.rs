@@ -8,7 +8,8 @@
 //! from replicated state. It balances on outstanding requests (power of two
 //! choices) or prompt-prefix affinity with bounded load, reads engine load
 //! from their `/metrics`, retries on another replica before the first byte
-//! reaches the client, ejects failing endpoints and probes them back, and
+//! reaches the client, resumes a stream on another replica when its engine
+//! fails mid-answer, ejects failing endpoints and probes them back, and
 //! relays streams chunk by chunk. See docs/router.md.
 
 mod auth;
@@ -24,15 +25,18 @@ mod peek;
 mod probes;
 mod proxy;
 mod relay;
+mod resume;
 mod serve;
 mod service;
 mod settings;
+mod sse;
 mod table;
 
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use error::RouterError;
 pub use peek::{PeekError, Peeked, peek, prefix};
+pub use resume::ResumeSettings;
 pub use serve::{Router, RunningRouter};
 pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};

@@ -1,13 +1,18 @@
 //! The router's Prometheus metrics, rendered in the text format at
-//! `/metrics`. Label sets are small (models × endpoints × statuses), so
-//! plain maps behind short locks are enough; nothing is held across I/O.
+//! `/metrics`. A request only touches atomics: per-model series are found
+//! by name under a read lock (written once, when a model or endpoint is
+//! first seen), so counting costs no allocation and no exclusive lock on
+//! the hot path. Rare events (retries, ejections, resumptions) use short
+//! locks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use crate::endpoints::Registry;
+use crate::resume::ResumeMemory;
 
 /// Seconds; from a fast non-streamed answer to a long generation.
 const BUCKETS: [f64; 18] = [
@@ -15,112 +20,255 @@ const BUCKETS: [f64; 18] = [
     120.0, 300.0, 600.0,
 ];
 
-#[derive(Default, Clone)]
+#[derive(Default)]
 struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
+    counts: [AtomicU64; BUCKETS.len()],
+    sum_micros: AtomicU64,
+    count: AtomicU64,
 }
 
 impl Histogram {
-    fn observe(&mut self, seconds: f64) {
+    fn observe(&self, elapsed: Duration) {
+        let seconds = elapsed.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
-            self.counts[i] += 1;
+            self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
-        self.sum += seconds;
-        self.count += 1;
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        self.sum_micros.fetch_add(micros, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Requests one endpoint answered for one model, by HTTP status.
+struct StatusCounts([AtomicU64; 600]);
+
+impl StatusCounts {
+    fn new() -> Self {
+        StatusCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+
+    fn add(&self, status: u16) {
+        let slot = usize::from(status).min(599);
+        self.0[slot].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Everything counted per model.
+#[derive(Default)]
+struct ModelSeries {
+    in_flight: AtomicI64,
+    duration: Histogram,
+    ttft: Histogram,
+    /// By endpoint URL (`none` for answers the router gave itself).
+    requests: RwLock<HashMap<String, Arc<StatusCounts>>>,
+    retries: Mutex<BTreeMap<&'static str, u64>>,
+    resumptions: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl ModelSeries {
+    fn count(&self, endpoint: &str, status: u16) {
+        let known = self
+            .requests
+            .read()
+            .expect("metrics lock")
+            .get(endpoint)
+            .cloned();
+        let counts = known.unwrap_or_else(|| {
+            let mut requests = self.requests.write().expect("metrics lock");
+            Arc::clone(
+                requests
+                    .entry(endpoint.to_string())
+                    .or_insert_with(|| Arc::new(StatusCounts::new())),
+            )
+        });
+        counts.add(status);
     }
 }
 
 #[derive(Default)]
-struct Inner {
-    requests: BTreeMap<(String, String, u16), u64>,
-    duration: BTreeMap<String, Histogram>,
-    ttft: BTreeMap<String, Histogram>,
-    in_flight: BTreeMap<String, i64>,
-    retries: BTreeMap<(String, &'static str), u64>,
-    ejections: BTreeMap<String, u64>,
-}
-
-#[derive(Default)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    ejections: Mutex<BTreeMap<String, u64>>,
 }
 
 /// The endpoint label of answers the router gave itself.
 pub const NO_ENDPOINT: &str = "none";
 
 impl Metrics {
-    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
-        f(&mut self.inner.lock().expect("metrics lock"))
+    fn model(&self, model: &str) -> Arc<ModelSeries> {
+        if let Some(series) = self.models.read().expect("metrics lock").get(model) {
+            return Arc::clone(series);
+        }
+        let mut models = self.models.write().expect("metrics lock");
+        Arc::clone(models.entry(model.to_string()).or_default())
     }
 
     pub fn request_started(&self, model: &str) {
-        self.with(|m| *m.in_flight.entry(model.to_string()).or_default() += 1);
+        self.model(model).in_flight.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn request_finished(&self, model: &str, endpoint: &str, status: u16, elapsed: Duration) {
-        self.with(|m| {
-            *m.in_flight.entry(model.to_string()).or_default() -= 1;
-            *m.requests
-                .entry((model.to_string(), endpoint.to_string(), status))
-                .or_default() += 1;
-            m.duration
-                .entry(model.to_string())
-                .or_default()
-                .observe(elapsed.as_secs_f64());
-        });
+        let series = self.model(model);
+        series.in_flight.fetch_sub(1, Ordering::Relaxed);
+        series.count(endpoint, status);
+        series.duration.observe(elapsed);
     }
 
     /// A request refused before any endpoint was chosen (auth, bad body,
     /// unknown model); it counts, but not towards latency.
     pub fn request_refused(&self, model: &str, status: u16) {
-        self.with(|m| {
-            *m.requests
-                .entry((model.to_string(), NO_ENDPOINT.to_string(), status))
-                .or_default() += 1;
-        });
+        self.model(model).count(NO_ENDPOINT, status);
     }
 
     pub fn first_token(&self, model: &str, elapsed: Duration) {
-        self.with(|m| {
-            m.ttft
-                .entry(model.to_string())
-                .or_default()
-                .observe(elapsed.as_secs_f64())
-        });
+        self.model(model).ttft.observe(elapsed);
     }
 
     pub fn retry(&self, model: &str, reason: &'static str) {
-        self.with(|m| *m.retries.entry((model.to_string(), reason)).or_default() += 1);
+        *self
+            .model(model)
+            .retries
+            .lock()
+            .expect("metrics lock")
+            .entry(reason)
+            .or_default() += 1;
+    }
+
+    /// A stream whose engine failed mid-answer: `resumed`, `failed` (no
+    /// replica could continue), or why it could not be resumed.
+    pub fn resumption(&self, model: &str, outcome: &'static str) {
+        *self
+            .model(model)
+            .resumptions
+            .lock()
+            .expect("metrics lock")
+            .entry(outcome)
+            .or_default() += 1;
     }
 
     pub fn ejection(&self, endpoint: &str) {
-        self.with(|m| *m.ejections.entry(endpoint.to_string()).or_default() += 1);
+        *self
+            .ejections
+            .lock()
+            .expect("metrics lock")
+            .entry(endpoint.to_string())
+            .or_default() += 1;
     }
 
-    pub fn render(&self, registry: &Registry) -> String {
+    pub fn render(&self, registry: &Registry, resume_memory: &ResumeMemory) -> String {
         let mut out = String::with_capacity(4096);
-        self.with(|m| {
-            header(&mut out, "llmgw_router_requests_total", "counter", "Requests answered, by model, endpoint and HTTP status.");
-            for ((model, endpoint, status), v) in &m.requests {
-                let _ = writeln!(out, "llmgw_router_requests_total{{model=\"{}\",endpoint=\"{}\",status=\"{status}\"}} {v}", esc(model), esc(endpoint));
+        let models: BTreeMap<String, Arc<ModelSeries>> = self
+            .models
+            .read()
+            .expect("metrics lock")
+            .iter()
+            .map(|(name, series)| (esc(name), Arc::clone(series)))
+            .collect();
+        header(
+            &mut out,
+            "llmgw_router_requests_total",
+            "counter",
+            "Requests answered, by model, endpoint and HTTP status.",
+        );
+        for (model, series) in &models {
+            let requests: BTreeMap<String, Arc<StatusCounts>> = series
+                .requests
+                .read()
+                .expect("metrics lock")
+                .iter()
+                .map(|(endpoint, counts)| (esc(endpoint), Arc::clone(counts)))
+                .collect();
+            for (endpoint, counts) in &requests {
+                for (status, count) in counts.0.iter().enumerate() {
+                    let count = count.load(Ordering::Relaxed);
+                    if count > 0 {
+                        let _ = writeln!(
+                            out,
+                            "llmgw_router_requests_total{{model=\"{model}\",endpoint=\"{endpoint}\",status=\"{status}\"}} {count}"
+                        );
+                    }
+                }
             }
-            histogram(&mut out, "llmgw_router_request_duration_seconds", "Time from request to the last byte of the answer.", &m.duration);
-            histogram(&mut out, "llmgw_router_time_to_first_token_seconds", "Time from request to the first byte of the upstream answer body.", &m.ttft);
-            header(&mut out, "llmgw_router_in_flight_requests", "gauge", "Requests being answered now.");
-            for (model, v) in &m.in_flight {
-                let _ = writeln!(out, "llmgw_router_in_flight_requests{{model=\"{}\"}} {v}", esc(model));
+        }
+        histogram(
+            &mut out,
+            "llmgw_router_request_duration_seconds",
+            "Time from request to the last byte of the answer.",
+            &models,
+            |s| &s.duration,
+        );
+        histogram(
+            &mut out,
+            "llmgw_router_time_to_first_token_seconds",
+            "Time from request to the first byte of the upstream answer body.",
+            &models,
+            |s| &s.ttft,
+        );
+        header(
+            &mut out,
+            "llmgw_router_in_flight_requests",
+            "gauge",
+            "Requests being answered now.",
+        );
+        for (model, series) in &models {
+            let _ = writeln!(
+                out,
+                "llmgw_router_in_flight_requests{{model=\"{model}\"}} {}",
+                series.in_flight.load(Ordering::Relaxed)
+            );
+        }
+        header(
+            &mut out,
+            "llmgw_router_retries_total",
+            "counter",
+            "Attempts moved to another endpoint, by reason.",
+        );
+        for (model, series) in &models {
+            for (reason, v) in series.retries.lock().expect("metrics lock").iter() {
+                let _ = writeln!(
+                    out,
+                    "llmgw_router_retries_total{{model=\"{model}\",reason=\"{reason}\"}} {v}"
+                );
             }
-            header(&mut out, "llmgw_router_retries_total", "counter", "Attempts moved to another endpoint, by reason.");
-            for ((model, reason), v) in &m.retries {
-                let _ = writeln!(out, "llmgw_router_retries_total{{model=\"{}\",reason=\"{reason}\"}} {v}", esc(model));
+        }
+        header(
+            &mut out,
+            "llmgw_router_stream_resumptions_total",
+            "counter",
+            "Mid-stream failover by outcome: resumed, failed (no replica could continue), or why a stream could not be resumed (memory_cap also counts streams left unprotected at their start).",
+        );
+        for (model, series) in &models {
+            for (outcome, v) in series.resumptions.lock().expect("metrics lock").iter() {
+                let _ = writeln!(
+                    out,
+                    "llmgw_router_stream_resumptions_total{{model=\"{model}\",outcome=\"{outcome}\"}} {v}"
+                );
             }
-            header(&mut out, "llmgw_router_ejections_total", "counter", "Times an endpoint was taken out of rotation after consecutive failures.");
-            for (endpoint, v) in &m.ejections {
-                let _ = writeln!(out, "llmgw_router_ejections_total{{endpoint=\"{}\"}} {v}", esc(endpoint));
-            }
-        });
+        }
+        header(
+            &mut out,
+            "llmgw_router_ejections_total",
+            "counter",
+            "Times an endpoint was taken out of rotation after consecutive failures.",
+        );
+        for (endpoint, v) in self.ejections.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "llmgw_router_ejections_total{{endpoint=\"{}\"}} {v}",
+                esc(endpoint)
+            );
+        }
+        header(
+            &mut out,
+            "llmgw_router_resume_bytes_held",
+            "gauge",
+            "Request bodies and answer text kept so that streams can be resumed (capped by resume.memory_cap_bytes).",
+        );
+        let _ = writeln!(
+            out,
+            "llmgw_router_resume_bytes_held {}",
+            resume_memory.used()
+        );
         let mut endpoints = registry.all();
         endpoints.sort_by(|a, b| a.url.cmp(&b.url));
         header(
@@ -189,25 +337,32 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-fn histogram(out: &mut String, name: &str, help: &str, series: &BTreeMap<String, Histogram>) {
+fn histogram(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    models: &BTreeMap<String, Arc<ModelSeries>>,
+    pick: impl Fn(&ModelSeries) -> &Histogram,
+) {
     header(out, name, "histogram", help);
-    for (model, h) in series {
-        let model = esc(model);
+    for (model, series) in models {
+        let h = pick(series);
         let mut cumulative = 0;
-        for (bound, count) in BUCKETS.iter().zip(h.counts) {
-            cumulative += count;
+        for (bound, count) in BUCKETS.iter().zip(&h.counts) {
+            cumulative += count.load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "{name}_bucket{{model=\"{model}\",le=\"{bound}\"}} {cumulative}"
             );
         }
+        let count = h.count.load(Ordering::Relaxed);
+        let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(
             out,
-            "{name}_bucket{{model=\"{model}\",le=\"+Inf\"}} {}",
-            h.count
+            "{name}_bucket{{model=\"{model}\",le=\"+Inf\"}} {count}"
         );
-        let _ = writeln!(out, "{name}_sum{{model=\"{model}\"}} {}", h.sum);
-        let _ = writeln!(out, "{name}_count{{model=\"{model}\"}} {}", h.count);
+        let _ = writeln!(out, "{name}_sum{{model=\"{model}\"}} {sum}");
+        let _ = writeln!(out, "{name}_count{{model=\"{model}\"}} {count}");
     }
 }
 
@@ -231,7 +386,7 @@ mod tests {
         m.request_finished("m", "http://e:1", 200, Duration::from_millis(3));
         m.request_refused("m\"x", 404);
         m.retry("m", "connect");
-        let text = m.render(&Registry::default());
+        let text = m.render(&Registry::default(), &ResumeMemory::new(0));
         assert!(text.contains(
             "llmgw_router_requests_total{model=\"m\",endpoint=\"http://e:1\",status=\"200\"} 1"
         ));

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Body;
+use hyper::body::{Body, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Request, Response, StatusCode, Uri};
@@ -20,6 +20,7 @@ use crate::balance::choose;
 use crate::endpoints::EndpointStats;
 use crate::openai::ApiError;
 use crate::relay::{Finish, Relay, ResponseBody};
+use crate::resume::{Resumable, route_of};
 use crate::service::Shared;
 use crate::table::RoutedModel;
 
@@ -88,6 +89,8 @@ pub struct Outgoing<'a> {
     pub prefix: Option<&'a str>,
     /// The client asked for server-sent events.
     pub stream: bool,
+    /// The client did not turn mid-stream failover off.
+    pub resume: bool,
 }
 
 /// Headers that describe one connection, not the message; never forwarded.
@@ -124,11 +127,8 @@ pub async fn forward(
     let settings = &shared.settings;
     let started = Instant::now();
     let deadline = tokio::time::Instant::now() + settings.request_timeout;
-    let ready: Vec<Arc<EndpointStats>> = model
-        .ready_endpoints()
-        .map(|e| shared.registry.get(&e.url))
-        .collect();
-    if ready.is_empty() {
+    let mut pool = candidates(shared, model, &[]);
+    if pool.is_empty() {
         let reason = model.unavailable_reason.clone().unwrap_or_else(|| {
             if model.endpoints.is_empty() {
                 "no replica is placed yet".to_string()
@@ -143,13 +143,6 @@ pub async fn forward(
             format!("No ready replica of model `{}`: {reason}", model.name),
         )
         .into_response();
-    }
-    // Ejected endpoints are skipped while any healthy one is left; when all
-    // are ejected they are still tried rather than refusing outright.
-    let mut pool: Vec<Arc<EndpointStats>> =
-        ready.iter().filter(|e| !e.is_ejected()).cloned().collect();
-    if pool.is_empty() {
-        pool = ready;
     }
     shared.metrics.request_started(&model.name);
     let attempts = settings.max_retries as usize + 1;
@@ -207,6 +200,25 @@ pub async fn forward(
     error.into_response()
 }
 
+/// The ready endpoints of `model` not in `exclude`. Ejected endpoints are
+/// left out while any healthy one is left; when all are ejected they are
+/// still tried rather than refusing outright.
+pub(crate) fn candidates(
+    shared: &Shared,
+    model: &RoutedModel,
+    exclude: &[String],
+) -> Vec<Arc<EndpointStats>> {
+    let ready: Vec<Arc<EndpointStats>> = model
+        .ready_endpoints()
+        .filter(|e| !exclude.contains(&e.url))
+        .map(|e| shared.registry.get(&e.url))
+        .collect();
+    if ready.iter().all(|e| e.is_ejected()) {
+        return ready;
+    }
+    ready.into_iter().filter(|e| !e.is_ejected()).collect()
+}
+
 async fn attempt_once(
     shared: &Arc<Shared>,
     model: &RoutedModel,
@@ -217,80 +229,20 @@ async fn attempt_once(
 ) -> Attempt {
     let settings = &shared.settings;
     let in_flight = endpoint.start_request();
-    let Some((scheme, authority)) = endpoint.base.clone() else {
-        return Attempt::Retry(
-            "bad_endpoint",
-            ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream_unavailable",
-                format!("endpoint {:?} is not a valid http URL", endpoint.url),
-            ),
-        );
-    };
-    let uri = Uri::builder()
-        .scheme(scheme)
-        .authority(authority)
-        .path_and_query(outgoing.path.clone())
-        .build()
-        .expect("scheme, authority and path were each parsed already");
-    let mut request = Request::new(Full::new(outgoing.body.clone()));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = outgoing.headers.clone();
-
-    let fail = |code: &'static str, message: String| {
-        if endpoint.record_failure(settings.consecutive_failures) {
-            shared.metrics.ejection(&endpoint.url);
-            tracing::warn!(endpoint = %endpoint.url, "endpoint ejected after {} consecutive failures", settings.consecutive_failures);
-        }
-        ApiError::new(StatusCode::BAD_GATEWAY, code, message)
-    };
-
-    let response = match shared.upstream.send(request).await {
+    let response = match send_to(
+        shared,
+        endpoint,
+        &outgoing.path,
+        &outgoing.headers,
+        outgoing.body.clone(),
+    )
+    .await
+    {
         Ok(response) => response,
-        Err(e) => {
-            let message = format!(
-                "could not reach the engine at {}: {}",
-                endpoint.url,
-                error_chain(&e)
-            );
-            return Attempt::Retry("connect", fail("upstream_unavailable", message));
-        }
+        Err((reason, error)) => return Attempt::Retry(reason, error),
     };
     let status = response.status();
-    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        let body = response.into_body();
-        // Error bodies are small; the cap keeps a misbehaving engine from
-        // making the router buffer a stream.
-        let bytes = Limited::new(body, 64 * 1024)
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        let reason = if status.is_server_error() {
-            fail("upstream_error", String::new());
-            "status_5xx"
-        } else {
-            "status_429"
-        };
-        let error = ApiError::new(
-            status,
-            "upstream_error",
-            format!("the engine at {} answered {status}", endpoint.url),
-        );
-        if bytes.is_empty() {
-            // vLLM answers 500 with an empty body when its engine dies.
-            return Attempt::Retry(reason, error);
-        }
-        // Keep the engine's own error text for the client if this was the
-        // last try.
-        let mut passthrough = error;
-        if let Ok(text) = std::str::from_utf8(&bytes) {
-            passthrough.message =
-                format!("the engine at {} answered {status}: {text}", endpoint.url);
-        }
-        return Attempt::Retry(reason, passthrough);
-    }
+    let fail = |code: &'static str, message: String| failure(shared, endpoint, code, message);
     // A 4xx is the request's fault, not the engine's: it never counts
     // towards ejection, and proves the engine alive.
     let (parts, mut body) = response.into_parts();
@@ -340,10 +292,142 @@ async fn attempt_once(
         in_flight,
         failure_threshold: settings.consecutive_failures,
     };
-    let relay = Relay::new(first, body, settings.stall_timeout, deadline, sse, finish);
+    let resume = resumable(shared, model, outgoing, sse);
+    let relay = Relay::new(
+        first,
+        body,
+        settings.stall_timeout,
+        deadline,
+        sse,
+        resume,
+        finish,
+    );
     let mut response = Response::from_parts(parts, relay.boxed_unsync());
     strip_hop_by_hop(response.headers_mut());
     Attempt::Answer(response)
+}
+
+/// The resumption state for a stream that may be continued elsewhere if
+/// its engine fails; None for answers that cannot be.
+fn resumable(
+    shared: &Arc<Shared>,
+    model: &RoutedModel,
+    outgoing: &Outgoing<'_>,
+    sse: bool,
+) -> Option<Box<Resumable>> {
+    if !(shared.settings.resume.enabled && outgoing.resume && outgoing.stream && sse) {
+        return None;
+    }
+    let route = route_of(outgoing.path.path())?;
+    match Resumable::new(
+        shared,
+        &model.name,
+        route,
+        &outgoing.path,
+        &outgoing.headers,
+        &outgoing.body,
+    ) {
+        Ok(resumable) => Some(Box::new(resumable)),
+        Err(reason) => {
+            shared.metrics.resumption(&model.name, reason);
+            None
+        }
+    }
+}
+
+/// Counts a failure against `endpoint` (ejecting it after enough in a
+/// row) and says what went wrong.
+fn failure(
+    shared: &Shared,
+    endpoint: &EndpointStats,
+    code: &'static str,
+    message: String,
+) -> ApiError {
+    let threshold = shared.settings.consecutive_failures;
+    if endpoint.record_failure(threshold) {
+        shared.metrics.ejection(&endpoint.url);
+        tracing::warn!(endpoint = %endpoint.url, "endpoint ejected after {threshold} consecutive failures");
+    }
+    ApiError::new(StatusCode::BAD_GATEWAY, code, message)
+}
+
+/// Sends one POST to `endpoint`. An answer that makes another endpoint
+/// worth trying (no connection, 5xx, 429) is an Err with the reason for
+/// the retry metric.
+pub(crate) async fn send_to(
+    shared: &Shared,
+    endpoint: &EndpointStats,
+    path: &PathAndQuery,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response<Incoming>, (&'static str, ApiError)> {
+    let Some((scheme, authority)) = endpoint.base.clone() else {
+        return Err((
+            "bad_endpoint",
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream_unavailable",
+                format!("endpoint {:?} is not a valid http URL", endpoint.url),
+            ),
+        ));
+    };
+    let uri = Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(path.clone())
+        .build()
+        .expect("scheme, authority and path were each parsed already");
+    let mut request = Request::new(Full::new(body));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = uri;
+    *request.headers_mut() = headers.clone();
+
+    let response = match shared.upstream.send(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            let message = format!(
+                "could not reach the engine at {}: {}",
+                endpoint.url,
+                error_chain(&e)
+            );
+            return Err((
+                "connect",
+                failure(shared, endpoint, "upstream_unavailable", message),
+            ));
+        }
+    };
+    let status = response.status();
+    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+        let body = response.into_body();
+        // Error bodies are small; the cap keeps a misbehaving engine from
+        // making the router buffer a stream.
+        let bytes = Limited::new(body, 64 * 1024)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        let reason = if status.is_server_error() {
+            failure(shared, endpoint, "upstream_error", String::new());
+            "status_5xx"
+        } else {
+            "status_429"
+        };
+        let mut error = ApiError::new(
+            status,
+            "upstream_error",
+            format!("the engine at {} answered {status}", endpoint.url),
+        );
+        // Keep the engine's own error text for the client if this was the
+        // last try (vLLM answers 500 with an empty body when its engine
+        // dies).
+        if !bytes.is_empty()
+            && let Ok(text) = std::str::from_utf8(&bytes)
+        {
+            error.message = format!("the engine at {} answered {status}: {text}", endpoint.url);
+        }
+        return Err((reason, error));
+    }
+    Ok(response)
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -18,6 +18,7 @@ use crate::error::RouterError;
 use crate::metrics::Metrics;
 use crate::probes::probe_loop;
 use crate::proxy::Upstream;
+use crate::resume::ResumeMemory;
 use crate::service::{Shared, handle};
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
@@ -37,9 +38,11 @@ pub struct RunningRouter {
 impl Router {
     pub fn new(settings: Settings, source: &dyn EndpointSource) -> Self {
         let upstream = Upstream::new(settings.connect_timeout);
+        let resume_memory = Arc::new(ResumeMemory::new(settings.resume.memory_cap_bytes));
         Router {
             shared: Arc::new(Shared {
                 settings,
+                resume_memory,
                 upstream,
                 registry: Arc::new(Registry::default()),
                 metrics: Arc::new(Metrics::default()),

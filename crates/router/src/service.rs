@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
+use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
@@ -19,17 +19,23 @@ use crate::openai::{ApiError, json_response};
 use crate::peek::{PeekError, peek, prefix};
 use crate::proxy::{Outgoing, Upstream, forward, strip_hop_by_hop};
 use crate::relay::ResponseBody;
+use crate::resume::ResumeMemory;
 use crate::settings::Settings;
 use crate::table::RoutingTable;
 
 /// Everything requests share.
 pub struct Shared {
     pub settings: Settings,
+    /// What resumable streams hold, against `resume.memory_cap_bytes`.
+    pub resume_memory: Arc<ResumeMemory>,
     pub upstream: Upstream,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     pub table: watch::Receiver<Arc<RoutingTable>>,
 }
+
+/// `x-llmgw-resume: off` turns mid-stream failover off for one request.
+const RESUME_HEADER: &str = "x-llmgw-resume";
 
 const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
@@ -43,7 +49,9 @@ pub async fn handle(
         (&Method::GET, "/metrics") => text_response(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            shared.metrics.render(&shared.registry),
+            shared
+                .metrics
+                .render(&shared.registry, &shared.resume_memory),
         ),
         (&Method::GET, "/v1/models") => list_models(&shared, &request),
         (&Method::POST, p) if PROXIED.contains(&p) => proxy(&shared, request).await,
@@ -110,12 +118,19 @@ async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Res
     };
     let limit = shared.settings.max_body_bytes;
     let too_large = || {
-        ApiError::new(
+        let mut response = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request_too_large",
             format!("The request body is larger than this router's limit of {limit} bytes (max_body_bytes)."),
         )
-        .into_response()
+        .into_response();
+        // The rest of the body stays unread, so this connection cannot carry
+        // another request: a client told otherwise pools it and its next
+        // request fails with "server disconnected".
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        response
     };
     let declared = parts
         .headers
@@ -164,6 +179,10 @@ async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Res
         return forbidden(grant, &peeked.model).into_response();
     }
     strip_hop_by_hop(&mut parts.headers);
+    let resume = parts
+        .headers
+        .remove(RESUME_HEADER)
+        .is_none_or(|v| !matches!(v.as_bytes(), b"off" | b"false" | b"0"));
     parts.headers.remove(HOST);
     parts.headers.remove(CONTENT_LENGTH);
     if grant.is_some() {
@@ -184,6 +203,7 @@ async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Res
         body: bytes.clone(),
         prefix: affinity,
         stream: peeked.stream,
+        resume,
     };
     forward(shared, model, outgoing).await
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use llmgw_config::{BalancePolicy, RouterConfig};
 
 use crate::error::RouterError;
+use crate::resume::ResumeSettings;
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -22,6 +23,8 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Empty: no authentication.
     pub api_keys: Vec<KeyGrant>,
+    /// Mid-stream failover.
+    pub resume: ResumeSettings,
 }
 
 /// One API key and the models it may use (empty: all).
@@ -60,6 +63,7 @@ impl Default for Settings {
             probe_interval: ejection.probe_interval,
             max_body_bytes: 16 * 1024 * 1024,
             api_keys: Vec::new(),
+            resume: ResumeSettings::default(),
         }
     }
 }
@@ -117,6 +121,12 @@ impl Settings {
             probe_interval: config.ejection.probe_interval,
             max_body_bytes: config.max_body_bytes,
             api_keys,
+            resume: ResumeSettings {
+                enabled: config.resume.enabled,
+                max_resumptions: config.resume.max_resumptions,
+                max_text_bytes: config.resume.max_text_bytes,
+                memory_cap_bytes: config.resume.memory_cap_bytes,
+            },
         })
     }
 }

@@ -1,8 +1,9 @@
 """Drives llmgw's router with the official `openai` package.
 
-Run by crates/router/tests/it/t20_openai_client.rs with ROUTER_URL (no keys)
-and KEYED_ROUTER_URL (keys team-a: qwen, team-b: embed). Prints one line per
-check and exits 1 if any failed.
+Run by crates/router/tests/it/t20_openai_client.rs with ROUTER_URL (no keys),
+KEYED_ROUTER_URL (keys team-a: qwen, team-b: embed) and REFERENCE_ENGINE_URL
+(an engine with the weights of the `resumed` model, asked directly). Prints
+one line per check and exits 1 if any failed.
 """
 
 import json
@@ -17,6 +18,7 @@ from openai import OpenAI
 
 ROUTER = os.environ["ROUTER_URL"]
 KEYED = os.environ["KEYED_ROUTER_URL"]
+REFERENCE = os.environ["REFERENCE_ENGINE_URL"]
 client = OpenAI(base_url=ROUTER + "/v1", api_key="unused", max_retries=0, timeout=30)
 results = []
 
@@ -152,6 +154,38 @@ def stream_cut_midway_ends_with_error_event():
     raise AssertionError(f"the stream ended without an error after {received} chunks")
 
 
+def streams_resumed_elsewhere_read_as_one_answer():
+    # `resumed` has two replicas, one of which cuts every stream after three
+    # tokens: streams that start there are finished by the other. Twenty
+    # streams make it all but certain that some start there; each must read
+    # exactly as one uninterrupted answer.
+    reference = OpenAI(base_url=REFERENCE + "/v1", api_key="unused", max_retries=0, timeout=30)
+    for i in range(20):
+        messages = [{"role": "user", "content": f"resume {i}"}]
+        stream = client.chat.completions.create(
+            model="resumed",
+            messages=messages,
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        text, ids, usage, finish = "", set(), None, None
+        for chunk in stream:
+            ids.add(chunk.id)
+            if chunk.usage:
+                usage = chunk.usage
+            if chunk.choices:
+                choice = chunk.choices[0]
+                text += choice.delta.content or ""
+                finish = choice.finish_reason or finish
+        whole = reference.chat.completions.create(model="resumed", messages=messages, max_tokens=20)
+        assert text == whole.choices[0].message.content, (text, whole.choices[0].message.content)
+        assert finish == whole.choices[0].finish_reason, (finish, whole.choices[0].finish_reason)
+        assert len(ids) == 1, ids
+        assert usage.completion_tokens == whole.usage.completion_tokens, (usage, whole.usage)
+        assert usage.prompt_tokens == whole.usage.prompt_tokens, (usage, whole.usage)
+
+
 def api_keys():
     wrong = OpenAI(base_url=KEYED + "/v1", api_key="sk-wrong", max_retries=0, timeout=30)
     e = expect_status(openai.AuthenticationError, 401, lambda: wrong.models.list())
@@ -178,6 +212,7 @@ for f in [
     malformed_json_is_400,
     oversized_body_is_413,
     stream_cut_midway_ends_with_error_event,
+    streams_resumed_elsewhere_read_as_one_answer,
     api_keys,
 ]:
     check(f)

@@ -235,3 +235,92 @@ pub fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
 }
+
+/// A chat request whose prompt names `tag`, so that every answer differs.
+pub fn tagged_chat_body(tag: &str, stream: bool, max_tokens: u32) -> String {
+    let usage = if stream {
+        r#","stream_options":{"include_usage":true}"#
+    } else {
+        ""
+    };
+    format!(
+        r#"{{"model":"m","stream":{stream},"max_tokens":{max_tokens}{usage},"messages":[{{"role":"user","content":"{tag}"}}]}}"#
+    )
+}
+
+/// What a client read from a stream.
+#[derive(Debug, Default)]
+pub struct StreamRead {
+    pub text: String,
+    pub ids: std::collections::BTreeSet<String>,
+    pub usage: Option<serde_json::Value>,
+    pub finish_reason: Option<String>,
+    pub error: Option<String>,
+    pub done: bool,
+}
+
+/// Reads an SSE body as a client would: every event's content, ids,
+/// usage, finish reason and error.
+pub fn read_stream(body: &str) -> StreamRead {
+    let mut read = StreamRead::default();
+    for event in body.split("\n\n").filter(|e| !e.is_empty()) {
+        let Some(data) = event.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            read.done = true;
+            continue;
+        }
+        let v: serde_json::Value = match serde_json::from_str(data) {
+            Ok(v) => v,
+            Err(e) => panic!("unreadable event {data:?}: {e}"),
+        };
+        if let Some(error) = v.get("error") {
+            read.error = Some(error.to_string());
+            continue;
+        }
+        if let Some(id) = v["id"].as_str() {
+            read.ids.insert(id.to_string());
+        }
+        if !v["usage"].is_null() {
+            read.usage = Some(v["usage"].clone());
+        }
+        if let Some(choice) = v["choices"].get(0) {
+            if let Some(text) = choice["delta"]["content"].as_str() {
+                read.text.push_str(text);
+            }
+            if let Some(text) = choice["text"].as_str() {
+                read.text.push_str(text);
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                read.finish_reason = Some(reason.to_string());
+            }
+        }
+    }
+    read
+}
+
+/// The answer one uninterrupted, non-streamed generation gives: the text
+/// and the usage.
+pub async fn reference_answer(engine: &str, body_for_stream: &str) -> (String, serde_json::Value) {
+    let mut request: serde_json::Value = serde_json::from_str(body_for_stream).unwrap();
+    request["stream"] = false.into();
+    request.as_object_mut().unwrap().remove("stream_options");
+    let (status, body) = post(
+        &client(),
+        &format!("{engine}/v1/chat/completions"),
+        request.to_string(),
+        &[],
+    )
+    .await
+    .expect("reference engine answers");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        v["usage"].clone(),
+    )
+}

@@ -5,6 +5,7 @@ mod common;
 mod t10_errors;
 mod t20_openai_client;
 mod t30_failover;
+mod t35_resume;
 mod t40_drain;
 mod t50_control_plane;
 mod t60_cancel;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use llmgw_router::{Endpoint, Settings};
 
 use crate::common::*;
@@ -54,8 +55,21 @@ async fn refusals_are_openai_shaped() {
     assert!(body.contains("\"code\":\"invalid_json\""), "{body}");
 
     let big = format!(r#"{{"model":"nowhere","prompt":"{}"}}"#, "x".repeat(5000));
-    let (status, body) = post(&c, &url, big, &[]).await.unwrap();
-    assert_eq!(status, 413, "{body}");
+    let request = hyper::Request::post(&url)
+        .body(http_body_util::Full::new(bytes::Bytes::from(big)))
+        .unwrap();
+    let response = c.request(request).await.unwrap();
+    assert_eq!(response.status(), 413);
+    // The unread rest of the body makes the connection unusable; a client
+    // that is not told so pools it and fails its next request.
+    assert_eq!(
+        response.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..]),
+        "{:?}",
+        response.headers()
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
     assert!(body.contains("\"code\":\"request_too_large\""), "{body}");
 
     let (status, body) = post(&c, &format!("{}/v1/nope", router.url()), "{}", &[])

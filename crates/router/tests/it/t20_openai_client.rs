@@ -26,11 +26,11 @@ async fn openai_python_client_sees_an_openai_api() {
         .trim()
         .to_string();
 
-    let chat = Sim::start(SMALL, &["qwen", "q"], &[]);
+    let chat = Sim::start(SMALL, &["qwen", "q", "resumed"], &[]);
     let embed = Sim::start(EMBED, &["embed"], &[]);
     let cut = Sim::start(
         SMALL,
-        &["cut"],
+        &["cut", "resumed"],
         &[("LLMGW_SIM_FAULT", "crash_mid_stream:cut@3")],
     );
     for sim in [&chat, &embed, &cut] {
@@ -44,6 +44,11 @@ async fn openai_python_client_sees_an_openai_api() {
             model("qwen", &["q"], vec![Endpoint::ready(chat.url())]),
             model("embed", &[], vec![Endpoint::ready(embed.url())]),
             model("cut", &[], vec![Endpoint::ready(cut.url())]),
+            model(
+                "resumed",
+                &[],
+                vec![Endpoint::ready(cut.url()), Endpoint::ready(chat.url())],
+            ),
             nowhere.clone(),
         ]
     };
@@ -74,6 +79,7 @@ async fn openai_python_client_sees_an_openai_api() {
         .arg(&script)
         .env("ROUTER_URL", open.url())
         .env("KEYED_ROUTER_URL", keyed.url())
+        .env("REFERENCE_ENGINE_URL", chat.url())
         .kill_on_drop(true)
         .output();
     let output = tokio::time::timeout(Duration::from_secs(180), run)
@@ -91,4 +97,13 @@ async fn openai_python_client_sees_an_openai_api() {
         "openai client checks failed:\n{text}"
     );
     assert!(text.contains("0 failed"), "{text}");
+    let (_, metrics) = get(&format!("{}/metrics", open.url())).await.unwrap();
+    let resumed = metric(
+        &metrics,
+        "llmgw_router_stream_resumptions_total{model=\"resumed\",outcome=\"resumed\"}",
+    );
+    assert!(
+        resumed.is_some_and(|n| n >= 1.0),
+        "no stream of `resumed` started on the cutting replica:\n{metrics}"
+    );
 }

@@ -1,4 +1,6 @@
-//! One of two engines dies under load.
+//! One of two engines dies under load: requests that had not started
+//! streaming are retried, and streams that had are resumed on the survivor
+//! with exactly the text one uninterrupted answer has.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,12 +14,13 @@ use crate::common::*;
 struct Tally {
     ok: usize,
     streams_complete: usize,
-    streams_cut_cleanly: usize,
     failures: Vec<String>,
+    /// (request body, what the client read) of every answer.
+    answers: Vec<(String, String, Option<serde_json::Value>)>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
+async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
     // 40 tokens 10 ms apart: every stream lasts about 0.4 s, so streams are
     // running on both engines whenever the kill comes.
     let slow = [
@@ -26,8 +29,15 @@ async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
     ];
     let mut victim = Sim::start(SMALL, &["m"], &slow);
     let survivor = Sim::start(SMALL, &["m"], &slow);
-    victim.wait_ready().await;
-    survivor.wait_ready().await;
+    // The same weights answering at full speed: what each answer must be.
+    let reference = Sim::start(
+        SMALL,
+        &["m"],
+        &[("LLMGW_SIM_ITL", "0ms"), ("LLMGW_SIM_OUTPUT_TOKENS", "200")],
+    );
+    for sim in [&victim, &survivor, &reference] {
+        sim.wait_ready().await;
+    }
     let settings = Settings {
         consecutive_failures: 2,
         ..test_settings()
@@ -57,33 +67,51 @@ async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
             let c = client();
             let stream = w % 3 != 0;
             let mut tally = Tally::default();
-            for _ in 0..200 {
+            for i in 0..200 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
-                match post(&c, &url, chat_body("m", stream, 40), &[]).await {
-                    Ok((200, body)) if !stream => {
-                        if body.contains("\"chat.completion\"") {
-                            tally.ok += 1;
-                        } else {
-                            tally
+                let body = tagged_chat_body(&format!("worker {w} request {i}"), stream, 40);
+                match post(&c, &url, body.clone(), &[]).await {
+                    Ok((200, answer)) if !stream => {
+                        let v: serde_json::Value =
+                            serde_json::from_str(&answer).unwrap_or_default();
+                        match v["choices"][0]["message"]["content"].as_str() {
+                            Some(text) => {
+                                tally.ok += 1;
+                                tally.answers.push((
+                                    body,
+                                    text.to_string(),
+                                    Some(v["usage"].clone()),
+                                ));
+                            }
+                            None => tally
                                 .failures
-                                .push(format!("200 without a completion: {body}"));
+                                .push(format!("200 without a completion: {answer}")),
                         }
                     }
-                    Ok((200, body)) => {
-                        let ends_done = body.ends_with("data: [DONE]\n\n");
-                        if !ends_done {
+                    Ok((200, answer)) => {
+                        let read = read_stream(&answer);
+                        if !read.done {
                             tally
                                 .failures
-                                .push(format!("stream without [DONE]: {body}"));
-                        } else if body.contains("data: {\"error\"") {
-                            tally.streams_cut_cleanly += 1;
+                                .push(format!("stream without [DONE]: {answer}"));
+                        } else if let Some(error) = read.error {
+                            tally
+                                .failures
+                                .push(format!("stream ended with an error: {error}"));
+                        } else if read.ids.len() != 1 {
+                            tally
+                                .failures
+                                .push(format!("one stream, several ids: {:?}", read.ids));
                         } else {
                             tally.streams_complete += 1;
+                            tally.answers.push((body, read.text, read.usage));
                         }
                     }
-                    Ok((status, body)) => tally.failures.push(format!("status {status}: {body}")),
+                    Ok((status, answer)) => {
+                        tally.failures.push(format!("status {status}: {answer}"))
+                    }
                     Err(e) => tally.failures.push(e),
                 }
             }
@@ -103,20 +131,48 @@ async fn killing_an_engine_fails_no_request_that_had_not_started_streaming() {
             .expect("worker panicked");
         total.ok += t.ok;
         total.streams_complete += t.streams_complete;
-        total.streams_cut_cleanly += t.streams_cut_cleanly;
         total.failures.extend(t.failures);
+        total.answers.extend(t.answers);
     }
-    println!("{total:?}");
+    println!(
+        "{} answers, {} streams complete, failures: {:?}",
+        total.ok, total.streams_complete, total.failures
+    );
     assert!(
         total.failures.is_empty(),
         "client-visible failures: {:#?}",
         total.failures
     );
     assert!(total.ok > 0 && total.streams_complete > 0, "{total:?}");
-    // Streams on the killed engine had started: they end with an error
-    // event and [DONE], which the match above already checked.
+    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
+    let resumed = metric(
+        &metrics,
+        "llmgw_router_stream_resumptions_total{model=\"m\",outcome=\"resumed\"}",
+    )
+    .unwrap_or(0.0);
+    println!("streams resumed on the survivor: {resumed}");
     assert!(
-        total.streams_cut_cleanly > 0,
-        "no stream was on the killed engine: {total:?}"
+        resumed >= 1.0,
+        "no stream was on the killed engine:\n{metrics}"
     );
+
+    // Every answer, resumed or not, is exactly what one uninterrupted
+    // generation says, and its usage adds up to one answer's.
+    for (body, text, usage) in &total.answers {
+        let (expected, expected_usage) = reference_answer(&reference.url(), body).await;
+        assert_eq!(
+            text, &expected,
+            "answer to {body} differs from an uninterrupted one"
+        );
+        let usage = usage.as_ref().expect("usage was asked for");
+        assert_eq!(usage["completion_tokens"], 40, "{body}: {usage}");
+        assert_eq!(
+            usage["prompt_tokens"], expected_usage["prompt_tokens"],
+            "{body}: {usage}"
+        );
+        assert_eq!(
+            usage["total_tokens"], expected_usage["total_tokens"],
+            "{body}: {usage}"
+        );
+    }
 }

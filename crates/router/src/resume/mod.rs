@@ -1,0 +1,322 @@
+//! Mid-stream failover: when the engine behind a stream fails after the
+//! first byte (connection cut, error event, stall), the rest of the answer
+//! is asked of another ready replica, with the text so far as the answer
+//! to continue, and spliced into the same stream. See docs/router.md,
+//! "Streams that survive their engine", for what is and is not preserved.
+
+mod splice;
+mod transcript;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use hyper::StatusCode;
+use hyper::body::Incoming;
+use hyper::header::HeaderMap;
+use hyper::http::uri::PathAndQuery;
+
+pub use transcript::{Charge, ResumeMemory, Route};
+
+use crate::balance::choose;
+use crate::endpoints::InFlight;
+use crate::openai::ApiError;
+use crate::proxy::{candidates, send_to};
+use crate::service::Shared;
+use crate::sse::{self, Event, EventFramer};
+use splice::{Spliced, continuation_request, splice_event};
+use transcript::{Seen, Transcript};
+
+/// How resumption is bounded; `router.yaml`'s `resume` section.
+#[derive(Debug, Clone)]
+pub struct ResumeSettings {
+    pub enabled: bool,
+    /// Resumptions one stream may use.
+    pub max_resumptions: u32,
+    /// Text one stream keeps for resuming; past it the stream is no longer
+    /// resumable.
+    pub max_text_bytes: usize,
+    /// Request bodies and text kept by all streams together.
+    pub memory_cap_bytes: usize,
+}
+
+impl Default for ResumeSettings {
+    fn default() -> Self {
+        ResumeSettings {
+            enabled: true,
+            max_resumptions: 2,
+            max_text_bytes: 256 * 1024,
+            memory_cap_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+/// Says why a stream was not resumed, for its closing error event.
+pub fn why_not(reason: &str) -> &'static str {
+    match reason {
+        "resumption_limit" => {
+            "not resumed: the stream used all its resumptions (resume.max_resumptions)"
+        }
+        "text_budget" => "not resumed: the answer grew past resume.max_text_bytes",
+        "memory_cap" => "not resumed: resumable streams already held resume.memory_cap_bytes",
+        "n" => "not resumed: answers with n > 1 are not resumed",
+        "logprobs" => "not resumed: answers with logprobs are not resumed",
+        "echo" => "not resumed: answers that echo the prompt are not resumed",
+        "tool_calls" => "not resumed: a tool call was being streamed",
+        "reasoning" => {
+            "not resumed: the answer streamed reasoning_content, which a continuation cannot carry"
+        }
+        "structured_output" => "not resumed: structured output cannot be continued mid-way",
+        "prompt_not_text" => "not resumed: the prompt is not a single string",
+        "token_budget_spent" => "not resumed: every token of max_tokens was streamed",
+        "deadline" => "not resumed: the request deadline passed",
+        "unreadable_event" => "not resumed: the engine streamed an event that is not OpenAI JSON",
+        _ => "not resumed: the request could not be read again",
+    }
+}
+
+/// The route a streamed request to `path` answers, if resumable at all.
+pub fn route_of(path: &str) -> Option<Route> {
+    match path {
+        "/v1/chat/completions" => Some(Route::Chat),
+        "/v1/completions" => Some(Route::Completion),
+        _ => None,
+    }
+}
+
+/// A continuation being opened on another replica.
+pub type Opening = Pin<Box<dyn Future<Output = Result<Continuation, ApiError>> + Send>>;
+
+/// The replica that took over the stream.
+pub struct Continuation {
+    pub body: Incoming,
+    pub in_flight: InFlight,
+}
+
+/// What the relay forwards for some upstream bytes.
+pub struct Relayed {
+    pub bytes: Bytes,
+    /// The engine reported an error mid-stream; `bytes` ends before it.
+    pub engine_error: Option<String>,
+}
+
+/// Everything a stream keeps so that another replica can finish it.
+pub struct Resumable {
+    shared: Arc<Shared>,
+    model: String,
+    path: PathAndQuery,
+    headers: HeaderMap,
+    body: Bytes,
+    transcript: Transcript,
+    framer: EventFramer,
+    resumptions: u32,
+    /// Tokens streamed before the running continuation began; None while
+    /// the first engine streams.
+    spliced_after: Option<u64>,
+    tried: Vec<String>,
+    /// Keeps the request body's bytes counted against the memory cap.
+    _body_charge: Charge,
+}
+
+impl Resumable {
+    /// Err names why the stream cannot be resumed from the start.
+    pub fn new(
+        shared: &Arc<Shared>,
+        model: &str,
+        route: Route,
+        path: &PathAndQuery,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Self, &'static str> {
+        let memory = Arc::clone(&shared.resume_memory);
+        let body_charge = Charge::new(Arc::clone(&memory), body.len()).ok_or("memory_cap")?;
+        let text_charge = Charge::new(memory, 0).ok_or("memory_cap")?;
+        Ok(Resumable {
+            shared: Arc::clone(shared),
+            model: model.to_owned(),
+            path: path.clone(),
+            headers: headers.clone(),
+            body: body.clone(),
+            transcript: Transcript::new(route, shared.settings.resume.max_text_bytes, text_charge),
+            framer: EventFramer::default(),
+            resumptions: 0,
+            spliced_after: None,
+            tried: Vec::new(),
+            _body_charge: body_charge,
+        })
+    }
+
+    /// Whole events of `data` as the client should read them.
+    pub fn relay(&mut self, data: Bytes) -> Relayed {
+        let events = self.framer.push(data);
+        match self.spliced_after {
+            None if self.transcript.refusal.is_some() => Relayed {
+                bytes: events,
+                engine_error: None,
+            },
+            None => self.follow(events),
+            Some(before) => self.splice(&events, before),
+        }
+    }
+
+    /// The first engine's events pass unchanged; the transcript follows.
+    fn follow(&mut self, events: Bytes) -> Relayed {
+        for (end, event) in sse::payloads(&events) {
+            let seen = match event {
+                Event::Done => {
+                    self.transcript.note_done();
+                    Seen::Event
+                }
+                Event::Data(payload) => self.transcript.observe(&payload),
+            };
+            if let Seen::EngineError(message) = seen {
+                let start = end - event_len(&events[..end]);
+                return Relayed {
+                    bytes: events.slice(..start),
+                    engine_error: Some(message),
+                };
+            }
+        }
+        Relayed {
+            bytes: events,
+            engine_error: None,
+        }
+    }
+
+    /// A continuation's events, rewritten to read as the first answer.
+    fn splice(&mut self, events: &[u8], before: u64) -> Relayed {
+        let mut out = BytesMut::with_capacity(events.len() + 64);
+        for (_, event) in sse::payloads(events) {
+            match event {
+                Event::Done => {
+                    self.transcript.note_done();
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                }
+                Event::Data(payload) => {
+                    if let Seen::EngineError(message) = self.transcript.observe(&payload) {
+                        return Relayed {
+                            bytes: out.freeze(),
+                            engine_error: Some(message),
+                        };
+                    }
+                    if let Spliced::Send(json) = splice_event(&payload, &self.transcript, before) {
+                        out.extend_from_slice(sse::encode(&json).as_bytes());
+                    }
+                }
+            }
+        }
+        Relayed {
+            bytes: out.freeze(),
+            engine_error: None,
+        }
+    }
+
+    /// The upstream body ended cleanly: false when the answer was not
+    /// complete and could be resumed (a cut at an event boundary looks like
+    /// a clean end). A first stream that can no longer be resumed is not
+    /// followed, so its end is taken as it comes.
+    pub fn complete(&self) -> bool {
+        let unfollowed = self.spliced_after.is_none() && self.transcript.refusal.is_some();
+        self.transcript.done || self.transcript.finished || unfollowed
+    }
+
+    /// Starts asking another replica for the rest, after `failed` failed
+    /// the stream. Err names why the stream cannot be resumed.
+    pub fn begin(&mut self, failed: &str) -> Result<Opening, &'static str> {
+        if let Some(reason) = self.transcript.refusal {
+            return Err(reason);
+        }
+        if self.resumptions >= self.shared.settings.resume.max_resumptions {
+            return Err("resumption_limit");
+        }
+        let body = continuation_request(&self.body, &self.transcript)?;
+        self.resumptions += 1;
+        self.spliced_after = Some(self.transcript.tokens);
+        // Half an event from the failed engine never reached the client.
+        self.framer.discard();
+        self.tried.push(failed.to_owned());
+        Ok(Box::pin(open(
+            Arc::clone(&self.shared),
+            self.model.clone(),
+            self.path.clone(),
+            self.headers.clone(),
+            Bytes::from(body),
+            self.tried.clone(),
+        )))
+    }
+}
+
+/// Bytes of the last event in `events` (which ends with it).
+fn event_len(events: &[u8]) -> usize {
+    let body = &events[..events.len() - 2];
+    match body.windows(2).rposition(|w| w == b"\n\n") {
+        Some(i) => events.len() - (i + 2),
+        None => events.len(),
+    }
+}
+
+/// Sends the continuation to the best replica not yet tried, moving on as
+/// a first attempt would when one cannot take it.
+async fn open(
+    shared: Arc<Shared>,
+    model: String,
+    path: PathAndQuery,
+    headers: HeaderMap,
+    body: Bytes,
+    tried: Vec<String>,
+) -> Result<Continuation, ApiError> {
+    let table = Arc::clone(&shared.table.borrow());
+    let no_replica = || {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "upstream_stream_cut",
+            format!("no other ready replica of `{model}` could continue the answer"),
+        )
+    };
+    let routed = table.resolve(&model).ok_or_else(no_replica)?;
+    let mut pool = candidates(&shared, routed, &tried);
+    let settings = &shared.settings;
+    let mut last_error = None;
+    for _ in 0..=settings.max_retries {
+        let Some(index) = choose(settings.policy, &pool, None, settings.load_factor) else {
+            break;
+        };
+        let endpoint = pool.swap_remove(index);
+        let in_flight = endpoint.start_request();
+        match send_to(&shared, &endpoint, &path, &headers, body.clone()).await {
+            Ok(response) if response.status().is_success() => {
+                return Ok(Continuation {
+                    body: response.into_body(),
+                    in_flight,
+                });
+            }
+            Ok(response) => {
+                // The request was refused as such (4xx): another replica
+                // of the same engine would refuse it too.
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_stream_cut",
+                    format!(
+                        "the engine at {} refused to continue the answer ({})",
+                        endpoint.url,
+                        response.status()
+                    ),
+                ));
+            }
+            Err((_, error)) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(no_replica))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_len_finds_the_last_event() {
+        assert_eq!(event_len(b"data: a\n\ndata: bc\n\n"), 10);
+        assert_eq!(event_len(b"data: a\n\n"), 9);
+    }
+}

@@ -1,0 +1,147 @@
+//! The bounds of mid-stream failover: resumptions per stream, the memory
+//! all streams may hold, and the per-request switch.
+
+use std::time::Duration;
+
+use llmgw_router::{Endpoint, ResumeSettings, Settings};
+
+use crate::common::*;
+
+/// Engines that cut every stream after three tokens.
+fn cutting_engines(count: usize) -> Vec<Sim> {
+    (0..count)
+        .map(|_| {
+            Sim::start(
+                SMALL,
+                &["m"],
+                &[
+                    ("LLMGW_SIM_FAULT", "crash_mid_stream:cut@3"),
+                    ("LLMGW_SIM_OUTPUT_TOKENS", "30"),
+                ],
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_past_its_resumption_budget_ends_with_an_error_event() {
+    let engines = cutting_engines(3);
+    let reference = Sim::start(SMALL, &["m"], &[("LLMGW_SIM_OUTPUT_TOKENS", "30")]);
+    for sim in engines.iter().chain([&reference]) {
+        sim.wait_ready().await;
+    }
+    let settings = Settings {
+        resume: ResumeSettings {
+            max_resumptions: 1,
+            ..ResumeSettings::default()
+        },
+        ..test_settings()
+    };
+    let endpoints = engines.iter().map(|e| Endpoint::ready(e.url())).collect();
+    let router = TestRouter::start(settings, vec![model("m", &[], endpoints)]).await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let body = tagged_chat_body("budget", true, 20);
+    // The first six tokens of the uninterrupted answer.
+    let (six_tokens, _) =
+        reference_answer(&reference.url(), &tagged_chat_body("budget", true, 6)).await;
+    let (three_tokens, _) =
+        reference_answer(&reference.url(), &tagged_chat_body("budget", true, 3)).await;
+
+    let (status, answer) = post(&client(), &url, body.clone(), &[]).await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let read = read_stream(&answer);
+    // Three tokens from the first engine, three from the one that took
+    // over, then no resumption was left.
+    assert_eq!(read.text, six_tokens, "{answer}");
+    let error = read.error.expect("the stream ended with an error event");
+    assert!(error.contains("stopped mid-answer"), "{error}");
+    assert!(error.contains("resumptions"), "{error}");
+    assert!(read.done, "{answer}");
+    assert_eq!(read.ids.len(), 1, "{:?}", read.ids);
+
+    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
+    for (outcome, count) in [("resumed", 1.0), ("resumption_limit", 1.0)] {
+        let series =
+            format!("llmgw_router_stream_resumptions_total{{model=\"m\",outcome=\"{outcome}\"}}");
+        assert_eq!(metric(&metrics, &series), Some(count), "{metrics}");
+    }
+
+    // Turned off for one request: the first cut ends the stream.
+    let (status, answer) = post(&client(), &url, body, &[("x-llmgw-resume", "off")])
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let read = read_stream(&answer);
+    assert!(read.error.is_some(), "{answer}");
+    assert_eq!(read.text, three_tokens, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumable_streams_hold_no_more_than_the_memory_cap() {
+    let slow = [
+        ("LLMGW_SIM_ITL", "20ms"),
+        ("LLMGW_SIM_OUTPUT_TOKENS", "200"),
+    ];
+    let engine = Sim::start(SMALL, &["m"], &slow);
+    engine.wait_ready().await;
+    let cap = 1200;
+    let settings = Settings {
+        resume: ResumeSettings {
+            max_text_bytes: 100,
+            memory_cap_bytes: cap,
+            ..ResumeSettings::default()
+        },
+        ..test_settings()
+    };
+    let router = TestRouter::start(
+        settings,
+        vec![model("m", &[], vec![Endpoint::ready(engine.url())])],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let metrics_url = format!("{}/metrics", router.url());
+    let held = || async {
+        let (_, metrics) = get(&metrics_url).await.expect("metrics");
+        metric(&metrics, "llmgw_router_resume_bytes_held").expect("the gauge is there")
+    };
+
+    // Twelve streams of about 1 s each, opened at once: their bodies
+    // alone are more than the cap.
+    let streams: Vec<_> = (0..12)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let body = tagged_chat_body(&format!("stream {i} {}", "x".repeat(100)), true, 60);
+                post(&client(), &url, body, &[]).await
+            })
+        })
+        .collect();
+    let mut most = 0.0_f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !streams.iter().all(|s| s.is_finished()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the streams did not finish"
+        );
+        most = most.max(held().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("most held while streaming: {most} bytes (cap {cap})");
+    assert!(most > 0.0, "nothing was held: the gauge does not move");
+    assert!(
+        most <= cap as f64,
+        "held {most} bytes, over the cap of {cap}"
+    );
+    for stream in streams {
+        let (status, answer) = stream.await.unwrap().unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert!(read_stream(&answer).error.is_none(), "{answer}");
+    }
+    assert_eq!(held().await, 0.0, "finished streams still hold memory");
+    let (_, metrics) = get(&metrics_url).await.unwrap();
+    let unprotected = metric(
+        &metrics,
+        "llmgw_router_stream_resumptions_total{model=\"m\",outcome=\"memory_cap\"}",
+    );
+    assert!(unprotected.is_some_and(|n| n >= 1.0), "{metrics}");
+}
