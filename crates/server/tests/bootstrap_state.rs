@@ -31,7 +31,15 @@ async fn wiped_peers_with_existing_state_never_form_a_new_cluster() {
     cluster
         .wait_log(1, &["initial_cluster_state is `existing`"])
         .await;
-    // Every peer answers, empty and without a leader, and keeps it so for
+    // Every peer comes up (peers 2 and 3 may still be starting when peer 1
+    // has logged)...
+    for id in 1..=3 {
+        support::eventually(&cluster, &format!("peer {id} answers"), || async {
+            cluster.get(id, "/api/v1/cluster").await.map(|_| ())
+        })
+        .await;
+    }
+    // ...and answers, empty and without a leader, and keeps it so for
     // longer than a bootstrap and an election take (both well under 2 s).
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
