@@ -7,15 +7,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
-use hyper::Uri;
-
 /// A value the engine has not reported (no metrics, or scraping is off).
 const UNKNOWN: u32 = u32::MAX;
 
 pub struct EndpointStats {
     pub url: String,
-    /// `scheme://authority` parsed once, for building upstream URIs.
-    pub base: Option<(hyper::http::uri::Scheme, hyper::http::uri::Authority)>,
+    /// `host:port` of a plain http URL, parsed once; None for anything
+    /// the router cannot reach.
+    pub authority: Option<String>,
     outstanding: AtomicU32,
     failures: AtomicU32,
     ejected: AtomicBool,
@@ -27,13 +26,10 @@ pub struct EndpointStats {
 
 impl EndpointStats {
     fn new(url: &str) -> Self {
-        let base = url.parse::<Uri>().ok().and_then(|uri| {
-            let parts = uri.into_parts();
-            Some((parts.scheme?, parts.authority?))
-        });
+        let authority = crate::upstream::split_http_url(url).map(|(a, _)| a.to_string());
         EndpointStats {
             url: url.to_string(),
-            base,
+            authority,
             outstanding: AtomicU32::new(0),
             failures: AtomicU32::new(0),
             ejected: AtomicBool::new(false),
@@ -214,6 +210,6 @@ mod tests {
         drop(a);
         drop(b);
         assert_eq!(e.outstanding(), 0);
-        assert!(e.base.is_some());
+        assert_eq!(e.authority.as_deref(), Some("127.0.0.1:1"));
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::endpoints::{EngineLoad, Registry};
-use crate::proxy::Upstream;
+use crate::upstream::Upstream;
 use crate::table::RoutingTable;
 
 const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];

@@ -31,6 +31,7 @@ mod service;
 mod settings;
 mod sse;
 mod table;
+mod upstream;
 
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};

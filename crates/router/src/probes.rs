@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::endpoints::Registry;
-use crate::proxy::Upstream;
+use crate::upstream::Upstream;
 
 pub async fn probe_loop(upstream: Upstream, registry: Arc<Registry>, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);

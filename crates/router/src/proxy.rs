@@ -4,17 +4,14 @@
 //! or a body cut before its first byte).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Incoming};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
 use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::http::uri::PathAndQuery;
-use hyper::{Method, Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::{Method, Response, StatusCode};
 
 use crate::balance::choose;
 use crate::endpoints::EndpointStats;
@@ -23,63 +20,7 @@ use crate::relay::{Finish, Relay, ResponseBody};
 use crate::resume::{Resumable, route_of};
 use crate::service::Shared;
 use crate::table::RoutedModel;
-
-/// The pooled HTTP/1.1 client every upstream call goes through.
-#[derive(Clone)]
-pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("invalid URL {0}")]
-    Url(String),
-    #[error("{0}")]
-    Http(#[from] hyper_util::client::legacy::Error),
-    #[error("reading the body: {0}")]
-    Body(#[from] hyper::Error),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-}
-
-impl Upstream {
-    pub fn new(connect_timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
-        Upstream { client }
-    }
-
-    fn send(&self, request: Request<Full<Bytes>>) -> hyper_util::client::legacy::ResponseFuture {
-        self.client.request(request)
-    }
-
-    /// A small GET (health, metrics, admin API): status and body text.
-    pub async fn get_text(
-        &self,
-        url: &str,
-        limit: Duration,
-    ) -> Result<(u16, String), UpstreamError> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|_| UpstreamError::Url(url.to_string()))?;
-        let request = Request::get(uri)
-            .body(Full::new(Bytes::new()))
-            .map_err(|_| UpstreamError::Url(url.to_string()))?;
-        let fetch = async {
-            let response = self.send(request).await?;
-            let status = response.status().as_u16();
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, UpstreamError>((status, String::from_utf8_lossy(&body).into_owned()))
-        };
-        tokio::time::timeout(limit, fetch)
-            .await
-            .map_err(|_| UpstreamError::Timeout(limit))?
-    }
-}
+use crate::upstream::UpstreamBody;
 
 /// What the router needs to know about the client's request.
 pub struct Outgoing<'a> {
@@ -360,29 +301,22 @@ pub(crate) async fn send_to(
     path: &PathAndQuery,
     headers: &HeaderMap,
     body: Bytes,
-) -> Result<Response<Incoming>, (&'static str, ApiError)> {
-    let Some((scheme, authority)) = endpoint.base.clone() else {
+) -> Result<Response<UpstreamBody>, (&'static str, ApiError)> {
+    let Some(authority) = endpoint.authority.as_deref() else {
         return Err((
             "bad_endpoint",
             ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream_unavailable",
-                format!("endpoint {:?} is not a valid http URL", endpoint.url),
+                format!("endpoint {:?} is not a plain http URL", endpoint.url),
             ),
         ));
     };
-    let uri = Uri::builder()
-        .scheme(scheme)
-        .authority(authority)
-        .path_and_query(path.clone())
-        .build()
-        .expect("scheme, authority and path were each parsed already");
-    let mut request = Request::new(Full::new(body));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers.clone();
-
-    let response = match shared.upstream.send(request).await {
+    let sent = shared
+        .upstream
+        .send(&Method::POST, authority, path.as_str(), headers, &body)
+        .await;
+    let response = match sent {
         Ok(response) => response,
         Err(e) => {
             let message = format!(

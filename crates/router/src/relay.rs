@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::StatusCode;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
 use crate::endpoints::InFlight;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::resume::{Opening, Resumable, why_not};
+use crate::upstream::UpstreamBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -64,12 +65,12 @@ pub struct Relay {
     /// A non-stream body that was cut is aborted with this.
     abort: Option<BoxError>,
     /// None while a continuation is being opened.
-    upstream: Option<Incoming>,
+    upstream: Option<UpstreamBody>,
     /// Fires at the stall limit or the deadline. Frames only note their
     /// time in `last_activity`; the timer is moved when it fires early, not
     /// on every frame (re-registering a timer per token costs more than
     /// relaying the token).
-    timer: Pin<Box<Sleep>>,
+    timer: Option<Pin<Box<Sleep>>>,
     last_activity: tokio::time::Instant,
     stall: Duration,
     deadline: tokio::time::Instant,
@@ -115,7 +116,7 @@ enum Passed {
 impl Relay {
     pub fn new(
         first: Option<Frame<Bytes>>,
-        upstream: Incoming,
+        upstream: UpstreamBody,
         stall: Duration,
         deadline: tokio::time::Instant,
         sse: bool,
@@ -127,7 +128,7 @@ impl Relay {
             pending_tail: None,
             abort: None,
             upstream: Some(upstream),
-            timer: Box::pin(tokio::time::sleep_until(next_wake(stall, deadline))),
+            timer: None,
             last_activity: tokio::time::Instant::now(),
             stall,
             deadline,
@@ -358,8 +359,14 @@ impl Relay {
     /// Whether the stall limit or the deadline has passed; re-arms the
     /// timer (registering the waker) when it fired before either.
     fn expired(&mut self, cx: &mut Context<'_>) -> Option<Expiry> {
+        let wake = (self.last_activity + self.stall).min(self.deadline);
+        // Made on the first wait: an answer that arrives whole never needs
+        // one.
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(wake)));
         loop {
-            if self.timer.as_mut().poll(cx).is_pending() {
+            if timer.as_mut().poll(cx).is_pending() {
                 return None;
             }
             let now = tokio::time::Instant::now();
@@ -370,7 +377,7 @@ impl Relay {
             if now >= stall_at {
                 return Some(Expiry::Stall);
             }
-            self.timer.as_mut().reset(stall_at.min(self.deadline));
+            timer.as_mut().reset(stall_at.min(self.deadline));
         }
     }
 }
@@ -379,10 +386,6 @@ impl Relay {
 enum Expiry {
     Stall,
     Deadline,
-}
-
-fn next_wake(stall: Duration, deadline: tokio::time::Instant) -> tokio::time::Instant {
-    (tokio::time::Instant::now() + stall).min(deadline)
 }
 
 impl Body for Relay {

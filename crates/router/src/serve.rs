@@ -17,7 +17,7 @@ use crate::engine_load::scrape_loop;
 use crate::error::RouterError;
 use crate::metrics::Metrics;
 use crate::probes::probe_loop;
-use crate::proxy::Upstream;
+use crate::upstream::Upstream;
 use crate::resume::ResumeMemory;
 use crate::service::{Shared, handle};
 use crate::settings::Settings;

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use hyper::StatusCode;
-use hyper::body::Incoming;
 use hyper::header::HeaderMap;
 use hyper::http::uri::PathAndQuery;
 
@@ -23,6 +22,7 @@ use crate::balance::choose;
 use crate::endpoints::InFlight;
 use crate::openai::ApiError;
 use crate::proxy::{candidates, send_to};
+use crate::upstream::UpstreamBody;
 use crate::service::Shared;
 use crate::sse::{self, Event, EventFramer};
 use splice::{Spliced, continuation_request, splice_event};
@@ -90,7 +90,7 @@ pub type Opening = Pin<Box<dyn Future<Output = Result<Continuation, ApiError>> +
 
 /// The replica that took over the stream.
 pub struct Continuation {
-    pub body: Incoming,
+    pub body: UpstreamBody,
     pub in_flight: InFlight,
 }
 

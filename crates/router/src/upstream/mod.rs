@@ -1,0 +1,281 @@
+//! The router's own HTTP/1.1 client for engines: kept-alive connections per
+//! host, the request written in one system call, the response head parsed
+//! in place and the body decoded straight off the socket by whoever polls
+//! it.
+//!
+//! A general client runs each connection as a task of its own and passes
+//! every request and every body chunk to it through channels; for a proxy
+//! that doubles the task wake-ups per token and was most of the router's
+//! cost per request. Here the task that relays the answer to the client
+//! reads the engine's socket itself, so a token costs one wake-up, as in
+//! nginx.
+//!
+//! A connection goes back to its host's idle list once its response body
+//! has been read to the end; one dropped early (the client went away) is
+//! closed, which is how the engine learns to cancel the request.
+
+mod body;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use http_body_util::BodyExt;
+use hyper::header::HeaderMap;
+use hyper::{Method, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use body::UpstreamBody;
+
+/// Engines behind uvicorn (vLLM, SGLang) close a kept-alive connection
+/// after 5 s of silence; one idle for this long is not worth the risk of
+/// meeting that close halfway.
+const IDLE_LIMIT: Duration = Duration::from_secs(4);
+/// Idle connections kept per host; more are closed when they finish.
+const MAX_IDLE_PER_HOST: usize = 1024;
+/// A response head larger than this is refused (engines send a few hundred
+/// bytes).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid URL {0}")]
+    Url(String),
+    #[error("connecting to {authority}: {source}")]
+    Connect {
+        authority: String,
+        source: io::Error,
+    },
+    #[error("no connection to {0} within {1:?}")]
+    ConnectTimeout(String, Duration),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("the engine broke HTTP/1.1: {0}")]
+    Protocol(String),
+    #[error("the connection closed before the answer was complete")]
+    Closed,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// The pooled client every upstream call goes through; cheap to clone.
+#[derive(Clone)]
+pub struct Upstream {
+    hosts: Arc<Mutex<HashMap<String, Arc<HostPool>>>>,
+    connect_timeout: Duration,
+}
+
+/// The idle connections to one `host:port`, most recently used last.
+pub(crate) struct HostPool {
+    authority: String,
+    idle: Mutex<Vec<(TcpStream, Instant)>>,
+}
+
+impl HostPool {
+    fn checkout(&self) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().expect("pool lock");
+        let (stream, since) = idle.pop()?;
+        if since.elapsed() < IDLE_LIMIT {
+            return Some(stream);
+        }
+        // The list is in order of use: everything below is older still.
+        idle.clear();
+        None
+    }
+
+    pub(crate) fn give_back(&self, stream: TcpStream) {
+        let mut idle = self.idle.lock().expect("pool lock");
+        if idle.len() < MAX_IDLE_PER_HOST {
+            idle.push((stream, Instant::now()));
+        }
+    }
+}
+
+impl Upstream {
+    pub fn new(connect_timeout: Duration) -> Self {
+        Upstream {
+            hosts: Arc::default(),
+            connect_timeout,
+        }
+    }
+
+    fn host(&self, authority: &str) -> Arc<HostPool> {
+        let mut hosts = self.hosts.lock().expect("hosts lock");
+        if let Some(pool) = hosts.get(authority) {
+            return Arc::clone(pool);
+        }
+        let pool = Arc::new(HostPool {
+            authority: authority.to_string(),
+            idle: Mutex::new(Vec::new()),
+        });
+        hosts.insert(authority.to_string(), Arc::clone(&pool));
+        pool
+    }
+
+    /// Sends one request to `authority` (`host:port`) and returns once the
+    /// response head has arrived; the body is read as it is polled.
+    pub async fn send(
+        &self,
+        method: &Method,
+        authority: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let host = self.host(authority);
+        let request = wire::encode_request(method, authority, path, headers, body);
+        let no_body = method == Method::HEAD;
+        if let Some(stream) = host.checkout() {
+            match exchange(stream, &request, no_body).await {
+                Ok(answer) => return Ok(answer.into_response(host)),
+                // The engine closed the idle connection as the request went
+                // out: it never saw the request, so a fresh connection may
+                // carry it.
+                Err(Exchange::ClosedBeforeAnswer) => {}
+                Err(Exchange::Failed(e)) => return Err(e),
+            }
+        }
+        let stream = self.connect(authority).await?;
+        match exchange(stream, &request, no_body).await {
+            Ok(answer) => Ok(answer.into_response(host)),
+            Err(Exchange::ClosedBeforeAnswer) => Err(UpstreamError::Closed),
+            Err(Exchange::Failed(e)) => Err(e),
+        }
+    }
+
+    async fn connect(&self, authority: &str) -> Result<TcpStream, UpstreamError> {
+        let connect = TcpStream::connect(authority);
+        let stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| UpstreamError::ConnectTimeout(authority.to_string(), self.connect_timeout))?
+            .map_err(|source| UpstreamError::Connect {
+                authority: authority.to_string(),
+                source,
+            })?;
+        // Tokens are small writes that must leave at once.
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+
+    /// A small GET (health, metrics, admin API): status and body text.
+    pub async fn get_text(
+        &self,
+        url: &str,
+        limit: Duration,
+    ) -> Result<(u16, String), UpstreamError> {
+        let (authority, path) =
+            split_http_url(url).ok_or_else(|| UpstreamError::Url(url.to_string()))?;
+        let fetch = async {
+            let response = self
+                .send(&Method::GET, authority, path, &HeaderMap::new(), &[])
+                .await?;
+            let status = response.status().as_u16();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, UpstreamError>((status, String::from_utf8_lossy(&body).into_owned()))
+        };
+        tokio::time::timeout(limit, fetch)
+            .await
+            .map_err(|_| UpstreamError::Timeout(limit))?
+    }
+}
+
+/// `http://host:port/path` as (`host:port`, `/path`); None for anything
+/// but plain http.
+pub fn split_http_url(url: &str) -> Option<(&str, &str)> {
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, "/"),
+    };
+    (!authority.is_empty()).then_some((authority, path))
+}
+
+enum Exchange {
+    ClosedBeforeAnswer,
+    Failed(UpstreamError),
+}
+
+/// A response head and the connection its body will come on.
+struct Answer {
+    stream: TcpStream,
+    buffer: BytesMut,
+    head: wire::Head,
+}
+
+impl Answer {
+    fn into_response(self, host: Arc<HostPool>) -> Response<UpstreamBody> {
+        let wire::Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        } = self.head;
+        let body = UpstreamBody::new(self.stream, self.buffer, framing, keep_alive, host);
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        *response.headers_mut() = headers;
+        response
+    }
+}
+
+/// Writes the request and reads until a whole response head has arrived.
+async fn exchange(
+    mut stream: TcpStream,
+    request: &[u8],
+    no_body: bool,
+) -> Result<Answer, Exchange> {
+    if let Err(e) = stream.write_all(request).await {
+        return Err(match e.kind() {
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                Exchange::ClosedBeforeAnswer
+            }
+            _ => Exchange::Failed(e.into()),
+        });
+    }
+    let mut buffer = BytesMut::with_capacity(8 * 1024);
+    loop {
+        if buffer.capacity() - buffer.len() < 1024 {
+            buffer.reserve(8 * 1024);
+        }
+        match stream.read_buf(&mut buffer).await {
+            Ok(0) if buffer.is_empty() => return Err(Exchange::ClosedBeforeAnswer),
+            Ok(0) => return Err(Exchange::Failed(UpstreamError::Closed)),
+            Ok(_) => {}
+            Err(e) if buffer.is_empty() && e.kind() == io::ErrorKind::ConnectionReset => {
+                return Err(Exchange::ClosedBeforeAnswer);
+            }
+            Err(e) => return Err(Exchange::Failed(e.into())),
+        }
+        match wire::take_head(&mut buffer, no_body) {
+            Ok(Some(head)) => {
+                return Ok(Answer {
+                    stream,
+                    buffer,
+                    head,
+                });
+            }
+            Ok(None) if buffer.len() > MAX_HEAD_BYTES => {
+                return Err(Exchange::Failed(UpstreamError::Protocol(format!(
+                    "response head longer than {MAX_HEAD_BYTES} bytes"
+                ))));
+            }
+            Ok(None) => {}
+            Err(e) => return Err(Exchange::Failed(e)),
+        }
+    }
+}
+
+impl std::fmt::Debug for HostPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostPool")
+            .field("authority", &self.authority)
+            .finish_non_exhaustive()
+    }
+}

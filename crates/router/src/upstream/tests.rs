@@ -1,0 +1,187 @@
+//! The client against scripted engines: every framing, reuse of kept-alive
+//! connections, and engines that close at awkward moments.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::header::HeaderMap;
+use hyper::{Method, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{Upstream, UpstreamError};
+
+/// Reads one request (head and `content-length` body) off `stream`; None
+/// when the client closed instead.
+async fn read_request(stream: &mut TcpStream) -> Option<String> {
+    let mut buffer = Vec::new();
+    loop {
+        let mut chunk = [0u8; 4096];
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buffer).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse::<usize>().unwrap());
+            if buffer.len() >= end + 4 + length {
+                return Some(text);
+            }
+        }
+    }
+}
+
+/// An engine that answers each connection's requests with the given raw
+/// responses in turn, then closes; reports each connection's peer port.
+async fn scripted(
+    connections: Vec<Vec<&'static [u8]>>,
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, requests) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        for answers in connections {
+            let (mut stream, peer) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                for answer in answers {
+                    let Some(request) = read_request(&mut stream).await else {
+                        return;
+                    };
+                    let _ = seen.send(format!("{} {request}", peer.port()));
+                    for piece in answer.split_inclusive(|&b| b == b'|') {
+                        let piece = piece.strip_suffix(b"|").unwrap_or(piece);
+                        stream.write_all(piece).await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            });
+        }
+    });
+    (addr, requests)
+}
+
+async fn post(upstream: &Upstream, addr: SocketAddr) -> Result<(StatusCode, String), UpstreamError> {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let response = upstream
+        .send(&Method::POST, &addr.to_string(), "/v1/completions", &headers, b"{\"a\":1}")
+        .await?;
+    let status = response.status();
+    let body = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8(body.to_vec()).unwrap()))
+}
+
+const SHORT: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+
+#[tokio::test]
+async fn kept_alive_connection_carries_the_next_request() {
+    let (addr, mut requests) = scripted(vec![vec![SHORT, SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::OK, "hello".into()));
+    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::OK, "hello".into()));
+    let first = requests.recv().await.unwrap();
+    let second = requests.recv().await.unwrap();
+    assert_eq!(first.split(' ').next(), second.split(' ').next(), "one connection");
+    assert!(first.contains("POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:"));
+    assert!(first.contains("content-type: application/json\r\ncontent-length: 7\r\n\r\n{\"a\":1}"));
+}
+
+#[tokio::test]
+async fn chunked_body_is_decoded_across_reads() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel|lo\r\n7;ext=1\r\n wor|ld!\r\n0\r\nx-trailer: 1\r\n|\r\n";
+    let (addr, _requests) = scripted(vec![vec![answer, SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello world!");
+    // The trailers were consumed: the connection is clean for the next one.
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+}
+
+#[tokio::test]
+async fn body_without_length_ends_when_the_engine_closes() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nuntil|close";
+    let (addr, _requests) = scripted(vec![vec![answer], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "untilclose");
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+}
+
+#[tokio::test]
+async fn interim_answers_are_skipped() {
+    let answer: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+    let (addr, _requests) = scripted(vec![vec![answer]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::CREATED, "ok".into()));
+}
+
+#[tokio::test]
+async fn an_idle_connection_the_engine_closed_is_replaced() {
+    // The first connection answers once and closes (as uvicorn does after
+    // its keep-alive timeout); the request that finds it closed goes out
+    // again on a fresh one.
+    let (addr, mut requests) = scripted(vec![vec![SHORT], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    let first = requests.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    let second = requests.recv().await.unwrap();
+    assert_ne!(first.split(' ').next(), second.split(' ').next());
+}
+
+#[tokio::test]
+async fn a_body_cut_short_is_an_error() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nonly this";
+    let (addr, _requests) = scripted(vec![vec![answer]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let error = post(&upstream, addr).await.unwrap_err();
+    assert!(matches!(error, UpstreamError::Closed), "{error}");
+}
+
+#[tokio::test]
+async fn dropping_the_body_closes_the_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let engine = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_request(&mut stream).await.unwrap();
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+            .await
+            .unwrap();
+        // The router's drop is the only way this read ends.
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).await.unwrap();
+        rest.len()
+    });
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let response = upstream
+        .send(&Method::POST, &addr.to_string(), "/", &HeaderMap::new(), b"{}")
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"hi");
+    drop(body);
+    let leftover = tokio::time::timeout(Duration::from_secs(10), engine)
+        .await
+        .expect("the engine saw the connection close")
+        .unwrap();
+    assert_eq!(leftover, 0);
+}
+
+#[tokio::test]
+async fn nothing_listening_is_a_connect_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let error = post(&upstream, addr).await.unwrap_err();
+    assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
+    assert!(error.to_string().contains(&addr.to_string()), "{error}");
+}
