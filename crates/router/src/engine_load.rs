@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::endpoints::{EngineLoad, Registry};
-use crate::upstream::Upstream;
 use crate::table::RoutingTable;
+use crate::upstream::Upstream;
 
 const RUNNING: &[&str] = &["vllm:num_requests_running", "sglang:num_running_reqs"];
 const WAITING: &[&str] = &["vllm:num_requests_waiting", "sglang:num_queue_reqs"];

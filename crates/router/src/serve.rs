@@ -17,11 +17,11 @@ use crate::engine_load::scrape_loop;
 use crate::error::RouterError;
 use crate::metrics::Metrics;
 use crate::probes::probe_loop;
-use crate::upstream::Upstream;
 use crate::resume::ResumeMemory;
 use crate::service::{Shared, handle};
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
+use crate::upstream::Upstream;
 
 /// A router not yet listening.
 pub struct Router {

@@ -18,11 +18,11 @@ use crate::metrics::Metrics;
 use crate::openai::{ApiError, json_response};
 use crate::peek::{PeekError, peek, prefix};
 use crate::proxy::{Outgoing, forward, strip_hop_by_hop};
-use crate::upstream::Upstream;
 use crate::relay::ResponseBody;
 use crate::resume::ResumeMemory;
 use crate::settings::Settings;
 use crate::table::RoutingTable;
+use crate::upstream::Upstream;
 
 /// Everything requests share.
 pub struct Shared {

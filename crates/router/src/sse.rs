@@ -41,7 +41,7 @@ impl EventFramer {
 }
 
 fn last_boundary(bytes: &[u8]) -> Option<usize> {
-    bytes.windows(2).rposition(|w| w == b"\n\n").map(|i| i + 2)
+    memchr::memmem::rfind(bytes, b"\n\n").map(|i| i + 2)
 }
 
 /// Each event in `events` (whole events only) with the offset just past
@@ -52,18 +52,27 @@ pub fn payloads(events: &[u8]) -> impl Iterator<Item = (usize, Event<'_>)> {
     std::iter::from_fn(move || {
         loop {
             let rest = &events[start..];
-            let len = rest.windows(2).position(|w| w == b"\n\n")?;
+            let len = memchr::memmem::find(rest, b"\n\n")?;
             let block = &rest[..len];
             start += len + 2;
-            let data: Vec<&[u8]> = block
+            let mut data = block
                 .split(|&b| b == b'\n')
                 .filter_map(|line| line.strip_prefix(b"data:"))
-                .map(|value| value.strip_prefix(b" ").unwrap_or(value))
-                .collect();
-            let payload = match data.as_slice() {
-                [] => continue,
-                [one] => Cow::Borrowed(*one),
-                many => Cow::Owned(many.join(&b'\n')),
+                .map(|value| value.strip_prefix(b" ").unwrap_or(value));
+            let Some(first) = data.next() else {
+                continue;
+            };
+            // Engines send one data line per event: borrowed, no copy.
+            let payload = match data.next() {
+                None => Cow::Borrowed(first),
+                Some(second) => {
+                    let mut joined = [first, second].join(&b'\n');
+                    for more in data {
+                        joined.push(b'\n');
+                        joined.extend_from_slice(more);
+                    }
+                    Cow::Owned(joined)
+                }
             };
             let event = if payload.as_ref() == b"[DONE]" {
                 Event::Done

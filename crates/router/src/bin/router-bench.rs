@@ -36,6 +36,8 @@ struct Options {
     streams: usize,
     concurrency: Vec<usize>,
     references: Vec<(String, String)>,
+    /// Processes of a reference proxy, for its CPU and memory.
+    reference_pids: Vec<(String, Vec<u32>)>,
 }
 
 fn parse_options() -> anyhow::Result<Options> {
@@ -48,6 +50,7 @@ fn parse_options() -> anyhow::Result<Options> {
         streams: 1000,
         concurrency: vec![1, 64, 256],
         references: Vec::new(),
+        reference_pids: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -70,8 +73,18 @@ fn parse_options() -> anyhow::Result<Options> {
                 o.references
                     .push((name.into(), url.trim_end_matches('/').into()));
             }
+            "--pids" => {
+                let v = value()?;
+                let (name, pids) = v.split_once('=').context("--pids NAME=PID[,PID...]")?;
+                let pids = pids
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()
+                    .context("--pids NAME=PID[,PID...]")?;
+                o.reference_pids.push((name.into(), pids));
+            }
             other => bail!(
-                "unknown option {other}; options: --sim PATH --sim-port N --router-port N --seconds S --streams N --concurrency 1,64,256 --reference NAME=URL"
+                "unknown option {other}; options: --sim PATH --sim-port N --router-port N --seconds S --streams N --concurrency 1,64,256 --reference NAME=URL --pids NAME=PID[,PID...]"
             ),
         }
     }
@@ -317,10 +330,25 @@ async fn run(o: Options) -> anyhow::Result<()> {
     println!("router RSS idle: {} KiB", rss_kib(router_pid).unwrap_or(0));
 
     let mut targets = vec![
-        ("direct".to_string(), sim_url.clone()),
-        ("llmgw".to_string(), router_url.clone()),
+        ("direct".to_string(), sim_url.clone(), vec![]),
+        ("llmgw".to_string(), router_url.clone(), vec![router_pid]),
     ];
-    targets.extend(o.references.iter().cloned());
+    // Routers that wait for their worker to pass a health check (vllm-router
+    // checks every 10 s or so) are measured only once they serve.
+    for (name, url) in &o.references {
+        wait_healthy(url)
+            .await
+            .with_context(|| format!("reference {name}"))?;
+    }
+    for (name, url) in &o.references {
+        let pids = o
+            .reference_pids
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, pids)| pids.clone())
+            .unwrap_or_default();
+        targets.push((name.clone(), url.clone(), pids));
+    }
     let mut phases: Vec<(String, usize, bool)> = o
         .concurrency
         .iter()
@@ -344,26 +372,29 @@ async fn run(o: Options) -> anyhow::Result<()> {
             "p99 us",
             "+p50 us",
             "+p99 us",
-            "router RSS",
-            "router CPU/req"
+            "proxy RSS",
+            "proxy CPU/req"
         );
         let mut direct: Option<(u64, u64)> = None;
-        for (name, url) in &targets {
+        for (name, url, pids) in &targets {
             let peak = Arc::new(AtomicU64::new(0));
             let sampler = {
                 let peak = Arc::clone(&peak);
+                let pids = pids.clone();
                 tokio::spawn(async move {
                     loop {
-                        peak.fetch_max(rss_kib(router_pid).unwrap_or(0), Ordering::Relaxed);
+                        let rss: u64 = pids.iter().filter_map(|&pid| rss_kib(pid)).sum();
+                        peak.fetch_max(rss, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 })
             };
-            let cpu_before = cpu_seconds(router_pid);
+            let cpu = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
+            let cpu_before = cpu();
             let f = load(url, workers, o.seconds, stream).await;
-            let cpu_used = cpu_seconds(router_pid) - cpu_before;
+            let cpu_used = cpu() - cpu_before;
             sampler.abort();
-            let peak_rss = (name == "llmgw").then(|| peak.load(Ordering::Relaxed));
+            let peak_rss = (!pids.is_empty()).then(|| peak.load(Ordering::Relaxed));
             let (p50, p99) = (f.percentile(0.5), f.percentile(0.99));
             let added = match direct {
                 Some((d50, d99)) => (
@@ -386,7 +417,7 @@ async fn run(o: Options) -> anyhow::Result<()> {
                 added.1,
                 peak_rss.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
                 // The CPU window includes the warm-up, so divide by every answer.
-                if name == "llmgw" && f.answered > 0 {
+                if !pids.is_empty() && f.answered > 0 {
                     format!("{:.0} us", cpu_used * 1e6 / f.answered as f64)
                 } else {
                     "-".to_string()

@@ -22,9 +22,9 @@ use crate::balance::choose;
 use crate::endpoints::InFlight;
 use crate::openai::ApiError;
 use crate::proxy::{candidates, send_to};
-use crate::upstream::UpstreamBody;
 use crate::service::Shared;
 use crate::sse::{self, Event, EventFramer};
+use crate::upstream::UpstreamBody;
 use splice::{Spliced, continuation_request, splice_event};
 use transcript::{Seen, Transcript};
 

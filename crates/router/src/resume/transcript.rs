@@ -93,9 +93,42 @@ struct Chunk<'a> {
     #[serde(default)]
     created: Option<u64>,
     #[serde(borrow, default)]
-    choices: Vec<ChunkChoice<'a>>,
+    choices: Choices<'a>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+}
+
+/// The first choice of an event and whether others came with it: only
+/// single-choice answers can be resumed, and reading an event should not
+/// cost an allocation.
+#[derive(Default)]
+struct Choices<'a> {
+    first: Option<ChunkChoice<'a>>,
+    more: bool,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Choices<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Choices<'a>, A::Error> {
+                let first = seq.next_element::<ChunkChoice<'a>>()?;
+                let mut more = false;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    more = true;
+                }
+                Ok(Choices { first, more })
+            }
+        }
+        deserializer.deserialize_seq(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -193,10 +226,13 @@ impl Transcript {
             self.id = chunk.id.map(Cow::into_owned);
             self.created = chunk.created;
         }
-        for choice in chunk.choices {
+        if chunk.choices.more {
+            self.refuse("n");
+        }
+        if let Some(choice) = chunk.choices.first {
             if choice.index != 0 {
                 self.refuse("n");
-                continue;
+                return Seen::Event;
             }
             if choice.finish_reason.is_some() {
                 self.finished = true;

@@ -163,7 +163,10 @@ impl UpstreamBody {
 
     /// Reads what the socket has; Ready(0) is the engine closing.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let stream = self.stream.as_ref().expect("a body in progress has its stream");
+        let stream = self
+            .stream
+            .as_ref()
+            .expect("a body in progress has its stream");
         if self.buffer.capacity() - self.buffer.len() < 1024 {
             self.buffer.reserve(16 * 1024);
         }

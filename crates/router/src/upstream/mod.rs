@@ -154,7 +154,9 @@ impl Upstream {
         let connect = TcpStream::connect(authority);
         let stream = tokio::time::timeout(self.connect_timeout, connect)
             .await
-            .map_err(|_| UpstreamError::ConnectTimeout(authority.to_string(), self.connect_timeout))?
+            .map_err(|_| {
+                UpstreamError::ConnectTimeout(authority.to_string(), self.connect_timeout)
+            })?
             .map_err(|source| UpstreamError::Connect {
                 authority: authority.to_string(),
                 source,

@@ -66,11 +66,20 @@ async fn scripted(
     (addr, requests)
 }
 
-async fn post(upstream: &Upstream, addr: SocketAddr) -> Result<(StatusCode, String), UpstreamError> {
+async fn post(
+    upstream: &Upstream,
+    addr: SocketAddr,
+) -> Result<(StatusCode, String), UpstreamError> {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());
     let response = upstream
-        .send(&Method::POST, &addr.to_string(), "/v1/completions", &headers, b"{\"a\":1}")
+        .send(
+            &Method::POST,
+            &addr.to_string(),
+            "/v1/completions",
+            &headers,
+            b"{\"a\":1}",
+        )
         .await?;
     let status = response.status();
     let body = response.into_body().collect().await?.to_bytes();
@@ -83,11 +92,21 @@ const SHORT: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
 async fn kept_alive_connection_carries_the_next_request() {
     let (addr, mut requests) = scripted(vec![vec![SHORT, SHORT]]).await;
     let upstream = Upstream::new(Duration::from_secs(2));
-    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::OK, "hello".into()));
-    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::OK, "hello".into()));
+    assert_eq!(
+        post(&upstream, addr).await.unwrap(),
+        (StatusCode::OK, "hello".into())
+    );
+    assert_eq!(
+        post(&upstream, addr).await.unwrap(),
+        (StatusCode::OK, "hello".into())
+    );
     let first = requests.recv().await.unwrap();
     let second = requests.recv().await.unwrap();
-    assert_eq!(first.split(' ').next(), second.split(' ').next(), "one connection");
+    assert_eq!(
+        first.split(' ').next(),
+        second.split(' ').next(),
+        "one connection"
+    );
     assert!(first.contains("POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:"));
     assert!(first.contains("content-type: application/json\r\ncontent-length: 7\r\n\r\n{\"a\":1}"));
 }
@@ -113,10 +132,14 @@ async fn body_without_length_ends_when_the_engine_closes() {
 
 #[tokio::test]
 async fn interim_answers_are_skipped() {
-    let answer: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
+    let answer: &[u8] =
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok";
     let (addr, _requests) = scripted(vec![vec![answer]]).await;
     let upstream = Upstream::new(Duration::from_secs(2));
-    assert_eq!(post(&upstream, addr).await.unwrap(), (StatusCode::CREATED, "ok".into()));
+    assert_eq!(
+        post(&upstream, addr).await.unwrap(),
+        (StatusCode::CREATED, "ok".into())
+    );
 }
 
 #[tokio::test]
@@ -161,7 +184,13 @@ async fn dropping_the_body_closes_the_connection() {
     });
     let upstream = Upstream::new(Duration::from_secs(2));
     let response = upstream
-        .send(&Method::POST, &addr.to_string(), "/", &HeaderMap::new(), b"{}")
+        .send(
+            &Method::POST,
+            &addr.to_string(),
+            "/",
+            &HeaderMap::new(),
+            b"{}",
+        )
         .await
         .unwrap();
     let mut body = response.into_body();

@@ -94,9 +94,8 @@ pub(crate) fn take_head(
         for header in parsed.headers.iter() {
             let name = HeaderName::from_bytes(header.name.as_bytes())
                 .map_err(|_| UpstreamError::Protocol(format!("header name {:?}", header.name)))?;
-            let value = HeaderValue::from_bytes(header.value).map_err(|_| {
-                UpstreamError::Protocol(format!("value of header {}", header.name))
-            })?;
+            let value = HeaderValue::from_bytes(header.value)
+                .map_err(|_| UpstreamError::Protocol(format!("value of header {}", header.name)))?;
             if name == hyper::header::CONNECTION {
                 let text = value.to_str().unwrap_or_default().to_ascii_lowercase();
                 if text.contains("close") {
@@ -122,19 +121,17 @@ pub(crate) fn take_head(
             }
             headers.append(name, value);
         }
-        let framing = if no_body
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED
-        {
-            Framing::Empty
-        } else {
-            match (chunked, length_header) {
-                (Some(true), _) => Framing::Chunked,
-                (Some(false), _) => Framing::UntilClose,
-                (None, Some(n)) => Framing::Length(n),
-                (None, None) => Framing::UntilClose,
-            }
-        };
+        let framing =
+            if no_body || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+                Framing::Empty
+            } else {
+                match (chunked, length_header) {
+                    (Some(true), _) => Framing::Chunked,
+                    (Some(false), _) => Framing::UntilClose,
+                    (None, Some(n)) => Framing::Length(n),
+                    (None, None) => Framing::UntilClose,
+                }
+            };
         let _ = buffer.split_to(length);
         return Ok(Some(Head {
             status,
