@@ -38,6 +38,15 @@ pub fn options_for(engine: Engine, version: Option<Version>) -> Option<&'static 
     }
 }
 
+/// The option data for an installed release: the newest release not newer
+/// than it (options are added far more often than removed), or `None`.
+pub fn options_up_to(
+    engine: Engine,
+    version: Version,
+) -> Option<(Version, &'static EngineOptions)> {
+    options::newest_up_to(engine.into(), version)
+}
+
 /// Every problem of `engine_args` for the release, with the item it is in.
 /// The agent runs the same check against the release it has installed.
 pub fn check_engine_args(data: &EngineOptions, engine_args: &[String]) -> Vec<ArgProblem> {
