@@ -200,6 +200,7 @@ impl LaunchSpec {
         Profile {
             name: self.profile.clone(),
             engine: self.engine,
+            engine_version: None,
             nodes: self.nodes,
             gpus_per_node: self.gpus_per_node,
             tensor_parallel: self.tensor_parallel,

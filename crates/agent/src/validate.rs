@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use llmgw_catalog::{Engine, options_up_to};
 use llmgw_discovery::Inventory;
 use llmgw_engines::{FabricAssignment, LaunchPlan, NodeContext, PlanError, plan_shard};
 
@@ -66,6 +67,13 @@ pub enum Refusal {
     FabricDown { name: String, problems: String },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error("engine_args of profile `{profile}` are refused by {engine} {version}: {problems}")]
+    EngineArgs {
+        profile: String,
+        engine: Engine,
+        version: String,
+        problems: String,
+    },
     #[error("{role} program {path} does not exist")]
     ProgramMissing { role: &'static str, path: PathBuf },
     #[error("{role} program {path} is not an executable file")]
@@ -95,6 +103,8 @@ pub fn validate(spec: &LaunchSpec, node: &NodeFacts, held: &[Held]) -> Result<La
     check_gpus(spec, node, held)?;
     let fabric = fabric_for(spec, node)?;
     let plan = plan_shard(&spec.assignment(fabric), &node.context)?;
+    // After planning, so that a flag llmgw manages is refused as such.
+    check_engine_args(spec, node)?;
     for process in &plan.processes {
         let role = match process.role {
             llmgw_engines::ProcessRole::Engine => "engine",
@@ -113,6 +123,48 @@ pub fn validate(spec: &LaunchSpec, node: &NodeFacts, held: &[Held]) -> Result<La
         check_port_free(&node.context.mgmt_addr, port)?;
     }
     Ok(plan)
+}
+
+/// The engine's own parser, as the option data of the installed release
+/// has it, must accept the profile's `engine_args`: the same check and
+/// messages as `llmgw config check` and the admin API, but against the
+/// release this node runs.
+fn check_engine_args(spec: &LaunchSpec, node: &NodeFacts) -> Result<(), Refusal> {
+    let engines = &node.context.engines;
+    let installed = match spec.engine {
+        Engine::Vllm => engines.vllm.as_ref().map(|c| c.version),
+        Engine::Sglang => engines.sglang.as_ref().map(|c| c.version),
+    };
+    // No engine section: plan_shard refuses the shard with that reason.
+    let Some(installed) = installed else {
+        return Ok(());
+    };
+    let Some((data_version, data)) = options_up_to(spec.engine, installed.to_options()) else {
+        tracing::info!(
+            shard = %spec.shard_id,
+            "not checking engine_args: llmgw has no option data for {} {installed} or older",
+            spec.engine
+        );
+        return Ok(());
+    };
+    let problems = llmgw_catalog::check_engine_args(data, &spec.engine_args);
+    if problems.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = problems
+        .iter()
+        .map(|p| format!("engine_args[{}]: {}", p.index, p.message))
+        .collect();
+    Err(Refusal::EngineArgs {
+        profile: spec.profile.clone(),
+        engine: spec.engine,
+        version: if data_version == installed.to_options() {
+            installed.to_string()
+        } else {
+            format!("{installed} (option data of {data_version})")
+        },
+        problems: listed.join("; "),
+    })
 }
 
 /// The ports a shard's processes bind on this node.

@@ -302,6 +302,13 @@ async fn profiles_that_cannot_work_are_refused_before_anything_starts() {
     managed_tp.engine_args = vec!["--tp=2".into()];
     cases.push((managed_tp, "sets --tp-size, which llmgw manages"));
 
+    let mut vllm_flag = spec("r-args", Engine::Sglang, &[0], free_port());
+    vllm_flag.engine_args = vec!["--max-model-len".into(), "8192".into()];
+    cases.push((
+        vllm_flag,
+        "engine_args of profile `tp1` are refused by sglang 0.5.10: engine_args[0]: --max-model-len is not an option of sglang 0.5.10; did you mean --context-length (vLLM calls it --max-model-len)?",
+    ));
+
     cases.push((
         spec("r-gpu", Engine::Vllm, &[9], free_port()),
         "GPU 9 is not on this node (it has GPUs 0, 1, 2, 3, 4, 5, 6, 7)",

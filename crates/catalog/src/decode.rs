@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_yaml::{Cx, Decode, Fields, Node, Path, Problems, Value};
 
+use crate::engine_args::{options_for, resolve_engine_version};
 use crate::managed_flags::{MANAGED_ENV, managed_flag};
 use crate::model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};
 
@@ -294,6 +295,7 @@ impl Decode for Profile {
             &[
                 "name",
                 "engine",
+                "engine_version",
                 "nodes",
                 "gpus_per_node",
                 "tensor_parallel",
@@ -311,6 +313,7 @@ impl Decode for Profile {
             f.report(cx, "name", format!("invalid profile name: {why}"));
         }
         let engine: Option<Engine> = f.required(cx, "engine");
+        let engine_version: Option<String> = f.optional(cx, "engine_version");
         let nodes: u32 = f.or(cx, "nodes", 1);
         let gpus_per_node: u32 = f.or(cx, "gpus_per_node", 1);
         let pipeline_parallel: u32 = f.or(cx, "pipeline_parallel", 1);
@@ -363,6 +366,7 @@ impl Decode for Profile {
         if let Some(engine) = engine {
             check_multi_node(&f, cx, engine, nodes, launch_mode);
             check_engine_args(&f, cx, engine, &engine_args);
+            check_engine_options(&f, cx, engine, engine_version.as_deref(), &engine_args);
         }
         check_env(&f, cx, &env);
 
@@ -372,6 +376,7 @@ impl Decode for Profile {
         Some(Profile {
             name: name?,
             engine: engine?,
+            engine_version,
             nodes,
             gpus_per_node,
             tensor_parallel,
@@ -436,6 +441,43 @@ fn check_engine_args(f: &Fields<'_>, cx: &mut Cx, engine: Engine, args: &[String
                 format!("{arg:?} holds a space: give the flag and its value as two list items"),
             );
         }
+    }
+}
+
+/// `engine_version` names a release with option data, and `engine_args`
+/// are options that release accepts.
+fn check_engine_options(
+    f: &Fields<'_>,
+    cx: &mut Cx,
+    engine: Engine,
+    engine_version: Option<&str>,
+    args: &[String],
+) {
+    let version = match engine_version.map(|text| resolve_engine_version(engine, text)) {
+        None => None,
+        Some(Ok(version)) => Some(version),
+        Some(Err(why)) => {
+            f.report(cx, "engine_version", why);
+            return;
+        }
+    };
+    let Some(data) = options_for(engine, version) else {
+        return;
+    };
+    // An item holding a flag and its value is reported above; the engine
+    // would read it as a stray argument, which says less.
+    if args
+        .iter()
+        .any(|a| a.starts_with("--") && a.contains(char::is_whitespace) && !a.contains('='))
+    {
+        return;
+    }
+    for problem in crate::engine_args::check_engine_args(data, args) {
+        cx.report(
+            f.item_pos("engine_args", problem.index),
+            &f.path().field("engine_args").index(problem.index),
+            problem.message,
+        );
     }
 }
 

@@ -8,6 +8,7 @@
 //! the YAML file (JSON on the wire and in the Raft log).
 
 mod decode;
+mod engine_args;
 mod managed_flags;
 mod model;
 
@@ -15,5 +16,8 @@ pub use decode::{
     MAX_GPUS_PER_NODE, MAX_NODES_PER_REPLICA, MAX_REPLICAS, check_endpoint_url, decode_catalog,
     parse_catalog, parse_model,
 };
+pub use engine_args::{check_engine_args, options_for, options_up_to, resolve_engine_version};
+pub use llmgw_engine_options::ArgProblem;
+pub use llmgw_engine_options::Version as EngineRelease;
 pub use managed_flags::{MANAGED_ENV, managed_flag};
 pub use model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};

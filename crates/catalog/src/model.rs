@@ -56,6 +56,15 @@ impl Engine {
     }
 }
 
+impl From<Engine> for llmgw_engine_options::Engine {
+    fn from(engine: Engine) -> Self {
+        match engine {
+            Engine::Vllm => llmgw_engine_options::Engine::Vllm,
+            Engine::Sglang => llmgw_engine_options::Engine::Sglang,
+        }
+    }
+}
+
 impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -85,6 +94,10 @@ impl LaunchMode {
 pub struct Profile {
     pub name: String,
     pub engine: Engine,
+    /// The engine release whose options `engine_args` is checked against
+    /// (one with option data); unset: the engine's default release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
     pub nodes: u32,
     pub gpus_per_node: u32,
     pub tensor_parallel: u32,

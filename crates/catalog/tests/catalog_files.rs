@@ -160,6 +160,21 @@ const BROKEN: &[(&str, &str, &str)] = &[
         "engine_args[0]: \"--max-model-len 8192\" holds a space",
     ),
     (
+        "a vLLM flag in a SGLang profile",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        engine_args: [\"--max-model-len\", \"8192\"]\n",
+        "7:23: models[0].profiles[0].engine_args[0]: --max-model-len is not an option of sglang 0.5.10; did you mean --context-length (vLLM calls it --max-model-len)?",
+    ),
+    (
+        "a value the engine's parser refuses",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        engine_version: \"0.34.0\"\n        engine_args: [--max-model-len, 8k, --dtype, int3]\n",
+        "8:44: models[0].profiles[0].engine_args[2]: vllm 0.34.0 refuses it: argument --dtype: invalid choice: 'int3' (choose from",
+    ),
+    (
+        "an engine version without option data",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        engine_version: 0.4.0\n",
+        "7:25: models[0].profiles[0].engine_version: llmgw has no option data for sglang 0.4.0; known sglang versions: 0.5.10, 0.5.23",
+    ),
+    (
         "managed env",
         "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        env: {CUDA_VISIBLE_DEVICES: \"0\"}\n",
         "7:15: models[0].profiles[0].env.CUDA_VISIBLE_DEVICES: CUDA_VISIBLE_DEVICES is set by llmgw",
@@ -255,6 +270,20 @@ fn every_broken_catalog_names_line_and_field() {
         BROKEN.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn engine_args_are_checked_against_the_named_release() {
+    // SGLang 0.5.23 reads 8k as 8000; the profile's release is kept.
+    let profile = |version: &str| {
+        format!(
+            "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        engine_version: \"{version}\"\n        engine_args: [--context-length, 8k]\n"
+        )
+    };
+    assert!(parse_catalog("models.yaml", &profile("0.5.23")).is_ok());
+    let model = parse_catalog("models.yaml", &profile("0.5.23")).unwrap();
+    let p = &model.models[0].managed().unwrap().profiles[0];
+    assert_eq!(p.engine_version.as_deref(), Some("0.5.23"));
 }
 
 #[test]

@@ -94,6 +94,15 @@ impl EngineVersion {
         }
     }
 
+    pub const fn from_options(v: llmgw_engine_options::Version) -> Self {
+        Self::new(v.major, v.minor, v.patch)
+    }
+
+    /// The same release as the option data names it.
+    pub fn to_options(self) -> llmgw_engine_options::Version {
+        llmgw_engine_options::Version::new(self.major, self.minor, self.patch)
+    }
+
     pub fn parse(text: &str) -> Option<Self> {
         let core = text.split(['+', '-']).next()?;
         let mut parts = core.split('.').map(|p| p.parse::<u32>().ok());
@@ -114,9 +123,12 @@ impl std::fmt::Display for EngineVersion {
     }
 }
 
-/// The vLLM release whose flags the adapter assumes when none is configured.
-pub const DEFAULT_VLLM_VERSION: EngineVersion = EngineVersion::new(0, 11, 1);
-pub const DEFAULT_SGLANG_VERSION: EngineVersion = EngineVersion::new(0, 5, 10);
+/// The vLLM release whose flags the adapter assumes when none is configured;
+/// the catalog checks a profile without `engine_version` against the same one.
+pub const DEFAULT_VLLM_VERSION: EngineVersion =
+    EngineVersion::from_options(llmgw_engine_options::DEFAULT_VLLM_VERSION);
+pub const DEFAULT_SGLANG_VERSION: EngineVersion =
+    EngineVersion::from_options(llmgw_engine_options::DEFAULT_SGLANG_VERSION);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SupervisorConfig {

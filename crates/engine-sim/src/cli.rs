@@ -2,7 +2,7 @@
 //! its command line the way that program does, and runs it.
 
 use crate::config::ServeConfig;
-use crate::flags;
+use crate::engine_cli;
 use crate::knobs::{Knobs, ProcessEnv};
 use crate::logs::Logger;
 use crate::persona::{Engine, Persona};
@@ -131,6 +131,21 @@ fn config_file_args(path: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The command line without `--config FILE` (its options are merged in).
+fn drop_config_option(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "--config" {
+            i += 2;
+            continue;
+        }
+        out.push(args[i].clone());
+        i += 1;
+    }
+    out
+}
+
 fn engine_main(engine: Engine, args: &[String]) -> i32 {
     let persona = match choose_persona(engine, args) {
         Ok(p) => p,
@@ -139,19 +154,16 @@ fn engine_main(engine: Engine, args: &[String]) -> i32 {
             return 2;
         }
     };
-    let parser = match engine {
-        Engine::Vllm => flags::vllm_parser(persona),
-        Engine::Sglang => flags::sglang_parser(persona),
-    };
-    let mut parsed = match parser.parse(args) {
+    let (sim_flags, engine_args) = engine_cli::split_sim_flags(args);
+    let mut parsed = match engine_cli::parse(persona, &engine_args) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("{e}");
+            eprint!("{}", e.stderr());
             return 2;
         }
     };
     if parsed.help {
-        println!("{}", parser.help_text());
+        println!("{}", engine_cli::usage(persona));
         return 0;
     }
     if engine == Engine::Vllm
@@ -161,20 +173,21 @@ fn engine_main(engine: Engine, args: &[String]) -> i32 {
         let mut merged = match config_file_args(&path) {
             Ok(a) => a,
             Err(e) => {
-                eprintln!("{}: error: {e}", parser.prog);
+                eprintln!("{}: error: {e}", engine_cli::prog(persona));
                 return 2;
             }
         };
-        merged.extend(args.iter().cloned());
-        parsed = match parser.parse(&merged) {
+        merged.extend(engine_args.iter().cloned());
+        let without_config = drop_config_option(&merged);
+        parsed = match engine_cli::parse(persona, &without_config) {
             Ok(p) => p,
             Err(e) => {
-                eprintln!("{e}");
+                eprint!("{}", e.stderr());
                 return 2;
             }
         };
     }
-    let knobs = match Knobs::resolve(&parsed, &ProcessEnv) {
+    let knobs = match Knobs::resolve(&sim_flags, &ProcessEnv) {
         Ok(k) => k,
         Err(errors) => {
             for e in errors {
@@ -186,7 +199,11 @@ fn engine_main(engine: Engine, args: &[String]) -> i32 {
     let cfg = match ServeConfig::resolve(persona, &parsed, knobs, &ProcessEnv) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("{}\n{}: error: {e}", parser.usage_text(), parser.prog);
+            eprintln!(
+                "{}\n{}: error: {e}",
+                engine_cli::usage(persona),
+                engine_cli::prog(persona)
+            );
             return 2;
         }
     };

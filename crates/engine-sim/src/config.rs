@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use crate::argparse::Parsed;
 use crate::knobs::{Env, Knobs};
 use crate::persona::{Engine, Persona};
+use llmgw_engine_options::Parsed;
+use llmgw_engine_options::pyrepr::value_repr;
 
 /// Executor backend of a vLLM replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +54,8 @@ pub struct ServeConfig {
     pub knobs: Knobs,
     /// Options given on the command line, as `non-default args` shows them.
     pub given: Vec<(String, String)>,
+    /// Warnings the engine's parser printed (deprecated options), in order.
+    pub parse_warnings: Vec<String>,
 }
 
 /// A setting the engine itself would reject, with its message.
@@ -82,71 +85,67 @@ impl ServeConfig {
         env: &dyn Env,
     ) -> Result<Self, ConfigError> {
         let vllm = persona.engine == Engine::Vllm;
+        // Read by option name: the dest behind it differs between releases.
+        let key = |flag: &str| crate::engine_cli::dest_of(persona, flag);
         let model = if vllm {
-            args.positional
-                .clone()
-                .or_else(|| args.str("model").map(str::to_string))
-                .unwrap_or_else(|| "Qwen/Qwen3-0.6B".into())
+            args.str(&key("--model-tag"))
+                .or_else(|| args.str(&key("--model")))
+                .unwrap_or("Qwen/Qwen3-0.6B")
+                .to_string()
         } else {
-            args.str("model-path").unwrap_or_default().to_string()
+            args.str(&key("--model-path"))
+                .unwrap_or_default()
+                .to_string()
         };
-        let served_names = match args.list("served-model-name") {
-            Some(names) if !names.is_empty() => names.to_vec(),
-            _ => match args.str("served-model-name") {
-                Some(name) => vec![name.to_string()],
-                None => vec![model.clone()],
-            },
+        let served_names = match args.list(&key("--served-model-name")) {
+            Some(names) if !names.is_empty() => names,
+            _ => vec![model.clone()],
         };
         let int = |dest: &str, default: u64| -> Result<u64, ConfigError> {
             match args.int(dest) {
                 None => Ok(default),
                 Some(v) if v >= 0 => Ok(v as u64),
                 Some(v) => Err(ConfigError(format!(
-                    "argument --{dest}: must be non-negative, got {v}"
+                    "argument --{}: must be non-negative, got {v}",
+                    dest.replace('_', "-")
                 ))),
             }
         };
         let (tp, pp, dp) = (
-            int("tensor-parallel-size", 1)?,
-            int("pipeline-parallel-size", 1)?,
-            int("data-parallel-size", 1)?,
+            int(&key("--tensor-parallel-size"), 1)?,
+            int(&key("--pipeline-parallel-size"), 1)?,
+            int(&key("--data-parallel-size"), 1)?,
         );
-        let nnodes = int("nnodes", 1)?;
-        let node_rank = int("node-rank", 0)?;
-        let host_arg = args.str("host").map(str::to_string);
+        let nnodes = int(&key("--nnodes"), 1)?;
+        let node_rank = int(&key("--node-rank"), 0)?;
+        let host_arg = args.str(&key("--host")).map(str::to_string);
         let (host, shown_host) = match (&host_arg, vllm) {
             (Some(h), _) => (h.clone(), h.clone()),
             (None, true) => ("0.0.0.0".to_string(), "0.0.0.0".to_string()),
             (None, false) => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
         };
         let default_port = if vllm { 8000 } else { 30000 };
-        let port = int("port", default_port)?;
+        let port = int(&key("--port"), default_port)?;
         let port =
             u16::try_from(port).map_err(|_| ConfigError(format!("port {port} is out of range")))?;
         let rendezvous = if vllm {
             if nnodes > 1 {
-                let addr = args.str("master-addr").unwrap_or("127.0.0.1");
-                let port = int("master-port", 29501)?;
+                let addr = args.str(&key("--master-addr")).unwrap_or("127.0.0.1");
+                let port = int(&key("--master-port"), 29501)?;
                 Some(format!("{addr}:{port}"))
             } else {
                 None
             }
         } else {
-            args.str("dist-init-addr").map(str::to_string)
+            args.str(&key("--dist-init-addr")).map(str::to_string)
         };
-        let backend = match args.str("distributed-executor-backend") {
+        let backend = match args.str(&key("--distributed-executor-backend")) {
             Some("ray") => Some(Backend::Ray),
             Some("mp") => Some(Backend::Mp),
             Some("uni") => Some(Backend::Uni),
             _ => None,
         };
-        let mut api_keys: Vec<String> = match args.list("api-key") {
-            Some(keys) => keys.to_vec(),
-            None => args
-                .str("api-key")
-                .map(|k| vec![k.to_string()])
-                .unwrap_or_default(),
-        };
+        let mut api_keys: Vec<String> = args.list(&key("--api-key")).unwrap_or_default();
         if api_keys.is_empty()
             && vllm
             && let Some(key) = env.get("VLLM_API_KEY").filter(|k| !k.is_empty())
@@ -154,61 +153,51 @@ impl ServeConfig {
             api_keys.push(key);
         }
         let max_num_seqs = if vllm {
-            int("max-num-seqs", 256)?
+            int(&key("--max-num-seqs"), 256)?
         } else {
-            int("max-running-requests", 1024)?
+            int(&key("--max-running-requests"), 1024)?
         };
-        let max_model_len = if vllm {
-            match args.str("max-model-len") {
-                None => None,
-                Some(text) => Some(parse_human_len(text, persona).ok_or_else(|| {
-                    ConfigError(format!("argument --max-model-len: invalid value '{text}'"))
-                })?),
-            }
-        } else {
-            args.int("context-length").map(|v| v.max(0) as u64)
-        };
+        // The parser has read `32k`, `auto` (-1) and plain numbers already.
+        let max_model_len = args
+            .int(if vllm {
+                "max_model_len"
+            } else {
+                "context_length"
+            })
+            .filter(|n| *n > 0)
+            .map(|n| n as u64);
         let memory_fraction = if vllm {
-            args.float("gpu-memory-utilization")
-                .unwrap_or(if persona.at_least((0, 12, 0)) {
+            args.float(&key("--gpu-memory-utilization")).unwrap_or(
+                if persona.at_least((0, 12, 0)) {
                     0.92
                 } else {
                     0.9
-                })
+                },
+            )
         } else {
-            args.float("mem-fraction-static").unwrap_or(0.88)
+            args.float(&key("--mem-fraction-static")).unwrap_or(0.88)
         };
-        let visible_gpus = match (args.str("device-ids"), env.get("CUDA_VISIBLE_DEVICES")) {
-            (Some(ids), _) => ids.split(',').filter(|s| !s.trim().is_empty()).count() as u64,
+        let visible_gpus = match (
+            args.list(&key("--device-ids")),
+            env.get("CUDA_VISIBLE_DEVICES"),
+        ) {
+            (Some(ids), _) => ids
+                .iter()
+                .flat_map(|i| i.split(','))
+                .filter(|s| !s.trim().is_empty())
+                .count() as u64,
             (None, Some(devices)) => {
                 devices.split(',').filter(|s| !s.trim().is_empty()).count() as u64
             }
             (None, None) => knobs.node_gpus,
         };
-        let shutdown_timeout = Duration::from_secs(int("shutdown-timeout", 0)?);
+        let shutdown_timeout = Duration::from_secs(int(&key("--shutdown-timeout"), 0)?);
         let given = args
             .given
             .iter()
-            .filter(|d| !d.starts_with("sim-"))
-            .map(|d| {
-                let value = match args.values.get(d) {
-                    Some(crate::argparse::Value::Bool(b)) => {
-                        if *b { "True" } else { "False" }.to_string()
-                    }
-                    Some(crate::argparse::Value::Str(s)) if s.parse::<f64>().is_ok() => s.clone(),
-                    Some(crate::argparse::Value::Str(s)) => format!("'{s}'"),
-                    Some(crate::argparse::Value::List(l)) => {
-                        format!(
-                            "[{}]",
-                            l.iter()
-                                .map(|s| format!("'{s}'"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    }
-                    None => String::new(),
-                };
-                (d.replace('-', "_"), value)
+            .map(|dest| {
+                let value = args.values.get(dest).map(value_repr).unwrap_or_default();
+                (dest.clone(), value)
             })
             .collect();
         Ok(Self {
@@ -224,43 +213,29 @@ impl ServeConfig {
             nnodes: nnodes.max(1),
             node_rank,
             rendezvous,
-            headless: args.flag("headless").unwrap_or(false),
+            headless: args.flag(&key("--headless")).unwrap_or(false),
             backend,
             api_keys,
             max_num_seqs: max_num_seqs.max(1),
             max_model_len,
             memory_fraction,
-            enable_metrics: vllm || args.flag("enable-metrics").unwrap_or(false),
-            enable_load_tracking: args.flag("enable-server-load-tracking").unwrap_or(false),
+            enable_metrics: vllm || args.flag(&key("--enable-metrics")).unwrap_or(false),
+            enable_load_tracking: args
+                .flag(&key("--enable-server-load-tracking"))
+                .unwrap_or(false),
             shutdown_timeout,
-            force_include_usage: args.flag("enable-force-include-usage").unwrap_or(false),
-            show_hidden_metrics: args.str("show-hidden-metrics-for-version").is_some(),
-            skip_warmup: args.flag("skip-server-warmup").unwrap_or(false),
-            log_stats: !args.flag("disable-log-stats").unwrap_or(false),
+            force_include_usage: args
+                .flag(&key("--enable-force-include-usage"))
+                .unwrap_or(false),
+            show_hidden_metrics: args
+                .str(&key("--show-hidden-metrics-for-version"))
+                .is_some(),
+            skip_warmup: args.flag(&key("--skip-server-warmup")).unwrap_or(false),
+            log_stats: !args.flag(&key("--disable-log-stats")).unwrap_or(false),
             visible_gpus,
             knobs,
             given,
+            parse_warnings: args.warnings.clone(),
         })
     }
-}
-
-/// vLLM reads `--max-model-len` as an integer, and from 0.12 on also as
-/// `32k`, `1m`, `25.6k` (decimal) or `32K` (binary).
-fn parse_human_len(text: &str, persona: Persona) -> Option<u64> {
-    if let Ok(n) = text.parse::<u64>() {
-        return Some(n);
-    }
-    if !persona.at_least((0, 12, 0)) {
-        return None;
-    }
-    let (number, suffix) = text.split_at(text.len().checked_sub(1)?);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "k" => 1e3,
-        "m" => 1e6,
-        "K" => 1024.0,
-        "M" => 1024.0 * 1024.0,
-        _ => return None,
-    };
-    Some((number * factor) as u64)
 }

@@ -7,8 +7,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::argparse::Parsed;
-
 /// Bad knob values, named by the variable or flag that carried them.
 #[derive(Debug, thiserror::Error)]
 pub enum KnobError {
@@ -207,11 +205,14 @@ impl Env for HashMap<String, String> {
 impl Knobs {
     /// Resolves every knob, flag first, then environment, then default, and
     /// reports every bad value at once.
-    pub fn resolve(args: &Parsed, env: &dyn Env) -> Result<Self, Vec<KnobError>> {
+    /// `flags` holds the `--sim-*` flags of the command line by name
+    /// (`sim-ttft`).
+    pub fn resolve(flags: &HashMap<String, String>, env: &dyn Env) -> Result<Self, Vec<KnobError>> {
         let mut errors = Vec::new();
         let lookup = |flag: &str, var: &str| -> Option<(String, String)> {
-            args.str(flag)
-                .map(|v| (format!("--{flag}"), v.to_string()))
+            flags
+                .get(flag)
+                .map(|v| (format!("--{flag}"), v.clone()))
                 .or_else(|| {
                     env.get(var)
                         .filter(|v| !v.is_empty())
@@ -346,14 +347,14 @@ mod tests {
             ("LLMGW_SIM_ITL".to_string(), "later".to_string()),
         ]
         .into();
-        let errors = Knobs::resolve(&Parsed::default(), &env).unwrap_err();
+        let errors = Knobs::resolve(&HashMap::new(), &env).unwrap_err();
         assert_eq!(errors.len(), 2);
-        let mut args = Parsed::default();
-        args.values
-            .insert("sim-ttft", crate::argparse::Value::Str("1ms".into()));
-        args.values
-            .insert("sim-itl", crate::argparse::Value::Str("2ms".into()));
-        let knobs = Knobs::resolve(&args, &env).unwrap();
+        let flags: HashMap<String, String> = [
+            ("sim-ttft".to_string(), "1ms".to_string()),
+            ("sim-itl".to_string(), "2ms".to_string()),
+        ]
+        .into();
+        let knobs = Knobs::resolve(&flags, &env).unwrap();
         assert_eq!(knobs.ttft, Duration::from_millis(1));
     }
 }

@@ -10,13 +10,12 @@
 //! on request. Everything is steered by `--sim-*` flags or `LLMGW_SIM_*`
 //! variables; see docs/engine-sim.md.
 
-pub mod argparse;
 mod cli;
 mod config;
 mod continuation;
 mod embed;
+pub mod engine_cli;
 pub mod failures;
-pub mod flags;
 mod generate;
 mod http;
 pub mod knobs;

@@ -22,11 +22,11 @@ pub struct Persona {
 /// The newest vLLM release the simulator models.
 pub const VLLM_CURRENT: (u32, u32, u32) = (0, 34, 0);
 /// The newest SGLang release the simulator models.
-pub const SGLANG_CURRENT: (u32, u32, u32) = (0, 5, 10);
+pub const SGLANG_CURRENT: (u32, u32, u32) = (0, 5, 23);
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "LLMGW_SIM_PERSONA: cannot read '{0}'; expected ENGINE or ENGINE=VERSION with ENGINE vllm or sglang, e.g. vllm=0.11.0, vllm=0.34.0, sglang=0.5.10"
+    "LLMGW_SIM_PERSONA: cannot read '{0}'; expected ENGINE or ENGINE=VERSION with ENGINE vllm or sglang, e.g. vllm=0.11.0, vllm=0.34.0, sglang=0.5.10, sglang=0.5.23"
 )]
 pub struct PersonaError(pub String);
 

@@ -63,23 +63,17 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
                 args.join(", ")
             ),
         );
-        if cfg.given.iter().any(|(k, _)| k == "model") && cfg.persona.at_least((0, 12, 0)) {
-            log.api(
-                "WARNING",
-                "argparse_utils.py:206",
-                "With `vllm serve`, you should provide the model as a positional argument or in a config file instead of via the `--model` option. The `--model` option will be removed in a future version.",
-            );
-        }
-        if !cfg.persona.at_least((0, 12, 0))
-            && cfg.given.iter().any(|(k, _)| k == "disable_log_requests")
-        {
-            log.api(
-                "WARNING",
-                "api_server.py:1652",
-                "`--disable-log-requests` is deprecated and has been replaced with `--enable-log-requests`. This will be removed in v0.12.0. Please use `--enable-log-requests` if you would like to turn on request logging.",
-            );
+        // What the release's parser warned about (deprecated options, a
+        // `--model` option), as vLLM's logger prints it.
+        for warning in &cfg.parse_warnings {
+            log.api("WARNING", "argparse_utils.py:206", warning);
         }
     } else {
+        // SGLang warns through logging before any handler exists: Python's
+        // last-resort handler prints the bare message.
+        for warning in &cfg.parse_warnings {
+            log.raw_err(&format!("{warning}\n"));
+        }
         if cfg.persona.at_least((0, 5, 10)) {
             log.raw_err("/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:26: UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n  warnings.warn(\n");
         }

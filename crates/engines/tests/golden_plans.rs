@@ -17,6 +17,7 @@ fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> 
     Profile {
         name: format!("p{nodes}x{gpus_per_node}"),
         engine,
+        engine_version: None,
         nodes,
         gpus_per_node,
         tensor_parallel: tp,
@@ -24,7 +25,11 @@ fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> 
         min_gpu_memory_gb: 0,
         gpu_models: vec![],
         launch_mode: None,
-        engine_args: vec!["--max-model-len".into(), "8192".into()],
+        // Each engine's own name for the context length.
+        engine_args: match engine {
+            Engine::Vllm => vec!["--max-model-len".into(), "8192".into()],
+            Engine::Sglang => vec!["--context-length".into(), "8192".into()],
+        },
         env: BTreeMap::from([("HF_HUB_OFFLINE".to_string(), "1".to_string())]),
     }
 }
@@ -99,7 +104,29 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
+/// The engine's own parser (the option data of the configured release)
+/// accepts every engine command line the adapters write.
+fn check_engine_accepts(name: &str, plan: &LaunchPlan) {
+    use llmgw_engine_options::{Engine as OptionsEngine, Parser, Version, newest_up_to};
+    for p in plan
+        .processes
+        .iter()
+        .filter(|p| p.role == llmgw_engines::ProcessRole::Engine)
+    {
+        let (engine, version, args) = match p.args.first().map(String::as_str) {
+            Some("serve") => (OptionsEngine::Vllm, Version::new(0, 11, 1), &p.args[1..]),
+            Some("-m") => (OptionsEngine::Sglang, Version::new(0, 5, 10), &p.args[2..]),
+            other => panic!("{name}: unexpected engine command {other:?}"),
+        };
+        let (_, data) = newest_up_to(engine, version).expect("option data for the release");
+        if let Err(e) = Parser::new(data).parse(args) {
+            panic!("{name}: {engine} {version} refuses the command line:\n{e}");
+        }
+    }
+}
+
 fn check_golden(name: &str, plan: &LaunchPlan) {
+    check_engine_accepts(name, plan);
     let path = golden_dir().join(format!("{name}.txt"));
     let actual = render(plan);
     if std::env::var_os("LLMGW_UPDATE_GOLDEN").is_some() {

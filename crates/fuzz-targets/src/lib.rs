@@ -125,8 +125,8 @@ pub fn engine_sim_args(data: &[u8]) {
         return;
     };
     let args: Vec<String> = text.split('\0').map(str::to_owned).collect();
-    let _ = llmgw_engine_sim::flags::vllm_parser(Persona::current(Engine::Vllm)).parse(&args);
-    let _ = llmgw_engine_sim::flags::sglang_parser(Persona::current(Engine::Sglang)).parse(&args);
+    let _ = llmgw_engine_sim::engine_cli::parse(Persona::current(Engine::Vllm), &args);
+    let _ = llmgw_engine_sim::engine_cli::parse(Persona::current(Engine::Sglang), &args);
     let _ = llmgw_engine_sim::knobs::parse_duration(text);
 }
 

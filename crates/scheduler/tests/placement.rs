@@ -13,6 +13,7 @@ fn profile(name: &str, nodes: u32, gpus_per_node: u32) -> Profile {
     Profile {
         name: name.into(),
         engine: Engine::Vllm,
+        engine_version: None,
         nodes,
         gpus_per_node,
         tensor_parallel: nodes * gpus_per_node,

@@ -12,7 +12,12 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_llmgw-engine-sim");
 pub const SMALL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
 
 /// Every persona the conformance scenarios run against.
-pub const PERSONAS: &[&str] = &["vllm=0.11.0", "vllm=0.34.0", "sglang=0.5.10"];
+pub const PERSONAS: &[&str] = &[
+    "vllm=0.11.0",
+    "vllm=0.34.0",
+    "sglang=0.5.10",
+    "sglang=0.5.23",
+];
 
 pub fn is_vllm(persona: &str) -> bool {
     persona.starts_with("vllm")

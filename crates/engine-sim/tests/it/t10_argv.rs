@@ -31,10 +31,12 @@ fn unknown_flag_is_an_argparse_error_for_every_persona() {
         assert_eq!(code, Some(2), "{persona}: {stderr}");
         assert!(took < Duration::from_secs(5), "{persona}: took {took:?}");
         let last = stderr.lines().last().unwrap_or_default();
+        // `vllm serve` is a subcommand: the top-level `vllm` parser reports
+        // unrecognized arguments.
         let prog = if is_vllm(persona) {
-            "vllm serve"
+            "vllm"
         } else {
-            "launch_server.py"
+            "sglang serve"
         };
         assert!(stderr.starts_with("usage: "), "{persona}: {stderr}");
         assert!(
@@ -52,7 +54,7 @@ fn bad_choice_names_the_choices() {
     assert_eq!(code, Some(2));
     assert_eq!(
         stderr.trim_end(),
-        "usage: vllm serve [model_tag] [options]\nvllm serve: error: argument --dtype: invalid choice: 'int3' (choose from 'auto', 'half', 'float16', 'bfloat16', 'float', 'float32')"
+        "usage: vllm serve [model_tag] [options]\nvllm serve: error: argument --dtype: invalid choice: 'int3' (choose from 'auto', 'bfloat16', 'float', 'float16', 'float32', 'half')"
     );
 }
 
@@ -69,7 +71,31 @@ fn nnodes_is_unknown_to_vllm_0_11_0_only() {
     );
     assert_eq!(code, Some(2));
     assert!(
-        stderr.ends_with("vllm serve: error: unrecognized arguments: -n 2\n"),
+        stderr.ends_with("\nvllm: error: unrecognized arguments: -n 2\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_current_sglang_persona_refuses_vllm_flags_as_sglang_serve_does() {
+    let (code, stderr, _) = run(
+        &[
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            SMALL,
+            "--max-model-len",
+            "8192",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("usage: sglang serve [-h] --model-path MODEL_PATH\n"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.ends_with("\nsglang serve: error: unrecognized arguments: --max-model-len 8192\n"),
         "{stderr}"
     );
 }
