@@ -48,6 +48,25 @@ async fn nested_and_oversized_bodies_are_refused_and_the_peer_stays_up() {
     let (status, answer) = cluster.put_model(leader, "after").await.unwrap();
     assert_eq!(status, 200, "{answer}");
     assert_eq!(cluster.running().len(), 3, "{}", cluster.log_tails());
+
+    // A profile the engine itself would refuse is refused here, with the
+    // engine's own name for the option.
+    let vllm_flag_for_sglang = r#"
+name: m
+source: Qwen/Qwen2.5-0.5B-Instruct
+profiles:
+  - name: one
+    engine: sglang
+    gpus_per_node: 1
+    engine_args: ["--max-model-len", "8192"]
+"#;
+    let (status, message) = put_model_body(&cluster, leader, vllm_flag_for_sglang.into()).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        message.contains("--max-model-len is not an option of sglang")
+            && message.contains("did you mean --context-length"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
