@@ -85,6 +85,7 @@ impl Router {
             Arc::clone(&shared.registry),
             shared.table.clone(),
         ));
+        tasks.spawn(close_idle_connections(shared.upstream.clone()));
         Ok(RunningRouter { local_addr, tasks })
     }
 }
@@ -123,6 +124,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
         });
+    }
+}
+
+async fn close_idle_connections(upstream: Upstream) {
+    let mut every = tokio::time::interval(Upstream::IDLE_LIMIT);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        upstream.close_idle(Upstream::IDLE_LIMIT);
     }
 }
 

@@ -90,6 +90,13 @@ impl HostPool {
         None
     }
 
+    /// Closes idle connections older than `limit`; true when none is left.
+    fn close_idle(&self, limit: Duration) -> bool {
+        let mut idle = self.idle.lock().expect("pool lock");
+        idle.retain(|(_, since)| since.elapsed() < limit);
+        idle.is_empty()
+    }
+
     pub(crate) fn give_back(&self, stream: TcpStream) {
         let mut idle = self.idle.lock().expect("pool lock");
         if idle.len() < MAX_IDLE_PER_HOST {
@@ -118,6 +125,19 @@ impl Upstream {
         hosts.insert(authority.to_string(), Arc::clone(&pool));
         pool
     }
+
+    /// Closes connections idle for longer than `limit` and forgets hosts
+    /// with nothing left: without it, the connections to an engine that
+    /// left the fleet would stay open until a request went there again,
+    /// which never happens.
+    pub fn close_idle(&self, limit: Duration) {
+        let mut hosts = self.hosts.lock().expect("hosts lock");
+        // A host whose pool a body still holds keeps its entry.
+        hosts.retain(|_, pool| !pool.close_idle(limit) || Arc::strong_count(pool) > 1);
+    }
+
+    /// How long an unused connection is kept.
+    pub const IDLE_LIMIT: Duration = IDLE_LIMIT;
 
     /// Sends one request to `authority` (`host:port`) and returns once the
     /// response head has arrived; the body is read as it is polled.

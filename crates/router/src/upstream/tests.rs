@@ -214,3 +214,34 @@ async fn nothing_listening_is_a_connect_error() {
     assert!(matches!(error, UpstreamError::Connect { .. }), "{error}");
     assert!(error.to_string().contains(&addr.to_string()), "{error}");
 }
+
+#[tokio::test]
+async fn idle_connections_are_closed_by_the_sweep() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let engine = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        read_request(&mut stream).await.unwrap();
+        stream.write_all(SHORT).await.unwrap();
+        // Only the router closing its idle connection ends this read.
+        read_request(&mut stream).await
+    });
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    upstream.close_idle(Duration::from_secs(60));
+    assert_eq!(
+        upstream.hosts.lock().unwrap().len(),
+        1,
+        "a fresh connection stays"
+    );
+    upstream.close_idle(Duration::ZERO);
+    let next = tokio::time::timeout(Duration::from_secs(10), engine)
+        .await
+        .expect("the engine saw the idle connection close")
+        .unwrap();
+    assert_eq!(next, None);
+    assert!(
+        upstream.hosts.lock().unwrap().is_empty(),
+        "the host is forgotten"
+    );
+}
