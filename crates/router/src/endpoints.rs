@@ -26,7 +26,7 @@ pub struct EndpointStats {
 
 impl EndpointStats {
     fn new(url: &str) -> Self {
-        let authority = crate::upstream::split_http_url(url).map(|(a, _)| a.to_string());
+        let authority = crate::upstream::split_http_url(url).map(|(authority, _)| authority);
         EndpointStats {
             url: url.to_string(),
             authority,

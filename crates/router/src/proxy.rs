@@ -175,7 +175,7 @@ async fn attempt_once(
         endpoint,
         &outgoing.path,
         &outgoing.headers,
-        outgoing.body.clone(),
+        &outgoing.body,
     )
     .await
     {
@@ -300,7 +300,7 @@ pub(crate) async fn send_to(
     endpoint: &EndpointStats,
     path: &PathAndQuery,
     headers: &HeaderMap,
-    body: Bytes,
+    body: &[u8],
 ) -> Result<Response<UpstreamBody>, (&'static str, ApiError)> {
     let Some(authority) = endpoint.authority.as_deref() else {
         return Err((
@@ -314,7 +314,7 @@ pub(crate) async fn send_to(
     };
     let sent = shared
         .upstream
-        .send(&Method::POST, authority, path.as_str(), headers, &body)
+        .send(&Method::POST, authority, path.as_str(), headers, body)
         .await;
     let response = match sent {
         Ok(response) => response,

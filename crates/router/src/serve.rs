@@ -21,7 +21,7 @@ use crate::resume::ResumeMemory;
 use crate::service::{Shared, handle};
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
-use crate::upstream::Upstream;
+use crate::upstream::{IDLE_LIMIT, Upstream};
 
 /// A router not yet listening.
 pub struct Router {
@@ -128,11 +128,11 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
 }
 
 async fn close_idle_connections(upstream: Upstream) {
-    let mut every = tokio::time::interval(Upstream::IDLE_LIMIT);
+    let mut every = tokio::time::interval(IDLE_LIMIT);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        upstream.close_idle(Upstream::IDLE_LIMIT);
+        upstream.close_idle(IDLE_LIMIT);
     }
 }
 

@@ -284,7 +284,7 @@ async fn open(
         };
         let endpoint = pool.swap_remove(index);
         let in_flight = endpoint.start_request();
-        match send_to(&shared, &endpoint, &path, &headers, body.clone()).await {
+        match send_to(&shared, &endpoint, &path, &headers, &body).await {
             Ok(response) if response.status().is_success() => {
                 return Ok(Continuation {
                     body: response.into_body(),

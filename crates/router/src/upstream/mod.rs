@@ -37,7 +37,7 @@ pub use body::UpstreamBody;
 /// Engines behind uvicorn (vLLM, SGLang) close a kept-alive connection
 /// after 5 s of silence; one idle for this long is not worth the risk of
 /// meeting that close halfway.
-const IDLE_LIMIT: Duration = Duration::from_secs(4);
+pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 /// Idle connections kept per host; more are closed when they finish.
 const MAX_IDLE_PER_HOST: usize = 1024;
 /// A response head larger than this is refused (engines send a few hundred
@@ -74,7 +74,6 @@ pub struct Upstream {
 
 /// The idle connections to one `host:port`, most recently used last.
 pub(crate) struct HostPool {
-    authority: String,
     idle: Mutex<Vec<(TcpStream, Instant)>>,
 }
 
@@ -119,7 +118,6 @@ impl Upstream {
             return Arc::clone(pool);
         }
         let pool = Arc::new(HostPool {
-            authority: authority.to_string(),
             idle: Mutex::new(Vec::new()),
         });
         hosts.insert(authority.to_string(), Arc::clone(&pool));
@@ -135,9 +133,6 @@ impl Upstream {
         // A host whose pool a body still holds keeps its entry.
         hosts.retain(|_, pool| !pool.close_idle(limit) || Arc::strong_count(pool) > 1);
     }
-
-    /// How long an unused connection is kept.
-    pub const IDLE_LIMIT: Duration = IDLE_LIMIT;
 
     /// Sends one request to `authority` (`host:port`) and returns once the
     /// response head has arrived; the body is read as it is polled.
@@ -196,7 +191,7 @@ impl Upstream {
             split_http_url(url).ok_or_else(|| UpstreamError::Url(url.to_string()))?;
         let fetch = async {
             let response = self
-                .send(&Method::GET, authority, path, &HeaderMap::new(), &[])
+                .send(&Method::GET, &authority, &path, &HeaderMap::new(), &[])
                 .await?;
             let status = response.status().as_u16();
             let body = response.into_body().collect().await?.to_bytes();
@@ -208,15 +203,15 @@ impl Upstream {
     }
 }
 
-/// `http://host:port/path` as (`host:port`, `/path`); None for anything
-/// but plain http.
-pub fn split_http_url(url: &str) -> Option<(&str, &str)> {
-    let rest = url.strip_prefix("http://")?;
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, "/"),
-    };
-    (!authority.is_empty()).then_some((authority, path))
+/// `http://host:port/path?query` as (`host:port`, `/path?query`); None for
+/// anything but plain http.
+pub fn split_http_url(url: &str) -> Option<(String, String)> {
+    let uri: hyper::Uri = url.parse().ok()?;
+    if uri.scheme() != Some(&hyper::http::uri::Scheme::HTTP) {
+        return None;
+    }
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    Some((uri.authority()?.to_string(), path.to_string()))
 }
 
 enum Exchange {
@@ -291,13 +286,5 @@ async fn exchange(
             Ok(None) => {}
             Err(e) => return Err(Exchange::Failed(e)),
         }
-    }
-}
-
-impl std::fmt::Debug for HostPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostPool")
-            .field("authority", &self.authority)
-            .finish_non_exhaustive()
     }
 }

@@ -1,6 +1,8 @@
 //! HTTP/1.1 on the wire: the request written as one buffer, the response
 //! head parsed with `httparse`, and how the body that follows is framed.
 
+use std::io::Write;
+
 use bytes::BytesMut;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, StatusCode};
@@ -56,9 +58,7 @@ pub(crate) fn encode_request(
         out.extend_from_slice(b"\r\n");
     }
     if !body.is_empty() || method == Method::POST || method == Method::PUT {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(body.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
+        let _ = write!(out, "content-length: {}\r\n", body.len());
     }
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(body);
