@@ -159,6 +159,7 @@ impl StreamClient {
         let mut attempt = 0u32;
         let mut avoid: Option<Avoid> = None;
         loop {
+            let via_redirect = redirect.is_some();
             let target = match redirect.take() {
                 Some(leader) => leader,
                 None => {
@@ -190,6 +191,16 @@ impl StreamClient {
                 } => {
                     tracing::warn!(peer = %target, %why, "control-plane stream lost");
                     if was_registered {
+                        attempt = 0;
+                    } else if via_redirect {
+                        // The leader a peer named does not answer: it has
+                        // most likely just died, and the peers name its
+                        // successor within an election. Ask them again soon
+                        // instead of backing off as if all were down.
+                        avoid = Some(Avoid {
+                            addr: target.clone(),
+                            until: Instant::now() + self.leader_timeout(),
+                        });
                         attempt = 0;
                     }
                 }

@@ -105,6 +105,7 @@ pub async fn run_node(spec: NodeSpec, stats: Arc<NodeStats>) {
     let mut redirect: Option<String> = None;
     let mut attempt = 0u32;
     loop {
+        let via_redirect = redirect.is_some();
         let target = redirect.take().unwrap_or_else(|| {
             let peer = spec.servers[next % spec.servers.len()].clone();
             next += 1;
@@ -116,6 +117,9 @@ pub async fn run_node(spec: NodeSpec, stats: Arc<NodeStats>) {
                 continue;
             }
             Ok(_) => attempt = 0,
+            // As the agent does: a leader that a peer named but that does
+            // not answer has just died; the peers soon name the next one.
+            Err(_) if via_redirect => attempt = 0,
             Err(_) => attempt += 1,
         }
         stats.registered.store(false, Ordering::Relaxed);

@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use llmgw_proto::raft::RaftPayload;
-use llmgw_state::{Command, FleetState, Leadership, Outcome};
+use llmgw_state::{Command, FleetState, Leadership, Outcome, StateHash};
 use llmgw_store::{AppliedState, ApplyStats, PeerNode, SyncStats, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
@@ -95,6 +95,9 @@ struct Inner {
     disk: DiskGuard,
     membership_lock: tokio::sync::Mutex<()>,
     counters: Arc<RaftCounters>,
+    /// The state hash and the index it was taken at: hashing ten thousand
+    /// nodes takes tens of milliseconds, and status is asked often.
+    state_hash: std::sync::Mutex<Option<(Option<llmgw_store::LogId>, StateHash)>>,
 }
 
 /// Why the control plane could not start.
@@ -166,6 +169,7 @@ impl ControlPlane {
                 disk,
                 membership_lock: tokio::sync::Mutex::new(()),
                 counters,
+                state_hash: std::sync::Mutex::new(None),
             }),
         };
         crate::disk::spawn_disk_watch(control.clone());
@@ -695,9 +699,17 @@ impl ControlPlane {
     /// This peer's own status.
     pub fn local_status(&self) -> PeerStatus {
         let metrics = self.metrics();
-        let (_, hash) = {
+        let hash = {
             let applied = self.inner.applied.read().expect("state lock poisoned");
-            (applied.last_applied, applied.fleet.hash())
+            let mut cached = self.inner.state_hash.lock().expect("hash lock poisoned");
+            match cached.as_ref() {
+                Some((at, hash)) if *at == applied.last_applied => *hash,
+                _ => {
+                    let hash = applied.fleet.hash();
+                    *cached = Some((applied.last_applied, hash));
+                    hash
+                }
+            }
         };
         let initialized = metrics.last_log_index.is_some()
             || metrics

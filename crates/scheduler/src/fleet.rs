@@ -92,9 +92,14 @@ pub struct Siblings {
 
 impl Siblings {
     pub fn add(&mut self, node: &NodeView) {
-        *self.nodes.entry(node.id.clone()).or_default() += 1;
-        if let Some(rack) = node.rack() {
-            *self.racks.entry(rack.to_string()).or_default() += 1;
+        self.add_on(&node.id, node.rack());
+    }
+
+    /// One more replica on node `id`, in `rack` if it has one.
+    pub fn add_on(&mut self, id: &str, rack: Option<&str>) {
+        *self.nodes.entry(id.to_owned()).or_default() += 1;
+        if let Some(rack) = rack {
+            *self.racks.entry(rack.to_owned()).or_default() += 1;
         }
     }
 }

@@ -7,6 +7,9 @@
 //! the same input gives the same answer, and the leader commits the answer
 //! to Raft rather than re-running it on followers.
 //!
+//! [`Placer`] gives the same answers for many placements in a row, each
+//! seeing the ones before, re-evaluating only what a placement changed.
+//!
 //! Inside a node the best-connected GPU set wins (all-NVLink before PCIe
 //! paths). A multi-node replica lands on one fabric only, never on a node
 //! without one. Replicas of one model spread across nodes and `rack` labels.
@@ -14,6 +17,7 @@
 mod explain;
 mod fleet;
 mod place;
+mod placer;
 
 pub use explain::{Explanation, FabricShortfall, ProfileExplanation, Reason};
 pub use fleet::{
@@ -21,3 +25,4 @@ pub use fleet::{
     Strategy,
 };
 pub use place::{best_gpu_set, place};
+pub use placer::Placer;

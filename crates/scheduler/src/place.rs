@@ -36,10 +36,10 @@ fn place_once(
     Err(Explanation { profiles })
 }
 
-/// A node that can host one shard, with the GPUs it could use.
+/// A node that can host one shard, with how many GPUs it could use.
 struct Candidate<'f> {
     node: &'f NodeView,
-    eligible: Vec<u32>,
+    free: u32,
 }
 
 fn place_profile(
@@ -51,8 +51,9 @@ fn place_profile(
     let mut reasons: BTreeMap<Reason, u32> = BTreeMap::new();
     let mut candidates = Vec::new();
     for node in fleet {
-        match evaluate(node, profile, request, honour_avoid) {
-            Ok(eligible) => candidates.push(Candidate { node, eligible }),
+        let avoided = honour_avoid && request.avoid.contains(&node.id);
+        match evaluate(node, profile, avoided) {
+            Ok(free) => candidates.push(Candidate { node, free }),
             Err(reason) => *reasons.entry(reason).or_default() += 1,
         }
     }
@@ -76,15 +77,7 @@ fn place_profile(
         else {
             return Err(explanation(None));
         };
-        return Ok(Placement {
-            profile: profile.name.clone(),
-            fabric: None,
-            shards: vec![ShardPlacement {
-                node: best.node.id.clone(),
-                rank: 0,
-                gpus: best_gpu_set(best.node, &best.eligible, profile.gpus_per_node as usize),
-            }],
-        });
+        return Ok(placement(profile, None, [best.node]));
     }
 
     candidates.sort_by(|a, b| node_order(a, b, request));
@@ -92,56 +85,86 @@ fn place_profile(
     let mut by_fabric: BTreeMap<&str, Vec<&Candidate<'_>>> = BTreeMap::new();
     for c in &candidates {
         for fabric in &c.node.fabrics {
-            by_fabric.entry(fabric.as_str()).or_default().push(c);
+            let on_fabric = by_fabric.entry(fabric.as_str()).or_default();
+            // A fabric listed twice on one node still counts the node once.
+            if !on_fabric.last().is_some_and(|last| std::ptr::eq(*last, c)) {
+                on_fabric.push(c);
+            }
         }
     }
-    let needed = profile.nodes as usize;
-    let mut fabrics: Vec<(&str, &Vec<&Candidate<'_>>)> = by_fabric
-        .iter()
-        .filter(|(_, nodes)| nodes.len() >= needed)
-        .map(|(f, n)| (*f, n))
-        .collect();
-    // Spread takes the roomiest fabric; binpack the tightest that fits.
-    fabrics.sort_by_key(|(name, nodes)| match request.strategy {
-        Strategy::Spread => (usize::MAX - nodes.len(), *name),
-        Strategy::Binpack => (nodes.len(), *name),
-    });
-    let Some((fabric, nodes)) = fabrics.first() else {
-        let fitting_nodes_by_fabric = by_fabric
-            .iter()
-            .map(|(f, n)| (f.to_string(), n.len() as u32))
-            .collect();
-        return Err(explanation(Some(FabricShortfall {
-            nodes_needed: profile.nodes,
-            gpus_per_node: profile.gpus_per_node,
-            fitting_nodes_by_fabric,
-        })));
+    let sizes = by_fabric.iter().map(|(f, nodes)| (*f, nodes.len()));
+    let Some(fabric) = choose_fabric(sizes, profile, request.strategy) else {
+        let sizes = by_fabric.iter().map(|(f, nodes)| (*f, nodes.len()));
+        return Err(explanation(Some(fabric_shortfall(profile, sizes))));
     };
-    let shards = nodes
-        .iter()
-        .take(needed)
-        .enumerate()
-        .map(|(rank, c)| ShardPlacement {
-            node: c.node.id.clone(),
-            rank: rank as u32,
-            gpus: best_gpu_set(c.node, &c.eligible, profile.gpus_per_node as usize),
-        })
-        .collect();
-    Ok(Placement {
-        profile: profile.name.clone(),
-        fabric: Some(fabric.to_string()),
-        shards,
-    })
+    let nodes = by_fabric[fabric].iter().map(|c| c.node);
+    Ok(placement(
+        profile,
+        Some(fabric),
+        nodes.take(profile.nodes as usize),
+    ))
 }
 
-/// The first reason a node cannot host a shard of `profile`, or the free
-/// GPUs it could use.
-fn evaluate(
-    node: &NodeView,
+/// The fabric a multi-node replica goes to, out of (fabric, nodes that
+/// could host a shard): spread takes the roomiest, binpack the tightest
+/// that fits; ties go to the first name.
+pub(crate) fn choose_fabric<'a>(
+    sizes: impl Iterator<Item = (&'a str, usize)>,
     profile: &Profile,
-    request: &Request<'_>,
-    honour_avoid: bool,
-) -> Result<Vec<u32>, Reason> {
+    strategy: Strategy,
+) -> Option<&'a str> {
+    sizes
+        .filter(|(_, nodes)| *nodes >= profile.nodes as usize)
+        .min_by_key(|(name, nodes)| match strategy {
+            Strategy::Spread => (usize::MAX - nodes, *name),
+            Strategy::Binpack => (*nodes, *name),
+        })
+        .map(|(name, _)| name)
+}
+
+pub(crate) fn fabric_shortfall<'a>(
+    profile: &Profile,
+    sizes: impl Iterator<Item = (&'a str, usize)>,
+) -> FabricShortfall {
+    FabricShortfall {
+        nodes_needed: profile.nodes,
+        gpus_per_node: profile.gpus_per_node,
+        fitting_nodes_by_fabric: sizes.map(|(f, n)| (f.to_owned(), n as u32)).collect(),
+    }
+}
+
+/// The replica on `nodes`, rank 0 first, each with its best-connected GPUs.
+pub(crate) fn placement<'n>(
+    profile: &Profile,
+    fabric: Option<&str>,
+    nodes: impl IntoIterator<Item = &'n NodeView>,
+) -> Placement {
+    let shards = nodes
+        .into_iter()
+        .enumerate()
+        .map(|(rank, node)| ShardPlacement {
+            node: node.id.clone(),
+            rank: rank as u32,
+            gpus: best_gpu_set(
+                node,
+                &eligible_gpus(node, profile),
+                profile.gpus_per_node as usize,
+            ),
+        })
+        .collect();
+    Placement {
+        profile: profile.name.clone(),
+        fabric: fabric.map(str::to_owned),
+        shards,
+    }
+}
+
+/// The first reason a node cannot host a shard of `profile`, or how many
+/// of its GPUs it could use. `avoided`: the request avoids this node.
+///
+/// Runs for every node of the fleet for every profile tried, so it makes
+/// one pass over the GPUs and allocates nothing.
+pub(crate) fn evaluate(node: &NodeView, profile: &Profile, avoided: bool) -> Result<u32, Reason> {
     match node.health {
         NodeHealth::Lost => return Err(Reason::Lost),
         NodeHealth::Unreachable => return Err(Reason::Unreachable),
@@ -156,21 +179,17 @@ fn evaluate(
     if profile.is_multi_node() && node.fabrics.is_empty() {
         return Err(Reason::NoFabric);
     }
-    if honour_avoid && request.avoid.contains(&node.id) {
+    if avoided {
         return Err(Reason::Avoided);
     }
-    // One pass over the GPUs, no allocation until a node is known to fit:
-    // this runs for every node of the fleet for every replica placed.
-    let min_mib = u64::from(profile.min_gpu_memory_gb) * 1000 * 1000 * 1000 / (1024 * 1024);
+    let min_mib = min_gpu_mib(profile);
     let (mut any_allowed, mut any_big, mut free) = (false, false, 0u32);
     for gpu in &node.gpus {
         if !profile.accepts_gpu_model(&gpu.name) {
             continue;
         }
         any_allowed = true;
-        // Vendors quote GPU memory in decimal GB; NVML reports MiB a little
-        // under the label (81559 MiB for an "80GB" H100), so allow 5% slack.
-        if gpu.memory_mib * 100 < min_mib * 95 {
+        if !big_enough(gpu.memory_mib, min_mib) {
             continue;
         }
         any_big = true;
@@ -192,19 +211,33 @@ fn evaluate(
             need: profile.gpus_per_node,
         });
     }
-    let eligible: Vec<u32> = node
-        .gpus
+    Ok(free)
+}
+
+/// The free GPUs of a node that `profile` could use.
+pub(crate) fn eligible_gpus(node: &NodeView, profile: &Profile) -> Vec<u32> {
+    let min_mib = min_gpu_mib(profile);
+    node.gpus
         .iter()
         .filter(|g| g.free && profile.accepts_gpu_model(&g.name))
-        .filter(|g| g.memory_mib * 100 >= min_mib * 95)
+        .filter(|g| big_enough(g.memory_mib, min_mib))
         .map(|g| g.index)
-        .collect();
-    Ok(eligible)
+        .collect()
+}
+
+fn min_gpu_mib(profile: &Profile) -> u64 {
+    u64::from(profile.min_gpu_memory_gb) * 1000 * 1000 * 1000 / (1024 * 1024)
+}
+
+/// Vendors quote GPU memory in decimal GB; NVML reports MiB a little under
+/// the label (81559 MiB for an "80GB" H100), so allow 5% slack.
+fn big_enough(memory_mib: u64, min_mib: u64) -> bool {
+    memory_mib * 100 >= min_mib * 95
 }
 
 /// What makes a node a better home, smaller first: fewer replicas of the
 /// model on it, then in its rack, then room as the strategy wants it.
-fn order_key(c: &Candidate<'_>, request: &Request<'_>) -> (u32, u32, usize) {
+fn order_key(c: &Candidate<'_>, request: &Request<'_>) -> (u32, u32, u32) {
     let on_node = request.siblings.nodes.get(&c.node.id).copied().unwrap_or(0);
     let in_rack = c
         .node
@@ -212,12 +245,16 @@ fn order_key(c: &Candidate<'_>, request: &Request<'_>) -> (u32, u32, usize) {
         .and_then(|r| request.siblings.racks.get(r))
         .copied()
         .unwrap_or(0);
-    let free = c.eligible.len();
-    let room = match request.strategy {
-        Strategy::Spread => usize::MAX - free,
+    (on_node, in_rack, room(c.free, request.strategy))
+}
+
+/// Free GPUs as the strategy ranks them, smaller first: spread prefers
+/// the roomiest node, binpack the fullest.
+pub(crate) fn room(free: u32, strategy: Strategy) -> u32 {
+    match strategy {
+        Strategy::Spread => u32::MAX - free,
         Strategy::Binpack => free,
-    };
-    (on_node, in_rack, room)
+    }
 }
 
 fn node_order(a: &Candidate<'_>, b: &Candidate<'_>, request: &Request<'_>) -> std::cmp::Ordering {

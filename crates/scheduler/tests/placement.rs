@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_catalog::{Engine, Profile};
 use llmgw_scheduler::{
-    GpuView, LinkView, NodeHealth, NodeView, Path, Placement, Request, Siblings,
+    GpuView, LinkView, NodeHealth, NodeView, Path, Placement, Placer, Request, Siblings,
     Strategy as Packing, best_gpu_set, place,
 };
 use proptest::prelude::*;
@@ -296,4 +296,54 @@ proptest! {
         let shuffled = place(&reversed, &request(&profiles));
         prop_assert_eq!(first.ok().map(|p| p.shards), shuffled.ok().map(|p| p.shards));
     }
+
+    /// The incremental placer is exact: after any sequence of placements of
+    /// several models (with and without avoided nodes), it answers what
+    /// `place` answers on the fleet with those placements applied,
+    /// explanations and their counts included.
+    #[test]
+    fn a_placer_answers_exactly_as_place_on_the_updated_fleet(
+        fleet in arb_racked_fleet(),
+        models in prop::collection::vec(arb_profiles(), 1..4),
+        steps in prop::collection::vec((0usize..3, prop::collection::vec(0usize..10, 0..3)), 1..16),
+        binpack in any::<bool>(),
+    ) {
+        let strategy = if binpack { Packing::Binpack } else { Packing::Spread };
+        let names = ["alpha", "beta", "gamma"];
+        let mut now = fleet.clone();
+        let mut siblings: Vec<Siblings> = vec![Siblings::default(); models.len()];
+        let mut placer = Placer::new(fleet);
+        for (model, avoid) in steps {
+            let model = model % models.len();
+            let request = Request {
+                model: names[model],
+                profiles: &models[model],
+                siblings: siblings[model].clone(),
+                avoid: avoid.iter().filter_map(|i| now.get(*i)).map(|n| n.id.clone()).collect(),
+                strategy,
+            };
+            let expected = place(&now, &request);
+            prop_assert_eq!(&placer.place(&request), &expected);
+            if let Ok(placement) = expected {
+                placer.commit(names[model], &placement);
+                occupy(&mut now, &placement);
+                for shard in &placement.shards {
+                    let node = now.iter().find(|n| n.id == shard.node).unwrap();
+                    siblings[model].add(node);
+                }
+            }
+        }
+    }
+}
+
+/// A random fleet whose nodes sit in up to three racks, or none.
+fn arb_racked_fleet() -> impl Strategy<Value = Vec<NodeView>> {
+    (arb_fleet(), prop::collection::vec(0u8..4, 10)).prop_map(|(mut fleet, racks)| {
+        for (node, rack) in fleet.iter_mut().zip(racks) {
+            if rack > 0 {
+                node.labels.insert("rack".into(), format!("r{rack}"));
+            }
+        }
+        fleet
+    })
 }

@@ -74,9 +74,8 @@ pub async fn serve(
         tls.clone(),
     )
     .await?;
-    let grpc_listener = TcpListener::bind(options.grpc_listen)
-        .await
-        .map_err(|source| ServerError::Listen {
+    let grpc_listener =
+        listen(options.grpc_listen, AGENT_BACKLOG).map_err(|source| ServerError::Listen {
             what: "peer gRPC",
             addr: options.grpc_listen,
             source,
@@ -137,9 +136,7 @@ pub async fn serve(
         hub: hub.clone(),
         reports,
         heartbeat_interval: std::time::Duration::ZERO,
-        registrations: Arc::new(tokio::sync::Semaphore::new(
-            crate::agents::CONCURRENT_REGISTRATIONS,
-        )),
+        registrar: crate::agents::Registrar::spawn(control.clone()),
     };
     let router = match options.router_listen {
         Some(addr) => {
@@ -261,4 +258,21 @@ async fn seed(control: &ControlPlane, catalog: Catalog) {
         Ok(_) => tracing::info!(models = ?names, "catalog seeded"),
         Err(error) => tracing::error!(models = ?names, %error, "seeding the catalog failed"),
     }
+}
+
+/// Connections waiting to be accepted on the gRPC port. A fleet of
+/// thousands dials a new leader at once; the usual 1,024 overflows and
+/// costs the rest a SYN retry (a second or more). The kernel caps it at
+/// `net.core.somaxconn`.
+const AGENT_BACKLOG: u32 = 8192;
+
+fn listen(addr: std::net::SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }

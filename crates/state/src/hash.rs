@@ -20,24 +20,42 @@ impl fmt::Display for StateHash {
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
-    })
-}
-
 impl FleetState {
     /// The canonical hash: equal on every peer that applied the same log.
     pub fn hash(&self) -> StateHash {
-        // Serializing plain maps, strings and numbers cannot fail.
-        let bytes = serde_json::to_vec(self).expect("fleet state serializes to JSON");
-        StateHash(fnv1a(&bytes))
+        // Streamed through the hash: the encoding of a large fleet is tens
+        // of megabytes that need not exist all at once. Serializing plain
+        // maps, strings and numbers cannot fail.
+        let mut hasher = Fnv1a(FNV_OFFSET);
+        serde_json::to_writer(&mut hasher, self).expect("fleet state serializes to JSON");
+        StateHash(hasher.0)
+    }
+}
+
+struct Fnv1a(u64);
+
+impl std::io::Write for Fnv1a {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 = bytes.iter().fold(self.0, |hash, byte| {
+            (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
+        });
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        let mut hasher = Fnv1a(FNV_OFFSET);
+        std::io::Write::write_all(&mut hasher, bytes).expect("hashing cannot fail");
+        hasher.0
+    }
 
     #[test]
     fn fnv1a_matches_reference_vectors() {

@@ -49,10 +49,24 @@ impl FleetState {
     }
 
     /// The replica holding `port` on `host`.
+    ///
+    /// Checked for every port of every placement applied, so the port is
+    /// compared before the host is looked up: thousands of replicas are
+    /// scanned with integer compares, not node lookups.
     pub fn port_holder(&self, host: &str, port: u16) -> Option<&str> {
-        self.ports_held()
-            .find(|(h, p, _)| *h == host && *p == port)
-            .map(|(_, _, replica)| replica)
+        self.replicas.values().find_map(|replica| {
+            let engine = replica
+                .shards
+                .iter()
+                .filter(|shard| shard.port == port && shard.state != ShardState::Stopped)
+                .any(|shard| self.host_of(&shard.node) == host);
+            let rendezvous = replica.rendezvous_port == Some(port)
+                && replica
+                    .shards
+                    .first()
+                    .is_some_and(|head| self.host_of(&head.node) == host);
+            (engine || rendezvous).then_some(replica.id.as_str())
+        })
     }
 }
 

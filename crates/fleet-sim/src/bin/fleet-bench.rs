@@ -2,8 +2,10 @@
 //! processes on this machine and thousands of simulated agents. Prints:
 //! time to register the fleet, the leader's CPU and memory at steady state,
 //! the time for the whole fleet to re-home after the leader is SIGKILLed
-//! (and how many nodes were marked unreachable meanwhile), and placement:
-//! replicas committed per second, in-process decision rate included.
+//! (and how many nodes were marked unreachable meanwhile), placement:
+//! replicas committed per second, in-process decision rate included, the
+//! snapshot at this size (bytes, build, install, hash) and a follower
+//! catching up by snapshot, and the whole cluster killed and restarted.
 //!
 //!     cargo build --release -p llmgw-cli -p llmgw-fleet-sim
 //!     target/release/fleet-bench --nodes 5000 --replicas 2000
@@ -28,6 +30,14 @@ struct Args {
     /// Seconds of steady state over which the leader's CPU is measured.
     #[arg(long, default_value_t = 20)]
     steady_s: u64,
+    /// The peers' `raft.snapshot_after_logs`; the catch-up phase writes
+    /// more entries than this (plus the kept ones) while a follower is
+    /// down, so that it catches up by snapshot.
+    #[arg(long, default_value_t = 200)]
+    snapshot_after_logs: u64,
+    /// The peers' `raft.keep_logs_after_snapshot`.
+    #[arg(long, default_value_t = 50)]
+    keep_logs_after_snapshot: u64,
 }
 
 struct Peer {
@@ -73,9 +83,11 @@ async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f64> 
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The leader a live peer names. `/readyz` is asked rather than the cluster
+/// view: it is cheap, and the bench asks many times a second.
 async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Option<u64> {
     for peer in peers.iter().filter(|p| p.child.is_some()) {
-        if let Ok(view) = get(http, &format!("{}/api/v1/cluster", peer.admin)).await
+        if let Ok(view) = get(http, &format!("{}/readyz", peer.admin)).await
             && let Some(id) = view["leader_id"].as_u64()
             && peers.iter().any(|p| p.id == id && p.child.is_some())
         {
@@ -121,14 +133,12 @@ fn usage(pid: u32) -> Option<(f64, f64)> {
 }
 
 async fn unhealthy_nodes(http: &reqwest::Client, admin: &str) -> Option<usize> {
-    let nodes = get(http, &format!("{admin}/api/v1/nodes")).await.ok()?;
-    Some(
-        nodes
-            .as_array()?
-            .iter()
-            .filter(|n| n["status"] != "ready")
-            .count(),
-    )
+    let mut down = 0.0;
+    for status in ["unreachable", "lost"] {
+        let name = format!("llmgw_nodes{{status=\"{status}\"}}");
+        down += metric(http, admin, &name).await.unwrap_or(0.0);
+    }
+    Some(down as usize)
 }
 
 /// The catalog allows 1,000 replicas per model: larger counts are split
@@ -156,7 +166,7 @@ fn bench_model(name: &str, replicas: u32) -> Value {
 
 /// The leader's pure placement round on an in-memory fleet: how fast
 /// decisions are made, before any Raft write.
-fn decide_in_process(nodes: usize, replicas: u32) -> Result<()> {
+fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetState> {
     use llmgw_state::{Command, FleetState, Gpu, NodeInventory};
     let mut fleet = FleetState::default();
     for i in 0..nodes {
@@ -203,33 +213,44 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<()> {
         took * 1000.0,
         f64::from(replicas) / took
     );
-    Ok(())
+    let started = Instant::now();
+    for command in &commands {
+        if let llmgw_state::Outcome::Rejected(why) = fleet.apply(command) {
+            bail!("a placement was refused at apply: {why}");
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    println!(
+        "apply (in process): {replicas} placements in {:.1} ms ({:.0} placements/s)",
+        took * 1000.0,
+        f64::from(replicas) / took
+    );
+    Ok(fleet)
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    decide_in_process(args.nodes, args.replicas)?;
+    let fleet_state = decide_in_process(args.nodes, args.replicas)?;
+    snapshot_in_process(&fleet_state)?;
+    drop(fleet_state);
     let bin = llmgw_bin()?;
     let dir = tempfile::tempdir()?;
     let layouts = llmgw_dev::plan_peers(dir.path(), 3, false)?;
+    let raft = format!(
+        "raft:\n  snapshot_after_logs: {}\n  keep_logs_after_snapshot: {}\n",
+        args.snapshot_after_logs, args.keep_logs_after_snapshot
+    );
     let mut peers = Vec::new();
     for layout in &layouts {
-        std::fs::write(&layout.config, llmgw_dev::server_yaml(layout, &layouts, ""))?;
-        let log = std::fs::File::create(&layout.log)?;
-        let child = Command::new(&bin)
-            .args(["server", "--config"])
-            .arg(&layout.config)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("start llmgw server")?;
+        std::fs::write(
+            &layout.config,
+            llmgw_dev::server_yaml(layout, &layouts, &raft),
+        )?;
         peers.push(Peer {
             id: layout.id,
             admin: layout.admin_url(),
-            child: Some(child),
+            child: Some(start_peer(&bin, layout)?),
         });
     }
     let http = reqwest::Client::builder()
@@ -252,20 +273,7 @@ async fn main() -> Result<()> {
         &servers,
         Duration::from_millis(args.heartbeat_ms),
     );
-    let want = args.nodes as f64;
-    let first = wait_for(
-        "the whole fleet registered",
-        Duration::from_secs(600),
-        || async {
-            // The leader may change under a registration storm: follow it.
-            let now = leader(&http, &peers).await?;
-            let admin = &peers[(now - 1) as usize].admin;
-            let streams = metric(&http, admin, "llmgw_agent_streams").await?;
-            let ready = metric(&http, admin, "llmgw_nodes{status=\"ready\"}").await?;
-            (streams >= want && ready >= want).then_some(now)
-        },
-    )
-    .await?;
+    let first = fleet_back(&http, &peers, args.nodes, "the whole fleet registered").await?;
     let admin = peers[(first - 1) as usize].admin.clone();
     let changes = metric(&http, &admin, "llmgw_raft_leader_changes_total").await;
     println!(
@@ -285,6 +293,7 @@ async fn main() -> Result<()> {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
     let (cpu1, rss) = usage(pid).context("leader /proc")?;
+    let want = args.nodes as f64;
     println!(
         "steady state: leader CPU {:.1}% of one core, RSS {:.0} MiB ({} heartbeats/s)",
         100.0 * (cpu1 - cpu0) / t0.elapsed().as_secs_f64(),
@@ -292,49 +301,12 @@ async fn main() -> Result<()> {
         (want * 1000.0 / args.heartbeat_ms as f64) as u64
     );
 
-    // Placement: desired replicas of one-GPU models.
-    let placed_at = Instant::now();
-    for (name, count) in bench_models(args.replicas) {
-        let response = http
-            .put(format!("{admin}/api/v1/models/{name}"))
-            .json(&bench_model(&name, count))
-            .send()
-            .await?;
-        if !response.status().is_success() {
-            bail!("PUT model {name}: {}", response.text().await?);
-        }
-    }
-    let replicas = f64::from(args.replicas);
-    wait_for(
-        "every replica committed",
-        Duration::from_secs(600),
-        || async {
-            let mut placed = 0.0;
-            for state in ["placed", "starting", "loading", "ready"] {
-                let name = format!("llmgw_replicas{{state=\"{state}\"}}");
-                placed += metric(&http, &admin, &name).await.unwrap_or(0.0);
-            }
-            (placed >= replicas).then_some(())
-        },
-    )
-    .await?;
-    let committed = placed_at.elapsed().as_secs_f64();
-    wait_for("every replica ready", Duration::from_secs(600), || async {
-        let ready = metric(&http, &admin, "llmgw_replicas{state=\"ready\"}").await?;
-        (ready >= replicas).then_some(())
-    })
-    .await?;
-    println!(
-        "placement: {} replicas committed in {:.2} s ({:.0} shard placements/s), all ready after {:.2} s",
-        args.replicas,
-        committed,
-        replicas / committed,
-        placed_at.elapsed().as_secs_f64()
-    );
+    measure_placement(&http, &admin, args.replicas).await?;
 
     // Failover: SIGKILL the leader with the whole fleet connected.
     let killed_at = Instant::now();
-    if let Some(mut child) = peers[(first - 1) as usize].child.take() {
+    let killed = first;
+    if let Some(mut child) = peers[(killed - 1) as usize].child.take() {
         child.kill()?;
         child.wait()?;
     }
@@ -350,18 +322,72 @@ async fn main() -> Result<()> {
     })
     .await?;
     let rehomed = killed_at.elapsed().as_secs_f64();
-    // Watch through the grace period and a TTL: nobody may go unreachable.
-    let mut worst = 0;
-    let watch_until = Instant::now() + Duration::from_secs(35);
-    while Instant::now() < watch_until {
-        if let Some(down) = unhealthy_nodes(&http, &admin).await {
-            worst = worst.max(down);
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let worst = watch_unhealthy(&http, &admin, Duration::from_secs(35)).await;
     println!(
         "failover: new leader {next} after {elected:.2} s, all {} streams re-homed after {rehomed:.2} s, \
          nodes marked not ready during the next 35 s: {worst}",
+        args.nodes
+    );
+
+    // The killed peer missed more entries than the leader keeps after a
+    // snapshot: it comes back by snapshot.
+    let writes = args.snapshot_after_logs + args.keep_logs_after_snapshot + 50;
+    write_entries(&http, &admin, writes).await?;
+    let layout = &layouts[(killed - 1) as usize];
+    let restarted = Instant::now();
+    peers[(killed - 1) as usize].child = Some(start_peer(&bin, layout)?);
+    let target = metric(&http, &admin, "llmgw_raft_commit_index")
+        .await
+        .context("leader commit index")?;
+    let back = peers[(killed - 1) as usize].admin.clone();
+    wait_for(
+        "the restarted peer caught up",
+        Duration::from_secs(300),
+        || async {
+            let applied = metric(&http, &back, "llmgw_raft_apply_index").await?;
+            (applied >= target).then_some(())
+        },
+    )
+    .await?;
+    let installed = metric(&http, &back, "llmgw_raft_snapshots_installed_total")
+        .await
+        .unwrap_or(0.0);
+    println!(
+        "catch-up: peer {killed} restarted after {writes} entries it missed, applied up to the \
+         leader's commit index {target} in {:.2} s, snapshots installed: {installed}",
+        restarted.elapsed().as_secs_f64()
+    );
+
+    // Every peer SIGKILLed at once, then all restarted.
+    for peer in &mut peers {
+        if let Some(mut child) = peer.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+    }
+    let down_at = Instant::now();
+    for (peer, layout) in peers.iter_mut().zip(&layouts) {
+        peer.child = Some(start_peer(&bin, layout)?);
+    }
+    let leader_now = fleet_back(
+        &http,
+        &peers,
+        args.nodes,
+        "the fleet back after a whole-cluster restart",
+    )
+    .await?;
+    let back_after = down_at.elapsed().as_secs_f64();
+    let admin = peers[(leader_now - 1) as usize].admin.clone();
+    let term = metric(&http, &admin, "llmgw_raft_term")
+        .await
+        .unwrap_or(0.0);
+    let lost = metric(&http, &admin, "llmgw_nodes{status=\"lost\"}")
+        .await
+        .unwrap_or(0.0);
+    let worst = watch_unhealthy(&http, &admin, Duration::from_secs(20)).await;
+    println!(
+        "whole-cluster restart: all {} nodes ready with open streams {back_after:.2} s after all three \
+         peers were killed (leader {leader_now}, term {term}), lost: {lost}, not ready during the next 20 s: {worst}",
         args.nodes
     );
     let stats = fleet.stats();
@@ -370,5 +396,143 @@ async fn main() -> Result<()> {
         stats.registered, stats.reconnects, stats.commands, stats.refused
     );
     fleet.stop();
+    Ok(())
+}
+
+fn start_peer(bin: &std::path::Path, layout: &llmgw_dev::PeerLayout) -> Result<Child> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&layout.log)?;
+    Command::new(bin)
+        .args(["server", "--config"])
+        .arg(&layout.config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("start llmgw server")
+}
+
+/// Waits until the leader holds a stream of every node and sees all of
+/// them ready; answers the leader's id.
+async fn fleet_back(
+    http: &reqwest::Client,
+    peers: &[Peer],
+    nodes: usize,
+    what: &str,
+) -> Result<u64> {
+    let want = nodes as f64;
+    wait_for(what, Duration::from_secs(600), || async {
+        // The leader may change under a registration storm: follow it.
+        let now = leader(http, peers).await?;
+        let admin = &peers[(now - 1) as usize].admin;
+        let streams = metric(http, admin, "llmgw_agent_streams").await?;
+        let ready = metric(http, admin, "llmgw_nodes{status=\"ready\"}").await?;
+        (streams >= want && ready >= want).then_some(now)
+    })
+    .await
+}
+
+/// The most nodes seen not ready at once over `period`.
+async fn watch_unhealthy(http: &reqwest::Client, admin: &str, period: Duration) -> usize {
+    let mut worst = 0;
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        if let Some(down) = unhealthy_nodes(http, admin).await {
+            worst = worst.max(down);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    worst
+}
+
+/// Desired replicas of one-GPU models, committed and then ready.
+async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -> Result<()> {
+    let placed_at = Instant::now();
+    for (name, count) in bench_models(replicas) {
+        let response = http
+            .put(format!("{admin}/api/v1/models/{name}"))
+            .json(&bench_model(&name, count))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("PUT model {name}: {}", response.text().await?);
+        }
+    }
+    let wanted = f64::from(replicas);
+    wait_for(
+        "every replica committed",
+        Duration::from_secs(600),
+        || async {
+            let mut placed = 0.0;
+            for state in ["placed", "starting", "loading", "ready"] {
+                let name = format!("llmgw_replicas{{state=\"{state}\"}}");
+                placed += metric(http, admin, &name).await.unwrap_or(0.0);
+            }
+            (placed >= wanted).then_some(())
+        },
+    )
+    .await?;
+    let committed = placed_at.elapsed().as_secs_f64();
+    wait_for("every replica ready", Duration::from_secs(600), || async {
+        let ready = metric(http, admin, "llmgw_replicas{state=\"ready\"}").await?;
+        (ready >= wanted).then_some(())
+    })
+    .await?;
+    println!(
+        "placement: {replicas} replicas committed in {committed:.2} s ({:.0} shard placements/s), all ready after {:.2} s",
+        wanted / committed,
+        placed_at.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `count` Raft entries through the admin API: a node cordoned and
+/// uncordoned in turn (nothing runs on cordon alone).
+async fn write_entries(http: &reqwest::Client, admin: &str, count: u64) -> Result<()> {
+    for i in 0..count {
+        let verb = if i % 2 == 0 { "cordon" } else { "uncordon" };
+        let response = http
+            .post(format!("{admin}/api/v1/nodes/sim-00000/{verb}"))
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("{verb} sim-00000: {}", response.text().await?);
+        }
+    }
+    if count % 2 == 1 {
+        http.post(format!("{admin}/api/v1/nodes/sim-00000/uncordon"))
+            .send()
+            .await?;
+    }
+    Ok(())
+}
+
+/// The snapshot at this fleet's size, as a peer builds (encodes), installs
+/// (decodes) and hashes it.
+fn snapshot_in_process(fleet: &llmgw_state::FleetState) -> Result<()> {
+    let started = Instant::now();
+    let bytes = serde_json::to_vec(fleet)?;
+    let encoded = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let decoded: llmgw_state::FleetState = serde_json::from_slice(&bytes)?;
+    let decode = started.elapsed().as_secs_f64();
+    if decoded != *fleet {
+        bail!("the snapshot did not decode to the state it was built from");
+    }
+    let started = Instant::now();
+    let hash = fleet.hash();
+    let hashed = started.elapsed().as_secs_f64();
+    println!(
+        "snapshot (in process): {} nodes, {} replicas: {:.1} MiB, encode {:.0} ms, decode {:.0} ms, hash {:.0} ms ({hash})",
+        fleet.nodes.len(),
+        fleet.replicas.len(),
+        bytes.len() as f64 / (1024.0 * 1024.0),
+        encoded * 1000.0,
+        decode * 1000.0,
+        hashed * 1000.0
+    );
     Ok(())
 }

@@ -75,6 +75,10 @@ pub fn trust_restarts(
     }
 }
 
+/// How long this peer may lack a leader's lease, with no other leader
+/// known, before it gives up the agent streams.
+const LAPSE_BEFORE_CLOSING: Duration = Duration::from_secs(2);
+
 /// Runs until `stop` turns true.
 pub async fn run_liveness(
     control: ControlPlane,
@@ -88,6 +92,7 @@ pub async fn run_liveness(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut trusted: Option<Trust> = None;
+    let mut lapsed: Option<Instant> = None;
     let mut last_tick = Instant::now();
     loop {
         tokio::select! {
@@ -98,7 +103,13 @@ pub async fn run_liveness(
         let gap = now.duration_since(last_tick);
         last_tick = now;
         let Some(term) = control.leading_term() else {
-            if let Some(t) = trusted.take() {
+            let since = *lapsed.get_or_insert(now);
+            let another_leads = control.leader().is_some_and(|(id, _)| id != control.id());
+            // A lease that lapses for a moment (a busy machine) keeps the
+            // streams: closing ten thousand of them would bring them all
+            // back at once. Another leader, or a long lapse, closes them.
+            let held_on = !another_leads && now.duration_since(since) < LAPSE_BEFORE_CLOSING;
+            if !held_on && let Some(t) = trusted.take() {
                 let closed = hub.close_all();
                 let why = control
                     .inactive_leader_reason()
@@ -111,6 +122,7 @@ pub async fn run_liveness(
             }
             continue;
         };
+        lapsed = None;
         if let Some(why) = trust_restarts(trusted, term, gap, max_gap) {
             tracing::info!(
                 term,

@@ -6,6 +6,7 @@
 mod hub;
 mod liveness;
 mod rate;
+mod registrar;
 mod reports;
 mod service;
 
@@ -13,5 +14,6 @@ pub use hub::{Desired, Hub, LinkView, Order, Refusal};
 pub use liveness::{LivenessSettings, next_status, run_liveness};
 pub use llmgw_agent_wire::{NodeFacts, check_node_id, failure, node_facts, shard_state};
 pub use rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND};
+pub use registrar::Registrar;
 pub use reports::write_reports;
-pub use service::{AgentStreams, CONCURRENT_REGISTRATIONS, Report};
+pub use service::{AgentStreams, Report};

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::hub::{Hub, Refusal};
 use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
+use super::registrar::Registrar;
 use crate::reconcile::specs::{desired_for_node, managed_models};
 use llmgw_agent_wire::node_facts;
 
@@ -44,14 +45,9 @@ pub struct AgentStreams {
     pub reports: mpsc::UnboundedSender<Report>,
     /// Sent to agents in `Registered`; zero keeps each agent's own.
     pub heartbeat_interval: Duration,
-    /// Registration writes in flight at once. A whole fleet reconnecting
-    /// must not turn into one huge append that delays Raft heartbeats
-    /// past an election timeout; the rest wait their turn.
-    pub registrations: Arc<tokio::sync::Semaphore>,
+    /// Commits registrations in groups.
+    pub registrar: Registrar,
 }
-
-/// Concurrent registration writes on a leader.
-pub const CONCURRENT_REGISTRATIONS: usize = 32;
 
 impl AgentStreams {
     pub fn into_service(self) -> AgentServiceServer<Self> {
@@ -149,13 +145,8 @@ impl AgentService for AgentStreams {
             .control
             .read(|fleet| facts.differs_from(fleet.nodes.get(&node)));
         if needs_write {
-            let _turn = self
-                .registrations
-                .acquire()
-                .await
-                .map_err(|_| Status::unavailable("the peer is shutting down"))?;
             let command = facts.into_command(now_ms());
-            if let Err(error) = self.control.propose_as_leader(term, vec![command]).await {
+            if let Err(error) = self.registrar.register(term, command).await {
                 tracing::warn!(node, %error, "cannot register the node now");
                 return Err(Status::unavailable(format!(
                     "registration of node {node} was not committed: {error}"

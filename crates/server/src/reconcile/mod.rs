@@ -19,6 +19,9 @@ pub use plan::{Memory, PlanSettings, decide};
 use crate::agents::Hub;
 
 const ROUND: Duration = Duration::from_millis(250);
+/// A round whose input did not change still runs this often: retries and
+/// drain deadlines fall due with time, not with the log.
+const IDLE_ROUND: Duration = Duration::from_secs(1);
 
 /// Runs rounds while this peer leads, until `stop` turns true.
 pub async fn run_reconciler(
@@ -29,6 +32,9 @@ pub async fn run_reconciler(
 ) {
     let mut memory = Memory::default();
     let mut led_term = None;
+    // The applied index the last round decided from, and when it ran: on a
+    // large fleet a round is tens of milliseconds, and most find nothing.
+    let mut last_round: Option<(Option<llmgw_store::LogId>, tokio::time::Instant)> = None;
     let mut tick = tokio::time::interval(ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -45,7 +51,16 @@ pub async fn run_reconciler(
             // everything that matters.
             memory = Memory::default();
             led_term = Some(term);
+            last_round = None;
         }
+        let applied = control.metrics().last_applied;
+        if last_round
+            .as_ref()
+            .is_some_and(|(at, ran)| *at == applied && ran.elapsed() < IDLE_ROUND)
+        {
+            continue;
+        }
+        last_round = Some((applied, tokio::time::Instant::now()));
         let commands = control.read(|fleet| decide(fleet, &mut memory, &settings, now_ms()));
         let _ =
             crate::propose::propose_all(&control, crate::propose::Author::Leader(term), commands)

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
 
 use llmgw_catalog::Model;
-use llmgw_scheduler::{NodeView, Placement, Request, Siblings, Strategy};
+use llmgw_scheduler::{Placement, Placer, Request, Siblings, Strategy};
 use llmgw_state::{
     Command, FleetState, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure,
     ShardState,
@@ -106,6 +106,19 @@ fn first_failure(replica: &Replica) -> Option<(&Shard, &ShardFailure)> {
         .find_map(|s| s.last_failure.as_ref().map(|f| (s, f)))
 }
 
+/// Where the serving replicas of `model` are.
+fn serving_siblings(fleet: &FleetState, model: &str) -> Siblings {
+    let mut siblings = Siblings::default();
+    for replica in serving(fleet, model) {
+        for shard in &replica.shards {
+            if let Some(node) = fleet.nodes.get(&shard.node) {
+                siblings.add_on(&node.id, node.labels.get("rack").map(String::as_str));
+            }
+        }
+    }
+    siblings
+}
+
 /// Ports in use per host: engine ports and rendezvous ports.
 fn used_ports(fleet: &FleetState) -> HashMap<String, BTreeSet<u16>> {
     let mut used: HashMap<String, BTreeSet<u16>> = HashMap::new();
@@ -120,12 +133,10 @@ struct Round<'a> {
     memory: &'a mut Memory,
     settings: &'a PlanSettings,
     now_ms: u64,
-    views: Vec<NodeView>,
-    /// Node id -> index in `views`.
-    view_index: HashMap<String, usize>,
-    /// Per model, where its serving replicas are, kept up to date as this
-    /// round places more.
-    siblings: HashMap<String, Siblings>,
+    /// The fleet as the scheduler sees it, updated as this round places:
+    /// later placements see earlier ones' GPUs taken and their siblings.
+    /// Built on the first placement: most rounds place nothing.
+    placer: Option<Placer>,
     ports: HashMap<String, BTreeSet<u16>>,
     commands: Vec<Command>,
 }
@@ -138,20 +149,12 @@ pub fn decide(
     now_ms: u64,
 ) -> Vec<Command> {
     let models = managed_models(fleet);
-    let views = node_views(fleet);
-    let view_index = views
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (v.id.clone(), i))
-        .collect();
     let mut round = Round {
         fleet,
         memory,
         settings,
         now_ms,
-        views,
-        view_index,
-        siblings: HashMap::new(),
+        placer: None,
         ports: used_ports(fleet),
         commands: Vec::new(),
     };
@@ -402,9 +405,15 @@ impl Round<'_> {
         let Some(managed) = model.managed() else {
             return false;
         };
-        // Lent to the request and given back, not cloned: a model with a
-        // thousand replicas would copy its sibling maps for every placement.
-        let siblings = std::mem::take(self.siblings_of(&model.name));
+        let fleet = self.fleet;
+        let placer = self
+            .placer
+            .get_or_insert_with(|| Placer::new(node_views(fleet)));
+        let siblings = if placer.tracks(&model.name) {
+            Siblings::default()
+        } else {
+            serving_siblings(fleet, &model.name)
+        };
         let avoid = self
             .memory
             .failures
@@ -421,9 +430,7 @@ impl Round<'_> {
             avoid,
             strategy: self.settings.strategy,
         };
-        let placed = llmgw_scheduler::place(&self.views, &request);
-        *self.siblings_of(&model.name) = request.siblings;
-        match placed {
+        match placer.place(&request) {
             Ok(placement) => match self.commit_placement(model, placement, replaces) {
                 Some(command) => {
                     self.memory.unplaced.remove(&model.name);
@@ -441,25 +448,6 @@ impl Round<'_> {
                 false
             }
         }
-    }
-
-    fn view(&self, node: &str) -> Option<&NodeView> {
-        self.view_index.get(node).map(|i| &self.views[*i])
-    }
-
-    fn siblings_of(&mut self, model: &str) -> &mut Siblings {
-        if !self.siblings.contains_key(model) {
-            let mut siblings = Siblings::default();
-            for replica in serving(self.fleet, model) {
-                for shard in &replica.shards {
-                    if let Some(view) = self.view(&shard.node) {
-                        siblings.add(view);
-                    }
-                }
-            }
-            self.siblings.insert(model.to_owned(), siblings);
-        }
-        self.siblings.get_mut(model).expect("inserted above")
     }
 
     fn host(&self, node: &str) -> String {
@@ -523,18 +511,8 @@ impl Round<'_> {
         };
         // Later placements of this round see these GPUs as taken, and this
         // replica as a sibling.
-        for shard in &shards {
-            if let Some(i) = self.view_index.get(&shard.node).copied() {
-                for gpu in self.views[i]
-                    .gpus
-                    .iter_mut()
-                    .filter(|g| shard.gpus.contains(&g.index))
-                {
-                    gpu.free = false;
-                }
-                let view = self.views[i].clone();
-                self.siblings_of(&model.name).add(&view);
-            }
+        if let Some(placer) = &mut self.placer {
+            placer.commit(&model.name, &placement);
         }
         self.memory.placed = self.memory.placed.wrapping_add(1);
         let id = replica_id(&model.name, self.now_ms, self.memory.placed);
