@@ -113,6 +113,12 @@ pub fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
     cap.mul_f64(pick).max(floor)
 }
 
+/// The pause before asking the next peer: up to a tenth of the base,
+/// jittered so that a fleet does not move in step.
+pub fn next_peer_pause(base: Duration) -> Duration {
+    (base / 10).mul_f64(rand::rng().random_range(0.0..=1.0))
+}
+
 impl StreamClient {
     pub fn new(
         config: AgentConfig,
@@ -158,6 +164,8 @@ impl StreamClient {
         let mut redirects = 0u32;
         let mut attempt = 0u32;
         let mut avoid: Option<Avoid> = None;
+        // Peers that failed or knew no leader since the last backoff.
+        let mut failed_peers = 0usize;
         loop {
             let via_redirect = redirect.is_some();
             let target = match redirect.take() {
@@ -172,6 +180,8 @@ impl StreamClient {
                     peer
                 }
             };
+            let mut escalate = true;
+            let mut ask_next = !via_redirect;
             match self.session(&target).await {
                 SessionEnd::Redirect { leader, reason } if !leader.is_empty() => {
                     tracing::info!(peer = %target, %leader, %reason, "redirected to the leader");
@@ -191,17 +201,21 @@ impl StreamClient {
                 } => {
                     tracing::warn!(peer = %target, %why, "control-plane stream lost");
                     if was_registered {
+                        // A stream that worked: back off a little before
+                        // dialing again, as the whole fleet does now.
                         attempt = 0;
+                        failed_peers = 0;
+                        ask_next = false;
                     } else if via_redirect {
                         // The leader a peer named does not answer: it has
                         // most likely just died, and the peers name its
-                        // successor within an election. Ask them again soon
-                        // instead of backing off as if all were down.
+                        // successor within an election. Not another failed
+                        // try: ask them again without a longer backoff.
                         avoid = Some(Avoid {
                             addr: target.clone(),
                             until: Instant::now() + self.leader_timeout(),
                         });
-                        attempt = 0;
+                        escalate = false;
                     }
                 }
                 SessionEnd::Silent { why } => {
@@ -218,12 +232,25 @@ impl StreamClient {
                 }
             }
             redirects = 0;
+            if ask_next {
+                failed_peers += 1;
+                if failed_peers < peers.len() {
+                    // One peer down, or one that knows no leader yet, is no
+                    // reason to wait: the next is asked after a moment. The
+                    // backoff grows once every peer has been asked.
+                    tokio::time::sleep(next_peer_pause(self.config.reconnect_base)).await;
+                    continue;
+                }
+            }
+            failed_peers = 0;
             let wait = backoff(
                 self.config.reconnect_base,
                 self.config.reconnect_max,
                 attempt,
             );
-            attempt = attempt.saturating_add(1);
+            if escalate {
+                attempt = attempt.saturating_add(1);
+            }
             tokio::time::sleep(wait).await;
         }
     }

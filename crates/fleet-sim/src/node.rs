@@ -93,9 +93,14 @@ fn mgmt_addr(id: &str) -> String {
     format!("10.{}.{}.{}", 100 + n / 65_536, (n / 256) % 256, n % 256)
 }
 
+/// The agent's reconnect law with its defaults: full jitter over
+/// `min(30 s, 1 s * 2^attempt)`, at least a tenth of the base.
 fn backoff(attempt: u32) -> Duration {
-    let cap = Duration::from_millis(200 * (1u64 << attempt.min(5))).min(Duration::from_secs(5));
-    cap.mul_f64(rand::rng().random_range(0.1..=1.0))
+    const BASE: Duration = Duration::from_secs(1);
+    const MAX: Duration = Duration::from_secs(30);
+    let cap = BASE.saturating_mul(1u32 << attempt.min(20)).min(MAX);
+    cap.mul_f64(rand::rng().random_range(0.0..=1.0))
+        .max(BASE / 10)
 }
 
 /// Runs the node forever.
@@ -104,6 +109,7 @@ pub async fn run_node(spec: NodeSpec, stats: Arc<NodeStats>) {
     let mut next = 0usize;
     let mut redirect: Option<String> = None;
     let mut attempt = 0u32;
+    let mut failed_peers = 0usize;
     loop {
         let via_redirect = redirect.is_some();
         let target = redirect.take().unwrap_or_else(|| {
@@ -111,20 +117,42 @@ pub async fn run_node(spec: NodeSpec, stats: Arc<NodeStats>) {
             next += 1;
             peer
         });
-        match session(&spec, &target, &stats, &mut highest_term).await {
+        let ended = session(&spec, &target, &stats, &mut highest_term).await;
+        let was_registered = stats.registered.swap(false, Ordering::Relaxed);
+        // As the agent does: only a stream that was registered starts the
+        // backoff over; "no leader" answers and refused dials make it grow,
+        // so a fleet cannot hold a busy control plane down by retrying.
+        let escalate = match ended {
             Ok(Some(leader)) if !leader.is_empty() => {
                 redirect = Some(leader);
                 continue;
             }
-            Ok(_) => attempt = 0,
-            // As the agent does: a leader that a peer named but that does
-            // not answer has just died; the peers soon name the next one.
-            Err(_) if via_redirect => attempt = 0,
-            Err(_) => attempt += 1,
-        }
-        stats.registered.store(false, Ordering::Relaxed);
+            _ if was_registered => {
+                attempt = 0;
+                true
+            }
+            // A leader a peer named that does not answer has most likely
+            // just died; the peers name the next one within an election.
+            Err(_) if via_redirect => false,
+            _ => true,
+        };
         stats.reconnects.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(backoff(attempt)).await;
+        if escalate && !was_registered {
+            // As the agent does: the next peer is asked after a moment; the
+            // backoff grows once every peer has been asked.
+            failed_peers += 1;
+            if failed_peers < spec.servers.len() {
+                let pause = Duration::from_millis(100).mul_f64(rand::rng().random_range(0.0..=1.0));
+                tokio::time::sleep(pause).await;
+                continue;
+            }
+        }
+        failed_peers = 0;
+        let wait = backoff(attempt);
+        if escalate {
+            attempt = attempt.saturating_add(1);
+        }
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -36,7 +36,8 @@ const DOWN_HOLD: Duration = Duration::from_millis(200);
 #[derive(Clone)]
 pub(crate) struct Peers {
     self_id: u64,
-    connect_timeout: Duration,
+    /// Deadline of a connect, and the least deadline of an AppendEntries.
+    rpc_timeout: Duration,
     /// mTLS material for dialing; `None` on a plaintext (`insecure`) peer.
     tls: Option<Tls>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
@@ -44,10 +45,10 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
-    pub(crate) fn new(self_id: u64, connect_timeout: Duration, tls: Option<Tls>) -> Self {
+    pub(crate) fn new(self_id: u64, rpc_timeout: Duration, tls: Option<Tls>) -> Self {
         Self {
             self_id,
-            connect_timeout,
+            rpc_timeout,
             tls,
             channels: Arc::default(),
             down_since: Arc::default(),
@@ -66,7 +67,7 @@ impl Peers {
         // times out) within a few seconds, so the next RPC dials afresh
         // instead of waiting out the backoff for tens of seconds.
         let endpoint = llmgw_tls::endpoint(addr)?
-            .connect_timeout(self.connect_timeout)
+            .connect_timeout(self.rpc_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(PEER_KEEPALIVE)
             .keep_alive_timeout(PEER_KEEPALIVE)
@@ -245,7 +246,16 @@ impl PeerClient {
         message: &Req,
         option: &RPCOption,
     ) -> Result<Resp, RPCError<TypeConfig>> {
-        let deadline = option.hard_ttl();
+        // openraft gives an AppendEntries the heartbeat interval (80 ms) as
+        // its deadline. A busy follower answers later than that; the entries
+        // are sent again and again, and a new leader whose first entry is
+        // never acknowledged in time never starts leading (seen with 5,000
+        // agents reconnecting on two cores). An AppendEntries may take up to
+        // the RPC timeout; a heartbeat answered late still renews the lease.
+        let deadline = match action {
+            RPCTypes::AppendEntries => option.hard_ttl().max(self.peers.rpc_timeout),
+            _ => option.hard_ttl(),
+        };
         let result = async {
             let mut client = self.precheck()?;
             let payload = RaftPayload {

@@ -150,15 +150,17 @@ impl Placer {
                     _ => std::slice::from_ref(&node),
                 };
                 for profile in &mut index.profiles {
-                    for &other in rekeyed {
-                        let fresh = Fresh {
-                            nodes: &self.nodes,
-                            id_rank: &self.id_rank,
-                            on_node: &index.on_node,
-                            in_rack: &index.in_rack,
-                            rack_of: &self.rack_of,
-                        };
-                        profile.refresh(other, &fresh);
+                    let fresh = Fresh {
+                        nodes: &self.nodes,
+                        id_rank: &self.id_rank,
+                        on_node: &index.on_node,
+                        in_rack: &index.in_rack,
+                        rack_of: &self.rack_of,
+                    };
+                    profile.refresh(node, &fresh);
+                    // Its rack-mates only moved down the order.
+                    for &other in rekeyed.iter().filter(|other| **other != node) {
+                        profile.rekey(other, &fresh);
                     }
                 }
             }
@@ -303,6 +305,27 @@ impl ProfileIndex {
             Err(reason) => self.remove_reason(&reason, 1),
         }
         self.insert(node, fresh);
+    }
+
+    /// Files a fitting node under its current key; its outcome is as it was.
+    fn rekey(&mut self, node: usize, fresh: &Fresh<'_>) {
+        let Some(old) = self.keys[node] else {
+            return;
+        };
+        let in_rack = fresh.rack_of[node].map_or(0, |r| fresh.in_rack[r]);
+        let key = (fresh.on_node[node], in_rack, old.2, old.3);
+        if key == old {
+            return;
+        }
+        self.fit.remove(&old);
+        self.fit.insert(key);
+        for fabric in &fresh.nodes[node].fabrics {
+            if let Some(set) = self.by_fabric.get_mut(fabric) {
+                set.remove(&old);
+                set.insert(key);
+            }
+        }
+        self.keys[node] = Some(key);
     }
 
     /// Evaluates `node` and files it under its key or its reason. Its

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::command::{Command, Leadership, Outcome, Rejection};
+use crate::holders::Holders;
 use crate::types::{
     Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState, StopOrder,
 };
@@ -27,6 +28,14 @@ impl FleetState {
     /// Applies one command. A command that contradicts the state is rejected
     /// and leaves the state untouched.
     pub fn apply(&mut self, command: &Command) -> Outcome {
+        self.apply_with(command, &mut None)
+    }
+
+    /// `holders`: who holds GPUs and ports, when a batch has built it.
+    fn apply_with(&mut self, command: &Command, holders: &mut Option<Holders>) -> Outcome {
+        if !matches!(command, Command::PlaceReplica { .. }) {
+            *holders = None;
+        }
         match command {
             Command::RegisterNode {
                 id,
@@ -191,12 +200,14 @@ impl FleetState {
                 replaces,
                 at_ms,
             } => {
+                let held = holders.get_or_insert_with(|| Holders::of(self));
                 let outcome =
-                    self.place_replica(id, model, profile, shards, *rendezvous_port, *at_ms);
+                    self.place_replica(held, id, model, profile, shards, *rendezvous_port, *at_ms);
                 if let (Outcome::Applied, Some(replica)) = (&outcome, self.replicas.get_mut(id)) {
                     replica.fabric.clone_from(fabric);
                     replica.rendezvous_port = *rendezvous_port;
                     replica.replaces.clone_from(replaces);
+                    held.add(self, &self.replicas[id]);
                 }
                 outcome
             }
@@ -272,8 +283,9 @@ impl FleetState {
                 Outcome::Applied
             }
             Command::Batch { commands, .. } | Command::Decided { commands, .. } => {
+                let mut holders = None;
                 for command in commands {
-                    self.apply(command);
+                    self.apply_with(command, &mut holders);
                 }
                 Outcome::Applied
             }
@@ -281,8 +293,10 @@ impl FleetState {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn place_replica(
         &mut self,
+        holders: &Holders,
         id: &str,
         model: &str,
         profile: &str,
@@ -314,7 +328,7 @@ impl FleetState {
                 return unknown_node(&shard.node);
             }
             for gpu in &shard.gpus {
-                if let Some(holder) = self.gpu_holder(&shard.node, *gpu) {
+                if let Some(holder) = holders.gpu(&shard.node, *gpu) {
                     return Rejection::conflict(format!(
                         "GPU {gpu} on node {} is already used by replica {holder}",
                         shard.node
@@ -338,7 +352,7 @@ impl FleetState {
                     "replica {id} asks for port {port} on host {host} twice"
                 ));
             }
-            if let Some(holder) = self.port_holder(host, port) {
+            if let Some(holder) = holders.port(host, port) {
                 return Rejection::conflict(format!(
                     "port {port} on host {host} (node {node}) is already used by replica {holder}"
                 ));

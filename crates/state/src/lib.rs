@@ -9,6 +9,7 @@
 mod apply;
 mod command;
 mod hash;
+mod holders;
 mod ports;
 mod types;
 

@@ -2,7 +2,7 @@
 //! fleet on one machine, or nodes behind one address), so ports are held
 //! per host, not per node.
 
-use crate::types::{FleetState, ShardState};
+use crate::types::{FleetState, Replica, ShardState};
 
 /// The host part of a node's management address: `10.0.0.5:7000` and
 /// `10.0.0.5` are the same host; `[fd00::5]:7000` is `fd00::5`.
@@ -30,43 +30,28 @@ impl FleetState {
             .map_or(node, |record| mgmt_host(&record.mgmt_addr))
     }
 
-    /// Every port a replica holds, as (host, port, replica id): the engine
-    /// port of each shard not stopped, and a multi-node replica's
-    /// rendezvous port on its head's host.
+    /// Every port a replica holds, as (host, port, replica id).
     pub fn ports_held(&self) -> impl Iterator<Item = (&str, u16, &str)> {
         self.replicas.values().flat_map(move |replica| {
-            let engines = replica
-                .shards
-                .iter()
-                .filter(|shard| shard.state != ShardState::Stopped)
-                .map(move |shard| (self.host_of(&shard.node), shard.port, replica.id.as_str()));
-            let rendezvous = replica
-                .rendezvous_port
-                .zip(replica.shards.first())
-                .map(|(port, head)| (self.host_of(&head.node), port, replica.id.as_str()));
-            engines.chain(rendezvous)
+            self.ports_of(replica)
+                .map(|(host, port)| (host, port, replica.id.as_str()))
         })
     }
 
-    /// The replica holding `port` on `host`.
-    ///
-    /// Checked for every port of every placement applied, so the port is
-    /// compared before the host is looked up: thousands of replicas are
-    /// scanned with integer compares, not node lookups.
-    pub fn port_holder(&self, host: &str, port: u16) -> Option<&str> {
-        self.replicas.values().find_map(|replica| {
-            let engine = replica
-                .shards
-                .iter()
-                .filter(|shard| shard.port == port && shard.state != ShardState::Stopped)
-                .any(|shard| self.host_of(&shard.node) == host);
-            let rendezvous = replica.rendezvous_port == Some(port)
-                && replica
-                    .shards
-                    .first()
-                    .is_some_and(|head| self.host_of(&head.node) == host);
-            (engine || rendezvous).then_some(replica.id.as_str())
-        })
+    /// The ports `replica` holds, as (host, port): the engine port of each
+    /// shard not stopped, and a multi-node replica's rendezvous port on its
+    /// head's host.
+    pub fn ports_of<'a>(&'a self, replica: &'a Replica) -> impl Iterator<Item = (&'a str, u16)> {
+        let engines = replica
+            .shards
+            .iter()
+            .filter(|shard| shard.state != ShardState::Stopped)
+            .map(move |shard| (self.host_of(&shard.node), shard.port));
+        let rendezvous = replica
+            .rendezvous_port
+            .zip(replica.shards.first())
+            .map(|(port, head)| (self.host_of(&head.node), port));
+        engines.chain(rendezvous)
     }
 }
 

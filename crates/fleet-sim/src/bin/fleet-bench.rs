@@ -38,6 +38,9 @@ struct Args {
     /// The peers' `raft.keep_logs_after_snapshot`.
     #[arg(long, default_value_t = 50)]
     keep_logs_after_snapshot: u64,
+    /// Keep the peers' directory (configs, data, logs) after the run.
+    #[arg(long)]
+    keep: bool,
 }
 
 struct Peer {
@@ -97,7 +100,17 @@ async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Option<u64> {
     None
 }
 
-async fn wait_for<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> Result<T>
+async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll(what, limit, Duration::from_millis(100), check).await
+}
+
+/// `wait_for`, asking every `every`: the finer the poll, the less of a
+/// short measurement is the poll's own granularity.
+async fn poll<T, F, Fut>(what: &str, limit: Duration, every: Duration, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -110,7 +123,7 @@ where
         if started.elapsed() > limit {
             bail!("{what}: not within {limit:?}");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -213,15 +226,24 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetSt
         took * 1000.0,
         f64::from(replicas) / took
     );
+    // In batches of 256, as the leader proposes them.
+    let batches: Vec<Command> = commands
+        .chunks(256)
+        .map(|chunk| Command::Batch {
+            commands: chunk.to_vec(),
+            at_ms: 2,
+        })
+        .collect();
     let started = Instant::now();
-    for command in &commands {
-        if let llmgw_state::Outcome::Rejected(why) = fleet.apply(command) {
-            bail!("a placement was refused at apply: {why}");
-        }
+    for batch in &batches {
+        fleet.apply(batch);
     }
     let took = started.elapsed().as_secs_f64();
+    if fleet.replicas.len() != replicas as usize {
+        bail!("apply placed {} of {replicas}", fleet.replicas.len());
+    }
     println!(
-        "apply (in process): {replicas} placements in {:.1} ms ({:.0} placements/s)",
+        "apply (in process): {replicas} placements in batches of 256 in {:.1} ms ({:.0} placements/s)",
         took * 1000.0,
         f64::from(replicas) / took
     );
@@ -235,7 +257,11 @@ async fn main() -> Result<()> {
     snapshot_in_process(&fleet_state)?;
     drop(fleet_state);
     let bin = llmgw_bin()?;
-    let dir = tempfile::tempdir()?;
+    let mut dir = tempfile::tempdir()?;
+    if args.keep {
+        dir.disable_cleanup(true);
+        println!("peer configs, data and logs: {}", dir.path().display());
+    }
     let layouts = llmgw_dev::plan_peers(dir.path(), 3, false)?;
     let raft = format!(
         "raft:\n  snapshot_after_logs: {}\n  keep_logs_after_snapshot: {}\n",
@@ -316,7 +342,7 @@ async fn main() -> Result<()> {
     .await?;
     let elected = killed_at.elapsed().as_secs_f64();
     let admin = peers[(next - 1) as usize].admin.clone();
-    wait_for("the fleet re-homed", Duration::from_secs(600), || async {
+    wait_for("the fleet re-homed", Duration::from_secs(120), || async {
         let streams = metric(&http, &admin, "llmgw_agent_streams").await?;
         (streams >= want).then_some(())
     })
@@ -407,7 +433,10 @@ fn start_peer(bin: &std::path::Path, layout: &llmgw_dev::PeerLayout) -> Result<C
     Command::new(bin)
         .args(["server", "--config"])
         .arg(&layout.config)
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("FLEET_BENCH_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -451,20 +480,27 @@ async fn watch_unhealthy(http: &reqwest::Client, admin: &str, period: Duration) 
 /// Desired replicas of one-GPU models, committed and then ready.
 async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -> Result<()> {
     let placed_at = Instant::now();
-    for (name, count) in bench_models(replicas) {
-        let response = http
-            .put(format!("{admin}/api/v1/models/{name}"))
-            .json(&bench_model(&name, count))
-            .send()
-            .await?;
-        if !response.status().is_success() {
-            bail!("PUT model {name}: {}", response.text().await?);
-        }
+    let puts = bench_models(replicas)
+        .into_iter()
+        .map(|(name, count)| async move {
+            let response = http
+                .put(format!("{admin}/api/v1/models/{name}"))
+                .json(&bench_model(&name, count))
+                .send()
+                .await?;
+            if !response.status().is_success() {
+                bail!("PUT model {name}: {}", response.text().await?);
+            }
+            Ok(())
+        });
+    for put in futures::future::join_all(puts).await {
+        put?;
     }
     let wanted = f64::from(replicas);
-    wait_for(
+    poll(
         "every replica committed",
         Duration::from_secs(600),
+        Duration::from_millis(20),
         || async {
             let mut placed = 0.0;
             for state in ["placed", "starting", "loading", "ready"] {

@@ -10,7 +10,7 @@ pub mod specs;
 use std::sync::Arc;
 use std::time::Duration;
 
-use llmgw_raft::{ControlPlane, now_ms};
+use llmgw_raft::{ControlPlane, WatchReceiver, now_ms};
 use tokio::sync::watch;
 
 pub use fleet_view::{held_gpus, node_views};
@@ -18,7 +18,7 @@ pub use plan::{Memory, PlanSettings, decide};
 
 use crate::agents::Hub;
 
-const ROUND: Duration = Duration::from_millis(250);
+const ROUND: Duration = Duration::from_millis(100);
 /// A round whose input did not change still runs this often: retries and
 /// drain deadlines fall due with time, not with the log.
 const IDLE_ROUND: Duration = Duration::from_secs(1);
@@ -37,9 +37,21 @@ pub async fn run_reconciler(
     let mut last_round: Option<(Option<llmgw_store::LogId>, tokio::time::Instant)> = None;
     let mut tick = tokio::time::interval(ROUND);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut metrics = control.raft().metrics();
     loop {
+        // A round starts on the tick, or as soon as something is applied
+        // (a new model, a failed shard): placement does not wait a tick.
         tokio::select! {
             _ = tick.tick() => {}
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let applied = metrics.borrow_watched().last_applied;
+                if last_round.as_ref().is_some_and(|(at, _)| *at == applied) {
+                    continue;
+                }
+            }
             _ = stop.changed() => return,
         }
         let Some(term) = control.leading_term() else {

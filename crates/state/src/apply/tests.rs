@@ -687,3 +687,57 @@ fn a_batch_applies_each_command_on_its_own() {
     assert_eq!(batched, one_by_one);
     assert!(batched.replicas.contains_key("r3") && !batched.replicas.contains_key("r2"));
 }
+
+/// A batch of placements is checked as the same placements one by one:
+/// each sees the GPUs and ports of those before it in the batch, and a
+/// stop in between frees what the stopped shard held.
+#[test]
+fn a_batch_of_placements_sees_its_own_earlier_placements() {
+    let one_by_one = |commands: &[Command]| {
+        let mut state = FleetState::default();
+        state.apply(&register("gpu-1", 1));
+        state.apply(&put_model("llama", 9));
+        for command in commands {
+            state.apply(command);
+        }
+        state
+    };
+    let batched = |commands: &[Command]| {
+        let mut state = FleetState::default();
+        state.apply(&register("gpu-1", 1));
+        state.apply(&put_model("llama", 9));
+        let batch = Command::Batch {
+            commands: commands.to_vec(),
+            at_ms: 20,
+        };
+        assert_eq!(state.apply(&batch), Outcome::Applied);
+        state
+    };
+    let mut same_port = shard("gpu-1", &[3], 0);
+    same_port.port = shard("gpu-1", &[0], 0).port;
+    let stop_r1 = Command::SetShardState {
+        replica: "r1".into(),
+        rank: 0,
+        state: ShardState::Stopped,
+        pid: None,
+        failure: None,
+        seq: 0,
+        at_ms: 30,
+    };
+    let commands = vec![
+        place("r1", "llama", vec![shard("gpu-1", &[0], 0)]),
+        // GPU 0 again: refused.
+        place("r2", "llama", vec![shard("gpu-1", &[0, 1], 0)]),
+        // r1's port on another GPU: refused.
+        place("r3", "llama", vec![same_port.clone()]),
+        place("r4", "llama", vec![shard("gpu-1", &[1], 0)]),
+        stop_r1,
+        // Once r1 stopped, its GPU and port are free again.
+        place("r5", "llama", vec![same_port]),
+        place("r6", "llama", vec![shard("gpu-1", &[0], 0)]),
+    ];
+    let state = batched(&commands);
+    assert_eq!(state, one_by_one(&commands));
+    let placed: Vec<&str> = state.replicas.keys().map(String::as_str).collect();
+    assert_eq!(placed, ["r1", "r4", "r5"]);
+}
