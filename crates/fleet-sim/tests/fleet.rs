@@ -87,6 +87,24 @@ where
     }
 }
 
+async fn last_log_index(http: &reqwest::Client, admin: &str) -> Option<u64> {
+    let text = http
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines().find_map(|line| {
+        line.strip_prefix("llmgw_raft_last_log_index ")?
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .map(|index| index as u64)
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
     let dir = tempfile::tempdir().unwrap();
@@ -115,6 +133,8 @@ async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
         .build()
         .unwrap();
     let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
+    let (_, admin) = until("a leader", || leader(&http, &peers)).await;
+    let log_before = until("the leader's log index", || last_log_index(&http, &admin)).await;
     let fleet = Fleet::spawn("sim", NODES, &servers, Duration::from_millis(500));
     let (first, admin) = until("every simulated node registered", || async {
         let (id, admin) = leader(&http, &peers).await?;
@@ -123,6 +143,12 @@ async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
     })
     .await;
     assert_eq!(fleet.stats().registered, NODES);
+    // Registrations that arrive together share log entries.
+    let entries = last_log_index(&http, &admin).await.unwrap() - log_before;
+    assert!(
+        entries < NODES as u64,
+        "{NODES} registrations took {entries} log entries"
+    );
     let nodes = get(&http, &format!("{admin}/api/v1/nodes")).await.unwrap();
     let one = &nodes[0];
     assert_eq!(one["inventory"]["gpus"].as_array().unwrap().len(), 8);
