@@ -173,6 +173,15 @@ async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
         installed >= 1.0,
         "follower {follower} caught up without a snapshot"
     );
+    // The follower reports what it installed, for an operator sizing
+    // snapshots.
+    for name in [
+        "llmgw_raft_snapshot_bytes",
+        "llmgw_raft_snapshot_install_seconds",
+    ] {
+        let value = cluster.metric(follower, name).await.unwrap();
+        assert!(value > 0.0, "{name} is {value} after an install");
+    }
     let names = cluster.model_names(follower, false).await.unwrap();
     assert_eq!(names.len(), 80);
 }

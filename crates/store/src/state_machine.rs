@@ -38,6 +38,20 @@ pub struct ApplyStats {
     pub nanos_max: AtomicU64,
     /// Snapshots received from a leader and installed.
     pub snapshots_installed: AtomicU64,
+    /// The last snapshot this peer built or installed: its size, and how
+    /// long building (encoding and storing) or installing (decoding,
+    /// storing and replacing the state) took.
+    pub snapshot_bytes: AtomicU64,
+    pub snapshot_build_nanos: AtomicU64,
+    pub snapshot_install_nanos: AtomicU64,
+}
+
+impl ApplyStats {
+    fn record_snapshot(&self, bytes: usize, started: std::time::Instant, took: &AtomicU64) {
+        self.snapshot_bytes.store(bytes as u64, Ordering::Relaxed);
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        took.store(nanos, Ordering::Relaxed);
+    }
 }
 
 /// The state-machine half of the store; clones share the same state.
@@ -128,6 +142,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        let started = std::time::Instant::now();
         let (meta, data) = {
             let applied = self.applied.read().expect("state lock poisoned");
             let meta = SnapshotMeta {
@@ -139,6 +154,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         let held = self.snapshot_lock.lock();
         if snapshot::store_if_newer(&self.db, &held, &meta, &data)? {
             tracing::info!(last_log_id = ?meta.last_log_id, bytes = data.len(), "snapshot built");
+            self.stats
+                .record_snapshot(data.len(), started, &self.stats.snapshot_build_nanos);
             return Ok(Snapshot {
                 meta,
                 snapshot: data,
@@ -219,6 +236,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
+        let started = std::time::Instant::now();
         let fleet: FleetState = serde_json::from_slice(&snapshot).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -245,6 +263,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.stats
             .snapshots_installed
             .fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .record_snapshot(snapshot.len(), started, &self.stats.snapshot_install_nanos);
         tracing::info!(last_log_id = ?meta.last_log_id, "snapshot installed");
         Ok(())
     }

@@ -378,10 +378,23 @@ async fn main() -> Result<()> {
     let installed = metric(&http, &back, "llmgw_raft_snapshots_installed_total")
         .await
         .unwrap_or(0.0);
+    let caught_up = restarted.elapsed().as_secs_f64();
+    let built = metric(&http, &admin, "llmgw_raft_snapshot_build_seconds")
+        .await
+        .unwrap_or(0.0);
+    let installed_in = metric(&http, &back, "llmgw_raft_snapshot_install_seconds")
+        .await
+        .unwrap_or(0.0);
+    let bytes = metric(&http, &back, "llmgw_raft_snapshot_bytes")
+        .await
+        .unwrap_or(0.0);
     println!(
         "catch-up: peer {killed} restarted after {writes} entries it missed, applied up to the \
-         leader's commit index {target} in {:.2} s, snapshots installed: {installed}",
-        restarted.elapsed().as_secs_f64()
+         leader's commit index {target} in {caught_up:.2} s, snapshots installed: {installed} \
+         ({:.1} MiB; the leader built its last in {:.0} ms, the peer installed it in {:.0} ms)",
+        bytes / (1024.0 * 1024.0),
+        built * 1000.0,
+        installed_in * 1000.0
     );
 
     // Every peer SIGKILLed at once, then all restarted.

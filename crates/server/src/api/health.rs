@@ -99,6 +99,25 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
         apply.snapshots_installed.load(Ordering::Relaxed) as f64,
     );
     gauge(
+        "llmgw_raft_snapshot_bytes",
+        "Size of the last snapshot this peer built or installed.",
+        "gauge",
+        apply.snapshot_bytes.load(Ordering::Relaxed) as f64,
+    );
+    let seconds = |nanos: &std::sync::atomic::AtomicU64| nanos.load(Ordering::Relaxed) as f64 / 1e9;
+    gauge(
+        "llmgw_raft_snapshot_build_seconds",
+        "How long building (encoding and storing) the last snapshot took.",
+        "gauge",
+        seconds(&apply.snapshot_build_nanos),
+    );
+    gauge(
+        "llmgw_raft_snapshot_install_seconds",
+        "How long installing the last snapshot received from a leader took.",
+        "gauge",
+        seconds(&apply.snapshot_install_nanos),
+    );
+    gauge(
         "llmgw_agent_streams",
         "Agent streams open on this peer (the leader holds them all).",
         "gauge",
