@@ -12,6 +12,21 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// One sample of a peer's Prometheus text at `admin`: the value of the
+/// series written exactly `name` (labels included).
+pub async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f64> {
+    let text = http
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// A running fleet.
 pub struct Fleet {
     pub nodes: Vec<Arc<NodeStats>>,

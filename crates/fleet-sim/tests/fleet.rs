@@ -88,21 +88,8 @@ where
 }
 
 async fn last_log_index(http: &reqwest::Client, admin: &str) -> Option<u64> {
-    let text = http
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines().find_map(|line| {
-        line.strip_prefix("llmgw_raft_last_log_index ")?
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .map(|index| index as u64)
-    })
+    let index = llmgw_fleet_sim::metric(http, admin, "llmgw_raft_last_log_index").await?;
+    Some(index as u64)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

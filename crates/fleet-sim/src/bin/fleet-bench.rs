@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use llmgw_fleet_sim::Fleet;
+use llmgw_fleet_sim::{Fleet, metric};
 use serde_json::Value;
 
 #[derive(Debug, Parser)]
@@ -71,19 +71,6 @@ fn llmgw_bin() -> Result<PathBuf> {
 
 async fn get(http: &reqwest::Client, url: &str) -> Result<Value> {
     Ok(http.get(url).send().await?.json().await?)
-}
-
-async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f64> {
-    let text = http
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// The leader a live peer names. `/readyz` is asked rather than the cluster
