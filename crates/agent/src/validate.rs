@@ -139,7 +139,7 @@ fn check_engine_args(spec: &LaunchSpec, node: &NodeFacts) -> Result<(), Refusal>
     let Some(installed) = installed else {
         return Ok(());
     };
-    let Some((data_version, data)) = options_up_to(spec.engine, installed.to_options()) else {
+    let Some((data_version, data)) = options_up_to(spec.engine, installed) else {
         tracing::info!(
             shard = %spec.shard_id,
             "not checking engine_args: llmgw has no option data for {} {installed} or older",
@@ -158,7 +158,7 @@ fn check_engine_args(spec: &LaunchSpec, node: &NodeFacts) -> Result<(), Refusal>
     Err(Refusal::EngineArgs {
         profile: spec.profile.clone(),
         engine: spec.engine,
-        version: if data_version == installed.to_options() {
+        version: if data_version == installed {
             installed.to_string()
         } else {
             format!("{installed} (option data of {data_version})")

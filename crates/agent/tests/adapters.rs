@@ -8,8 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use llmgw_catalog::{Engine, LaunchMode};
-use llmgw_config::EngineVersion;
+use llmgw_catalog::{Engine, EngineRelease, LaunchMode};
 use llmgw_proto::agent::ShardState;
 use support::*;
 
@@ -97,7 +96,7 @@ fn assert_no_argparse_errors(h: &Harness) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_0_11_0_ray_replica_runs_on_the_simulator() {
     let setup = NodeSetup {
-        vllm_version: EngineVersion::new(0, 11, 0),
+        vllm_version: EngineRelease::new(0, 11, 0),
         launch_mode: LaunchMode::Ray,
         ..NodeSetup::default()
     };

@@ -5,6 +5,8 @@ use std::path::{Path as FsPath, PathBuf};
 use std::time::Duration;
 
 use llmgw_catalog::LaunchMode;
+use llmgw_engine_options::{DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, Version};
+use llmgw_engines::{EnginesConfig, SglangConfig, VLLM_MP_MIN_VERSION, VllmConfig};
 use llmgw_yaml::{Cx, Decode, Fields, Node, Path};
 use serde::Serialize;
 
@@ -54,81 +56,6 @@ pub struct DiscoveryConfig {
     /// A file describing simulated hardware (tests and `llmgw dev` only).
     pub fixture: Option<PathBuf>,
 }
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
-pub struct EnginesConfig {
-    pub vllm: Option<VllmConfig>,
-    pub sglang: Option<SglangConfig>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VllmConfig {
-    pub bin: PathBuf,
-    pub launch_mode: LaunchMode,
-    pub ray_bin: Option<PathBuf>,
-    /// Decides which flags the adapter may use (`--nnodes` from 0.11.1).
-    pub version: EngineVersion,
-    pub env: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct SglangConfig {
-    pub python: PathBuf,
-    pub version: EngineVersion,
-    pub env: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct EngineVersion {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
-}
-
-impl EngineVersion {
-    pub const fn new(major: u32, minor: u32, patch: u32) -> Self {
-        EngineVersion {
-            major,
-            minor,
-            patch,
-        }
-    }
-
-    pub const fn from_options(v: llmgw_engine_options::Version) -> Self {
-        Self::new(v.major, v.minor, v.patch)
-    }
-
-    /// The same release as the option data names it.
-    pub fn to_options(self) -> llmgw_engine_options::Version {
-        llmgw_engine_options::Version::new(self.major, self.minor, self.patch)
-    }
-
-    pub fn parse(text: &str) -> Option<Self> {
-        let core = text.split(['+', '-']).next()?;
-        let mut parts = core.split('.').map(|p| p.parse::<u32>().ok());
-        let major = parts.next()??;
-        let minor = parts.next().flatten().unwrap_or(0);
-        let patch = parts.next().flatten().unwrap_or(0);
-        Some(EngineVersion {
-            major,
-            minor,
-            patch,
-        })
-    }
-}
-
-impl std::fmt::Display for EngineVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
-    }
-}
-
-/// The vLLM release whose flags the adapter assumes when none is configured;
-/// the catalog checks a profile without `engine_version` against the same one.
-pub const DEFAULT_VLLM_VERSION: EngineVersion =
-    EngineVersion::from_options(llmgw_engine_options::DEFAULT_VLLM_VERSION);
-pub const DEFAULT_SGLANG_VERSION: EngineVersion =
-    EngineVersion::from_options(llmgw_engine_options::DEFAULT_SGLANG_VERSION);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SupervisorConfig {
@@ -291,7 +218,7 @@ impl Decode for AgentConfig {
         let discovery: DiscoveryConfig = f
             .optional(cx, "discovery")
             .unwrap_or_else(DiscoveryConfig::defaults);
-        let engines: EnginesConfig = f.or(cx, "engines", EnginesConfig::default());
+        let engines = optional_with(&f, cx, "engines", decode_engines).unwrap_or_default();
         if engines.vllm.is_none() && engines.sglang.is_none() && f.has("engines") {
             f.report(
                 cx,
@@ -455,21 +382,31 @@ impl Decode for DiscoveryConfig {
     }
 }
 
-impl Decode for EnginesConfig {
-    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(node, path, &["vllm", "sglang"])?;
-        Some(EnginesConfig {
-            vllm: f.optional(cx, "vllm"),
-            sglang: f.optional(cx, "sglang"),
-        })
-    }
+/// A field decoded by a function: the engine settings are `llmgw-engines`
+/// types, which cannot implement this crate's foreign `Decode` trait.
+fn optional_with<T>(
+    f: &Fields<'_>,
+    cx: &mut Cx,
+    key: &str,
+    decode: fn(&Node, &Path, &mut Cx) -> Option<T>,
+) -> Option<T> {
+    let node = f.node(key)?;
+    decode(node, &f.path().field(key), cx)
 }
 
-fn decode_version(f: &Fields<'_>, cx: &mut Cx, default: EngineVersion) -> EngineVersion {
+fn decode_engines(node: &Node, path: &Path, cx: &mut Cx) -> Option<EnginesConfig> {
+    let f = cx.map(node, path, &["vllm", "sglang"])?;
+    Some(EnginesConfig {
+        vllm: optional_with(&f, cx, "vllm", decode_vllm),
+        sglang: optional_with(&f, cx, "sglang", decode_sglang),
+    })
+}
+
+fn decode_version(f: &Fields<'_>, cx: &mut Cx, default: Version) -> Version {
     let Some(text) = f.optional::<String>(cx, "version") else {
         return default;
     };
-    EngineVersion::parse(&text).unwrap_or_else(|| {
+    Version::parse(&text).unwrap_or_else(|| {
         f.report(
             cx,
             "version",
@@ -479,51 +416,47 @@ fn decode_version(f: &Fields<'_>, cx: &mut Cx, default: EngineVersion) -> Engine
     })
 }
 
-impl Decode for VllmConfig {
-    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(
-            node,
-            path,
-            &["bin", "launch_mode", "ray_bin", "version", "env"],
-        )?;
-        let bin: Option<PathBuf> = f.required(cx, "bin");
-        let launch_mode: LaunchMode = f.or(cx, "launch_mode", LaunchMode::Mp);
-        let ray_bin: Option<PathBuf> = f.optional(cx, "ray_bin");
-        let version = decode_version(&f, cx, DEFAULT_VLLM_VERSION);
-        if launch_mode == LaunchMode::Ray && ray_bin.is_none() {
-            f.report(
-                cx,
-                "ray_bin",
-                "launch_mode `ray` needs `ray_bin`, the `ray` executable of the vLLM environment",
-            );
-        }
-        if launch_mode == LaunchMode::Mp && version < EngineVersion::new(0, 11, 1) {
-            f.report(
-                cx,
-                "launch_mode",
-                format!("launch_mode `mp` needs vLLM 0.11.1 or newer (--nnodes); version {version} only supports `ray`"),
-            );
-        }
-        Some(VllmConfig {
-            bin: bin?,
-            launch_mode,
-            ray_bin,
-            version,
-            env: f.or(cx, "env", BTreeMap::new()),
-        })
+fn decode_vllm(node: &Node, path: &Path, cx: &mut Cx) -> Option<VllmConfig> {
+    let f = cx.map(
+        node,
+        path,
+        &["bin", "launch_mode", "ray_bin", "version", "env"],
+    )?;
+    let bin: Option<PathBuf> = f.required(cx, "bin");
+    let launch_mode: LaunchMode = f.or(cx, "launch_mode", LaunchMode::Mp);
+    let ray_bin: Option<PathBuf> = f.optional(cx, "ray_bin");
+    let version = decode_version(&f, cx, DEFAULT_VLLM_VERSION);
+    if launch_mode == LaunchMode::Ray && ray_bin.is_none() {
+        f.report(
+            cx,
+            "ray_bin",
+            "launch_mode `ray` needs `ray_bin`, the `ray` executable of the vLLM environment",
+        );
     }
+    if launch_mode == LaunchMode::Mp && version < VLLM_MP_MIN_VERSION {
+        f.report(
+            cx,
+            "launch_mode",
+            format!("launch_mode `mp` needs vLLM {VLLM_MP_MIN_VERSION} or newer (--nnodes); version {version} only supports `ray`"),
+        );
+    }
+    Some(VllmConfig {
+        bin: bin?,
+        launch_mode,
+        ray_bin,
+        version,
+        env: f.or(cx, "env", BTreeMap::new()),
+    })
 }
 
-impl Decode for SglangConfig {
-    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(node, path, &["python", "version", "env"])?;
-        let python: Option<PathBuf> = f.required(cx, "python");
-        Some(SglangConfig {
-            python: python?,
-            version: decode_version(&f, cx, DEFAULT_SGLANG_VERSION),
-            env: f.or(cx, "env", BTreeMap::new()),
-        })
-    }
+fn decode_sglang(node: &Node, path: &Path, cx: &mut Cx) -> Option<SglangConfig> {
+    let f = cx.map(node, path, &["python", "version", "env"])?;
+    let python: Option<PathBuf> = f.required(cx, "python");
+    Some(SglangConfig {
+        python: python?,
+        version: decode_version(&f, cx, DEFAULT_SGLANG_VERSION),
+        env: f.or(cx, "env", BTreeMap::new()),
+    })
 }
 
 impl SupervisorConfig {

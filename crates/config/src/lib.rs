@@ -16,10 +16,7 @@ mod router;
 mod server;
 
 pub use admin::{AdminConfig, AdminRole, AdminToken, MIN_TOKEN_CHARS, Secret, TokenSource};
-pub use agent::{
-    AgentConfig, DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, DiscoveryConfig, EngineVersion,
-    EnginesConfig, FabricConfig, SglangConfig, SupervisorConfig, VllmConfig,
-};
+pub use agent::{AgentConfig, DiscoveryConfig, FabricConfig, SupervisorConfig};
 pub use check::{CheckReport, check_file, check_text};
 pub use common::{ConfigError, TlsConfig, check_host_port, grpc_authority};
 pub use kind::FileKind;

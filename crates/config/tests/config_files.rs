@@ -32,6 +32,37 @@ fn the_original_agent_example_loads_unchanged() {
     );
 }
 
+/// agent.yaml's `engines.*.version` is read by the same rule as the option
+/// data and a profile's `engine_version`: suffixes dropped, minor required.
+#[test]
+fn agent_engine_versions_read_like_the_catalog() {
+    let agent = |version: &str| {
+        let yaml = format!(
+            "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\nengines:\n  vllm:\n    bin: /opt/vllm\n    launch_mode: ray\n    ray_bin: /opt/ray\n    version: \"{version}\"\n"
+        );
+        AgentConfig::parse("agent.yaml", &yaml)
+            .map(|config| config.engines.vllm.unwrap().version.to_string())
+            .map_err(|e| e.to_string())
+    };
+    for (written, read) in [
+        ("0.11.1", "0.11.1"),
+        ("0.11", "0.11.0"),
+        ("0.5.3.post1", "0.5.3"),
+        ("0.11.1rc2", "0.11.1"),
+        ("0.11.1+cu128", "0.11.1"),
+        ("0.11.1-dev", "0.11.1"),
+    ] {
+        assert_eq!(agent(written).as_deref(), Ok(read), "version {written:?}");
+    }
+    for refused in ["latest", "1", "v0.11.1"] {
+        let error = agent(refused).unwrap_err();
+        assert!(
+            error.contains(&format!("invalid version {refused:?}")),
+            "{error}"
+        );
+    }
+}
+
 #[test]
 fn every_deploy_example_validates() {
     let dir = repo_root().join("deploy/examples");

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::sync::OnceLock;
 
+use serde::Serialize;
+
 use crate::data::EngineOptions;
 
 /// The engine family a data file describes.
@@ -42,8 +44,10 @@ pub const DEFAULT_VLLM_VERSION: Version = Version::new(0, 11, 1);
 pub const DEFAULT_SGLANG_VERSION: Version = Version::new(0, 5, 10);
 
 /// A release number, `MAJOR.MINOR.PATCH`; suffixes such as `.post1` or
-/// `rc2` are dropped because options do not change in them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// `rc2` are dropped because options do not change in them. The one reading
+/// of an engine release everywhere: option data, a profile's
+/// `engine_version` and agent.yaml's `engines.*.version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Version {
     pub major: u32,
     pub minor: u32,

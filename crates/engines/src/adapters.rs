@@ -3,9 +3,10 @@
 use std::collections::BTreeMap;
 
 use llmgw_catalog::{Engine, LaunchMode, MANAGED_ENV, managed_flag};
-use llmgw_config::{EngineVersion, SglangConfig, VllmConfig};
+use llmgw_engine_options::Version;
 
 use crate::plan::{LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness, ShardAssignment};
+use crate::settings::{SglangConfig, VLLM_MP_MIN_VERSION, VllmConfig};
 
 /// Why a shard cannot be launched as assigned. Each names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -23,9 +24,9 @@ pub enum PlanError {
     #[error("rank {rank} is outside the replica's {nodes} node(s)")]
     RankOutOfRange { rank: u32, nodes: u32 },
     #[error(
-        "multi-node vLLM in `mp` mode needs vLLM 0.11.1 or newer (--nnodes); this node has {0}"
+        "multi-node vLLM in `mp` mode needs vLLM {VLLM_MP_MIN_VERSION} or newer (--nnodes); this node has {0}"
     )]
-    MpNeedsNewerVllm(EngineVersion),
+    MpNeedsNewerVllm(Version),
     #[error("launch mode `ray` needs `engines.vllm.ray_bin` in agent.yaml")]
     RayBinMissing,
     #[error("a multi-node shard needs a fabric, and none was assigned")]
@@ -169,7 +170,7 @@ fn plan_vllm(
 
     match mode {
         LaunchMode::Mp => {
-            if vllm.version < EngineVersion::new(0, 11, 1) {
+            if vllm.version < VLLM_MP_MIN_VERSION {
                 return Err(PlanError::MpNeedsNewerVllm(vllm.version));
             }
             let head = shard.rank == 0;

@@ -9,8 +9,10 @@
 
 mod adapters;
 mod plan;
+mod settings;
 
 pub use adapters::{PlanError, plan_shard};
 pub use plan::{
     FabricAssignment, LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness, ShardAssignment,
 };
+pub use settings::{EnginesConfig, SglangConfig, VLLM_MP_MIN_VERSION, VllmConfig};

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use llmgw_catalog::Profile;
-use llmgw_config::EnginesConfig;
 use serde::Serialize;
+
+use crate::settings::EnginesConfig;
 
 /// One shard of a replica as placed by the leader: which rank it is, on
 /// which GPUs and port, and how its ranks find each other.

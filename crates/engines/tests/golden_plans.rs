@@ -8,9 +8,10 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
 use llmgw_catalog::{Engine, LaunchMode, Profile};
-use llmgw_config::{EngineVersion, EnginesConfig, SglangConfig, VllmConfig};
+use llmgw_engine_options::Version;
 use llmgw_engines::{
-    FabricAssignment, LaunchPlan, NodeContext, PlanError, ShardAssignment, plan_shard,
+    EnginesConfig, FabricAssignment, LaunchPlan, NodeContext, PlanError, SglangConfig,
+    ShardAssignment, VllmConfig, plan_shard,
 };
 
 fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> Profile {
@@ -34,7 +35,7 @@ fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> 
     }
 }
 
-fn node(launch_mode: LaunchMode, version: EngineVersion) -> NodeContext {
+fn node(launch_mode: LaunchMode, version: Version) -> NodeContext {
     NodeContext {
         mgmt_addr: "10.0.0.11".into(),
         mgmt_interface: Some("eth0".into()),
@@ -48,7 +49,7 @@ fn node(launch_mode: LaunchMode, version: EngineVersion) -> NodeContext {
             }),
             sglang: Some(SglangConfig {
                 python: "/opt/venvs/sglang/bin/python".into(),
-                version: EngineVersion::new(0, 5, 10),
+                version: Version::new(0, 5, 10),
                 env: BTreeMap::new(),
             }),
         },
@@ -147,7 +148,7 @@ fn check_golden(name: &str, plan: &LaunchPlan) {
     );
 }
 
-const CURRENT: EngineVersion = EngineVersion::new(0, 11, 1);
+const CURRENT: Version = Version::new(0, 11, 1);
 
 #[test]
 fn vllm_single_node() {
@@ -176,7 +177,7 @@ fn vllm_multi_node_mp_head_and_headless_rank() {
 #[test]
 fn vllm_multi_node_ray_head_and_worker() {
     let p = profile(Engine::Vllm, 2, 8, 8, 2);
-    let node = node(LaunchMode::Ray, EngineVersion::new(0, 11, 0));
+    let node = node(LaunchMode::Ray, Version::new(0, 11, 0));
     check_golden(
         "vllm-ray-rank0",
         &plan_shard(&shard(p.clone(), 0, (0..8).collect()), &node).unwrap(),
@@ -228,11 +229,11 @@ fn a_profile_override_of_launch_mode_wins() {
 
 #[test]
 fn shards_that_cannot_work_are_refused_with_the_reason() {
-    let mp_old = node(LaunchMode::Mp, EngineVersion::new(0, 11, 0));
+    let mp_old = node(LaunchMode::Mp, Version::new(0, 11, 0));
     let multi = profile(Engine::Vllm, 2, 8, 8, 2);
     assert_eq!(
         plan_shard(&shard(multi.clone(), 0, (0..8).collect()), &mp_old).unwrap_err(),
-        PlanError::MpNeedsNewerVllm(EngineVersion::new(0, 11, 0))
+        PlanError::MpNeedsNewerVllm(Version::new(0, 11, 0))
     );
     let current = node(LaunchMode::Mp, CURRENT);
     let err = plan_shard(&shard(multi.clone(), 0, vec![0, 1]), &current).unwrap_err();

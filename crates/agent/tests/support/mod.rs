@@ -15,12 +15,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use llmgw_agent::{LaunchSpec, NodeFacts, Supervisor};
-use llmgw_catalog::{Engine, LaunchMode};
-use llmgw_config::{
-    DiscoveryConfig, EngineVersion, EnginesConfig, FabricConfig, SglangConfig, SupervisorConfig,
-    VllmConfig,
-};
-use llmgw_engines::NodeContext;
+use llmgw_catalog::{Engine, EngineRelease, LaunchMode};
+use llmgw_config::{DiscoveryConfig, FabricConfig, SupervisorConfig};
+use llmgw_engines::{EnginesConfig, NodeContext, SglangConfig, VllmConfig};
 use llmgw_proto::agent::{ShardState, ShardStatus};
 use tokio::sync::mpsc;
 
@@ -69,7 +66,7 @@ pub fn free_port() -> u16 {
 /// How the simulated node is set up.
 #[derive(Clone)]
 pub struct NodeSetup {
-    pub vllm_version: EngineVersion,
+    pub vllm_version: EngineRelease,
     pub launch_mode: LaunchMode,
     pub load_time: &'static str,
     pub stop_timeout: Duration,
@@ -80,7 +77,7 @@ pub struct NodeSetup {
 impl Default for NodeSetup {
     fn default() -> Self {
         NodeSetup {
-            vllm_version: EngineVersion::new(0, 11, 1),
+            vllm_version: EngineRelease::new(0, 11, 1),
             launch_mode: LaunchMode::Mp,
             load_time: "400ms",
             stop_timeout: Duration::from_secs(3),
@@ -157,7 +154,7 @@ pub fn node_facts(work_dir: &Path, setup: &NodeSetup) -> NodeFacts {
                 }),
                 sglang: Some(SglangConfig {
                     python: sim,
-                    version: EngineVersion::new(0, 5, 10),
+                    version: EngineRelease::new(0, 5, 10),
                     env: sglang_env,
                 }),
             },
