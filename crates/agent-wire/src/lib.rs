@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use llmgw_proto::agent as pb;
 use llmgw_state::{
-    Command, FabricReport, Gpu, GpuLink, HcaPort, NodeInventory, NodeRecord, NodeStatus,
+    Command, FabricReport, Gpu, GpuLink, HcaPort, LinkKind, NodeInventory, NodeRecord, NodeStatus,
     ShardFailure, ShardState,
 };
 
@@ -23,22 +23,7 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
 }
 
-/// A node id travels into shard ids, file names and URLs.
-pub fn check_node_id(id: &str) -> Result<(), String> {
-    let ok = !id.is_empty()
-        && id.len() <= 63
-        && !id.starts_with(['.', '-'])
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "node id {id:?} is not valid: use 1 to 63 letters, digits, '.', '_' or '-'"
-        ))
-    }
-}
+pub use llmgw_api::check_node_id;
 
 pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
     check_node_id(&register.node_id)?;
@@ -82,7 +67,7 @@ pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
         .map(|l| GpuLink {
             a: l.a,
             b: l.b,
-            kind: link_kind_name(l.kind).to_owned(),
+            kind: link_kind(l.kind),
             nvlinks: l.nvlinks,
         })
         .collect();
@@ -168,14 +153,15 @@ impl NodeFacts {
     }
 }
 
-pub fn link_kind_name(kind: i32) -> &'static str {
+/// An unknown kind (a newer agent's) counts as the slowest path.
+pub fn link_kind(kind: i32) -> LinkKind {
     match pb::LinkKind::try_from(kind).unwrap_or(pb::LinkKind::Unspecified) {
-        pb::LinkKind::Nvlink => "nvlink",
-        pb::LinkKind::Pix => "pix",
-        pb::LinkKind::Pxb => "pxb",
-        pb::LinkKind::Phb => "phb",
-        pb::LinkKind::Node => "node",
-        pb::LinkKind::Sys | pb::LinkKind::Unspecified => "sys",
+        pb::LinkKind::Nvlink => LinkKind::Nvlink,
+        pb::LinkKind::Pix => LinkKind::Pix,
+        pb::LinkKind::Pxb => LinkKind::Pxb,
+        pb::LinkKind::Phb => LinkKind::Phb,
+        pb::LinkKind::Node => LinkKind::Node,
+        pb::LinkKind::Sys | pb::LinkKind::Unspecified => LinkKind::Sys,
     }
 }
 
@@ -267,7 +253,7 @@ mod tests {
             vec!["mlx5_1 port 1 is DOWN".to_string()]
         );
         assert_eq!(facts.inventory.gpus[0].nvlink_peers, vec![1]);
-        assert_eq!(facts.inventory.links[0].kind, "nvlink");
+        assert_eq!(facts.inventory.links[0].kind, LinkKind::Nvlink);
     }
 
     #[test]

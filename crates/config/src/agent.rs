@@ -177,12 +177,8 @@ impl Decode for AgentConfig {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         let f = cx.map(node, path, AGENT_KEYS)?;
         let node_id: String = f.or(cx, "node_id", hostname());
-        if node_id.is_empty() || node_id.contains(char::is_whitespace) {
-            f.report(
-                cx,
-                "node_id",
-                format!("invalid node id {node_id:?}: use a name without spaces"),
-            );
+        if let Err(why) = llmgw_api::check_node_id(&node_id) {
+            f.report(cx, "node_id", why);
         }
         let servers = decode_servers(&f, cx);
         let mgmt_addr: Option<String> = f.required(cx, "mgmt_addr");

@@ -433,5 +433,10 @@ fn agent_node_id_and_mgmt_addr_can_come_from_the_command_line() {
     let error = AgentConfig::parse_with("agent.yaml", &with_file, &[("node_id", "bad id".into())])
         .unwrap_err()
         .to_string();
-    assert!(error.contains("invalid node id \"bad id\""), "{error}");
+    assert!(error.contains("node id \"bad id\" is not valid"), "{error}");
+    // The rule registration applies: an id it would refuse fails here.
+    let error = AgentConfig::parse_with("agent.yaml", &with_file, &[("node_id", "gpu:1".into())])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("node id \"gpu:1\" is not valid: it has ':'"), "{error}");
 }

@@ -19,7 +19,8 @@ use crate::error::ControlError;
 use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
 use crate::network::{self, Failure, NetworkFactory, Peers};
 use crate::settings::RaftSettings;
-use crate::status::{PeerStatus, PeerView};
+use crate::status::PeerStatus;
+use llmgw_api::{Membership, PeerRole, PeerView};
 
 /// A peer as named in server.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -721,7 +722,7 @@ impl ControlPlane {
         PeerStatus {
             id: self.inner.id,
             initialized: initialized || !self.inner.pristine_at_start,
-            role: role_name(metrics.state).to_owned(),
+            role: role_of(metrics.state),
             term: metrics.current_term,
             leader_id: metrics.current_leader,
             last_log_index: metrics.last_log_index,
@@ -776,16 +777,16 @@ impl ControlPlane {
                     self.remote_status(&node).await
                 };
                 let membership = if voters.contains(&id) || voters.is_empty() {
-                    "voter"
+                    Membership::Voter
                 } else {
-                    "learner"
+                    Membership::Learner
                 };
                 match status {
                     Ok(status) => PeerView {
                         id,
                         addr: node.grpc.clone(),
                         admin: node.admin.clone(),
-                        membership: membership.to_owned(),
+                        membership,
                         role: status.role,
                         term: Some(status.term),
                         last_log_index: status.last_log_index,
@@ -797,8 +798,8 @@ impl ControlPlane {
                         id,
                         addr: node.grpc.clone(),
                         admin: node.admin.clone(),
-                        membership: membership.to_owned(),
-                        role: "unreachable".to_owned(),
+                        membership,
+                        role: PeerRole::Unreachable,
                         term: None,
                         last_log_index: None,
                         last_applied_index: None,
@@ -871,13 +872,13 @@ fn write_error(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Fo
     }
 }
 
-pub(crate) fn role_name(state: ServerState) -> &'static str {
+pub(crate) fn role_of(state: ServerState) -> PeerRole {
     match state {
-        ServerState::Leader => "leader",
-        ServerState::Follower => "follower",
-        ServerState::Candidate => "candidate",
-        ServerState::Learner => "learner",
-        ServerState::Shutdown => "shutdown",
+        ServerState::Leader => PeerRole::Leader,
+        ServerState::Follower => PeerRole::Follower,
+        ServerState::Candidate => PeerRole::Candidate,
+        ServerState::Learner => PeerRole::Learner,
+        ServerState::Shutdown => PeerRole::Shutdown,
     }
 }
 

@@ -26,7 +26,8 @@ pub use error::ControlError;
 pub use openraft::async_runtime::WatchReceiver;
 pub use service::{RaftGrpcService, raft_grpc_service};
 pub use settings::RaftSettings;
-pub use status::{PeerStatus, PeerView};
+pub use llmgw_api::PeerView;
+pub use status::PeerStatus;
 
 pub use llmgw_store::{PeerNode, TypeConfig};
 

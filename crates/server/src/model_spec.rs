@@ -6,20 +6,15 @@ use llmgw_state::{FleetState, ModelRecord};
 
 use crate::api::ApiError;
 
-pub struct ParsedModel {
-    pub spec: serde_json::Value,
-    pub replicas: u32,
-}
-
 /// The model entry as the API shows it: the validated entry, in the shape
 /// of models.yaml.
 pub fn view(record: &ModelRecord) -> serde_json::Value {
-    record.spec.clone()
+    record.spec.stored().clone()
 }
 
 /// Parses and validates the body. JSON is YAML, so one parser takes both
 /// whatever the content type says.
-pub fn parse(name: &str, body: &[u8]) -> Result<(Model, ParsedModel), ApiError> {
+pub fn parse(name: &str, body: &[u8]) -> Result<Model, ApiError> {
     let text = std::str::from_utf8(body).map_err(|_| {
         ApiError::bad_request(format!("model {name}: the request body is not UTF-8"))
     })?;
@@ -37,10 +32,7 @@ pub fn parse(name: &str, body: &[u8]) -> Result<(Model, ParsedModel), ApiError> 
             model.name
         )));
     }
-    let spec = serde_json::to_value(&model)
-        .map_err(|e| ApiError::bad_request(format!("{source}: cannot encode the model: {e}")))?;
-    let replicas = model.desired_replicas();
-    Ok((model, ParsedModel { spec, replicas }))
+    Ok(model)
 }
 
 /// Names and aliases are one namespace across the catalog.
@@ -49,7 +41,7 @@ pub fn check_names(fleet: &FleetState, model: &Model) -> Result<(), ApiError> {
         models: fleet
             .models
             .values()
-            .filter_map(|record| serde_json::from_value(record.spec.clone()).ok())
+            .filter_map(|record| record.spec.model().ok().cloned())
             .collect(),
     };
     catalog.check_put(model).map_err(|message| ApiError {

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use llmgw_catalog::Model;
 use llmgw_raft::ControlPlane;
 use llmgw_router::{Endpoint, EndpointState, RoutedModel, RoutingTable};
 use llmgw_state::{FleetState, ReplicaState};
@@ -19,7 +18,7 @@ const REFRESH: Duration = Duration::from_millis(100);
 pub fn routing_table(fleet: &FleetState) -> RoutingTable {
     let mut models = Vec::new();
     for record in fleet.models.values() {
-        let Ok(model) = serde_json::from_value::<Model>(record.spec.clone()) else {
+        let Ok(model) = record.spec.model() else {
             continue;
         };
         let mut endpoints: Vec<Endpoint> = model
@@ -140,10 +139,10 @@ mod tests {
         });
         fleet.apply(&Command::PutModel {
             name: "big".into(),
-            spec: serde_json::json!({"name": "big", "source": "org/big", "replicas": 1,
+            spec: llmgw_state::ModelSpec::from_stored(serde_json::json!({"name": "big", "source": "org/big", "replicas": 1,
                 "profiles": [{"name": "p", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                               "tensor_parallel": 1, "pipeline_parallel": 1,
-                              "min_gpu_memory_gb": 0, "gpu_models": ["B200"]}]}),
+                              "min_gpu_memory_gb": 0, "gpu_models": ["B200"]}]})),
             replicas: 1,
             at_ms: 1,
         });

@@ -9,7 +9,7 @@ use llmgw_raft::{ControlPlane, PeerSpec, RaftSettings, StartError};
 use tokio::net::TcpListener;
 
 use llmgw_catalog::Catalog;
-use llmgw_state::Command;
+use llmgw_state::{Command, ModelSpec};
 
 use crate::admin_listener::{AdminListener, Caller};
 use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
@@ -237,20 +237,13 @@ async fn seed(control: &ControlPlane, catalog: Catalog) {
     let mut names = Vec::new();
     let mut commands = Vec::new();
     for model in catalog.models {
-        match serde_json::to_value(&model) {
-            Ok(spec) => {
-                names.push(model.name.clone());
-                commands.push(Command::PutModel {
-                    name: model.name.clone(),
-                    spec,
-                    replicas: model.desired_replicas(),
-                    at_ms,
-                });
-            }
-            Err(error) => {
-                tracing::error!(model = %model.name, %error, "cannot encode a seed model")
-            }
-        }
+        names.push(model.name.clone());
+        commands.push(Command::PutModel {
+            name: model.name.clone(),
+            replicas: model.desired_replicas(),
+            spec: ModelSpec::new(model),
+            at_ms,
+        });
     }
     // One entry: the first placement round sees the whole catalog, so it
     // places the biggest models first instead of whichever came first.

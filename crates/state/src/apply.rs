@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 
 use crate::command::{Command, Leadership, Outcome, Rejection};
 use crate::holders::Holders;
+use crate::model_spec::ModelSpec;
 use crate::types::{
     Drain, FleetState, ModelRecord, NodeRecord, NodeStatus, Replica, Shard, ShardState, StopOrder,
 };
@@ -388,7 +389,7 @@ impl FleetState {
 
     /// Names and aliases are one namespace, checked here rather than only by
     /// the peer that took the request, whose view may lag the log.
-    fn name_clash(&self, name: &str, spec: &serde_json::Value) -> Option<Outcome> {
+    fn name_clash(&self, name: &str, spec: &ModelSpec) -> Option<Outcome> {
         let wanted: Vec<&str> = model_names(name, spec).collect();
         self.models
             .values()
@@ -426,14 +427,8 @@ fn set_status(node: &mut NodeRecord, status: NodeStatus, at_ms: u64) {
 }
 
 /// A catalog entry's name and its aliases.
-fn model_names<'a>(name: &'a str, spec: &'a serde_json::Value) -> impl Iterator<Item = &'a str> {
-    let aliases = spec
-        .get("aliases")
-        .and_then(serde_json::Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(serde_json::Value::as_str);
-    std::iter::once(name).chain(aliases)
+fn model_names<'a>(name: &'a str, spec: &'a ModelSpec) -> impl Iterator<Item = &'a str> {
+    std::iter::once(name).chain(spec.aliases().iter().map(String::as_str))
 }
 
 fn unknown_node(id: &str) -> Outcome {

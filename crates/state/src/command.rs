@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model_spec::ModelSpec;
 use crate::types::{NodeInventory, NodeStatus, ReplicaFailure, Shard, ShardFailure, ShardState};
 
 /// A change to the replicated state, as it travels in the Raft log.
@@ -64,7 +65,7 @@ pub enum Command {
     /// Adds or replaces a catalog entry.
     PutModel {
         name: String,
-        spec: serde_json::Value,
+        spec: ModelSpec,
         replicas: u32,
         at_ms: u64,
     },

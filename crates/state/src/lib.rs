@@ -10,13 +10,16 @@ mod apply;
 mod command;
 mod hash;
 mod holders;
+mod model_spec;
 mod ports;
 mod types;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind};
 pub use hash::StateHash;
+pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
-    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
+    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, LinkKind, ModelRecord, NodeInventory,
+    NodeRecord,
     NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,
 };

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::model_spec::ModelSpec;
+
 /// Everything replicated through Raft.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FleetState {
@@ -55,12 +57,29 @@ pub struct Gpu {
 }
 
 /// How two GPUs of a node reach each other, as `nvidia-smi topo -m` names
-/// it: `nvlink`, `pix`, `pxb`, `phb`, `node` or `sys`.
+/// it, best first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// Bonded NVLinks, directly or through NVSwitch.
+    Nvlink,
+    /// At most one PCIe bridge.
+    Pix,
+    /// Several PCIe bridges, no host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU).
+    Phb,
+    /// Between host bridges within one NUMA node.
+    Node,
+    /// Across the inter-socket link, or unknown.
+    Sys,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuLink {
     pub a: u32,
     pub b: u32,
-    pub kind: String,
+    pub kind: LinkKind,
     /// Bonded NVLinks when `kind` is `nvlink`.
     #[serde(default)]
     pub nvlinks: u32,
@@ -134,13 +153,12 @@ pub struct NodeRecord {
     pub status_version: u64,
 }
 
-/// One catalog entry. The spec is the entry exactly as the operator wrote it
-/// in models.yaml (validated before it was proposed); keeping it as a JSON
-/// value lets a peer replicate catalog fields newer than its own build.
+/// One catalog entry: the entry as the operator wrote it in models.yaml
+/// (validated before it was proposed) and the model it means.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelRecord {
     pub name: String,
-    pub spec: serde_json::Value,
+    pub spec: ModelSpec,
     pub desired_replicas: u32,
     pub updated_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -43,11 +43,11 @@ fn base_fleet() -> FleetState {
     for i in 0..MODELS {
         fleet.apply(&Command::PutModel {
             name: format!("model-{i:05}"),
-            spec: serde_json::json!({
+            spec: llmgw_state::ModelSpec::from_stored(serde_json::json!({
                 "source": format!("org/some-rather-long-model-name-{i}"),
                 "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
                               "engine_args": ["--max-model-len", "8192", "--enable-prefix-caching"]}],
-            }),
+            })),
             replicas: 1,
             at_ms: i as u64,
         });

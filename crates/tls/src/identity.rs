@@ -84,22 +84,7 @@ impl fmt::Display for Identity {
     }
 }
 
-/// A node id fits in a URI path segment as it is: letters, digits and
-/// `.-_:`, as in host names.
-pub fn check_node_id(id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err("the node id is empty".to_owned());
-    }
-    if let Some(bad) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')))
-    {
-        return Err(format!(
-            "node id {id:?} has {bad:?}; node ids in certificates use letters, digits and .-_:"
-        ));
-    }
-    Ok(())
-}
+pub use llmgw_api::check_node_id;
 
 #[cfg(test)]
 mod tests {

@@ -13,8 +13,8 @@ use llmgw_proto::agent::control_message::Body;
 use llmgw_proto::agent::{
     ControlMessage, DrainShard, HeartbeatAck, Registered, ShardSpec, StartShard, StopShard,
 };
+use llmgw_api::{LinkView, Refusal};
 use prost::Message;
-use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -36,23 +36,6 @@ pub enum Order {
 pub struct Desired {
     pub shard_id: String,
     pub order: Order,
-}
-
-/// A command the agent refused, kept for `ctl nodes NODE`.
-#[derive(Debug, Clone, Serialize)]
-pub struct Refusal {
-    pub command_id: u64,
-    pub message: String,
-    pub at_ms: u64,
-}
-
-/// What the API shows about a node's stream on this peer.
-#[derive(Debug, Clone, Serialize)]
-pub struct LinkView {
-    pub connected: bool,
-    pub last_heartbeat_ms_ago: Option<u64>,
-    pub connected_for_ms: Option<u64>,
-    pub refusals: Vec<Refusal>,
 }
 
 const REFUSALS_KEPT: usize = 10;

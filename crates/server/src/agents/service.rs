@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::hub::{Hub, Refusal};
+use super::hub::Hub;
+use llmgw_api::Refusal;
 use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
 use super::registrar::Registrar;
 use crate::reconcile::specs::{desired_for_node, managed_models};

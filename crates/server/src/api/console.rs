@@ -10,8 +10,8 @@ use axum::http::header;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use futures::Stream;
+use llmgw_api::StateEvent;
 use llmgw_raft::WatchReceiver;
-use serde::Serialize;
 
 use super::ApiState;
 
@@ -54,15 +54,6 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
         body,
     )
         .into_response()
-}
-
-/// What one event says: enough for the page to show who leads, and a cue
-/// to read the views again.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-struct StateEvent {
-    leader_id: Option<u64>,
-    term: u64,
-    applied_index: Option<u64>,
 }
 
 /// Changes closer together than this go out as one event.

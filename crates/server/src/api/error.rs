@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use llmgw_api::ErrorBody;
 use llmgw_raft::ControlError;
 use llmgw_state::RejectionKind;
 
@@ -59,7 +60,6 @@ impl From<ControlError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"error": {"message": self.message, "type": self.kind}});
-        (self.status, Json(body)).into_response()
+        (self.status, Json(ErrorBody::new(self.kind, self.message))).into_response()
     }
 }

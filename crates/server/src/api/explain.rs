@@ -7,34 +7,12 @@ use std::collections::BTreeSet;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use llmgw_catalog::Model;
-use llmgw_scheduler::{Explanation, Request, Siblings};
-use llmgw_state::{FleetState, ReplicaFailure};
-use serde::Serialize;
+use llmgw_api::{ModelExplanation, ReplicaWhy};
+use llmgw_scheduler::{Request, Siblings};
+use llmgw_state::FleetState;
 
 use super::{ApiError, ApiState, ReadQuery};
 use crate::reconcile::node_views;
-
-#[derive(Debug, Serialize)]
-pub struct ReplicaWhy {
-    pub id: String,
-    pub state: &'static str,
-    pub why: String,
-}
-
-#[derive(Debug, Serialize)]
-pub struct ModelExplanation {
-    pub model: String,
-    pub desired: u32,
-    pub replicas: Vec<ReplicaWhy>,
-    /// Desired replicas with no placement.
-    pub pending: u32,
-    /// Why a pending replica does not fit, as operators read it.
-    pub explanation: Option<String>,
-    /// The same, with a count per reason for every profile tried.
-    pub detail: Option<Explanation>,
-    pub last_failure: Option<ReplicaFailure>,
-}
 
 pub async fn explain(
     State(state): State<ApiState>,
@@ -58,9 +36,9 @@ pub fn explain_model(
         .models
         .get(name)
         .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))?;
-    let model: Model = serde_json::from_value(record.spec.clone()).map_err(|e| {
+    let model = record.spec.model().map_err(|why| {
         ApiError::bad_request(format!(
-            "model {name}: its stored entry does not decode: {e}"
+            "model {name}: this peer cannot read its stored entry: {why}"
         ))
     })?;
     let Some(managed) = model.managed() else {
@@ -128,7 +106,7 @@ pub fn explain_model(
         }
         replicas.push(ReplicaWhy {
             id: replica.id.clone(),
-            state: state.as_str(),
+            state,
             why,
         });
     }

@@ -4,36 +4,12 @@ use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
+use llmgw_api::{DrainQuery, NodeShard, NodeView, ReplicaView};
 use llmgw_raft::now_ms;
-use llmgw_state::{Command, FleetState, NodeRecord, Replica, ReplicaState};
-use serde::{Deserialize, Serialize};
+use llmgw_state::{Command, FleetState, NodeRecord, ShardState};
 
 use super::{ApiError, ApiState, ReadQuery};
-use crate::agents::LinkView;
 use crate::reconcile::specs::endpoint;
-
-/// One shard as a node's listing shows it.
-#[derive(Debug, Serialize)]
-pub struct NodeShard {
-    pub shard: String,
-    pub replica: String,
-    pub model: String,
-    pub gpus: Vec<u32>,
-    pub port: u16,
-    pub state: &'static str,
-}
-
-#[derive(Debug, Serialize)]
-pub struct NodeView {
-    #[serde(flatten)]
-    pub record: NodeRecord,
-    pub gpus_total: usize,
-    pub gpus_used: usize,
-    pub shards: Vec<NodeShard>,
-    /// The agent's stream as this peer sees it: only the leader holds
-    /// streams, so followers answer `null`.
-    pub stream: Option<LinkView>,
-}
 
 /// Every node's shards, in one pass over the replicas.
 fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
@@ -46,7 +22,7 @@ fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
                 model: replica.model.clone(),
                 gpus: shard.gpus.clone(),
                 port: shard.port,
-                state: shard.state.as_str(),
+                state: shard.state,
             });
         }
     }
@@ -61,7 +37,7 @@ fn node_view(
 ) -> NodeView {
     let gpus_used = shards
         .iter()
-        .filter(|s| s.state != "stopped")
+        .filter(|s| s.state != ShardState::Stopped)
         .map(|s| s.gpus.len())
         .sum();
     NodeView {
@@ -111,15 +87,6 @@ pub async fn node(
         })
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("node {id} is not registered")))
-}
-
-#[derive(Debug, Serialize)]
-pub struct ReplicaView {
-    pub state: ReplicaState,
-    /// The head shard's HTTP address, where the router sends requests.
-    pub endpoint: Option<String>,
-    #[serde(flatten)]
-    pub replica: Replica,
 }
 
 pub async fn replicas(
@@ -188,17 +155,6 @@ pub async fn uncordon(
         at_ms: now_ms(),
     };
     node_after(&state, &id, command).await
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct DrainQuery {
-    /// Seconds in-flight requests get before shards are stopped anyway.
-    #[serde(default = "default_drain_seconds")]
-    pub deadline_s: u64,
-}
-
-fn default_drain_seconds() -> u64 {
-    300
 }
 
 pub async fn drain(

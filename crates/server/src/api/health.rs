@@ -7,6 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
+use llmgw_api::Readiness;
 
 use super::ApiState;
 
@@ -21,11 +22,19 @@ pub async fn readyz(State(state): State<ApiState>) -> impl IntoResponse {
     match metrics.current_leader {
         Some(leader) => (
             StatusCode::OK,
-            Json(serde_json::json!({"ready": true, "leader_id": leader})),
+            Json(Readiness {
+                ready: true,
+                leader_id: Some(leader),
+                reason: None,
+            }),
         ),
         None => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"ready": false, "reason": "no Raft leader is known yet"})),
+            Json(Readiness {
+                ready: false,
+                leader_id: None,
+                reason: Some("no Raft leader is known yet".to_owned()),
+            }),
         ),
     }
 }

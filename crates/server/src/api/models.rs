@@ -5,7 +5,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use llmgw_raft::now_ms;
-use llmgw_state::Command;
+use llmgw_state::{Command, ModelSpec};
 
 use super::{ApiError, ApiState, ReadQuery};
 use crate::model_spec;
@@ -38,19 +38,21 @@ pub async fn put(
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let (model, parsed) = model_spec::parse(&name, &body)?;
+    let model = model_spec::parse(&name, &body)?;
     state
         .control
         .read(|fleet| model_spec::check_names(fleet, &model))?;
+    let replicas = model.desired_replicas();
+    let spec = ModelSpec::new(model);
     // The answer is the entry as written: reading it back could meet a
     // concurrent delete and report a write that was applied as missing.
-    let written = parsed.spec.clone();
+    let written = spec.stored().clone();
     state
         .control
         .write(Command::PutModel {
             name,
-            spec: parsed.spec,
-            replicas: parsed.replicas,
+            spec,
+            replicas,
             at_ms: now_ms(),
         })
         .await?;

@@ -2,23 +2,10 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use llmgw_raft::{PeerNode, PeerView};
-use serde::{Deserialize, Serialize};
+use llmgw_api::{AddPeer, ClusterView, PeerAdded, PeerRemoved};
+use llmgw_raft::PeerNode;
 
 use super::{ApiError, ApiState};
-
-#[derive(Debug, Serialize)]
-pub struct ClusterView {
-    /// The peer that answered.
-    pub id: u64,
-    pub leader_id: Option<u64>,
-    pub term: u64,
-    pub peers: Vec<PeerView>,
-    /// This peer's gRPC links are plaintext (`insecure: true`).
-    pub insecure: bool,
-    /// Leader changes this peer saw in the last hour.
-    pub leader_changes_last_hour: usize,
-}
 
 pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
     let metrics = state.control.metrics();
@@ -36,20 +23,10 @@ pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
     })
 }
 
-#[derive(Debug, Deserialize)]
-pub struct AddPeer {
-    pub id: u64,
-    /// `host:port` of the new peer's gRPC listener.
-    pub grpc: String,
-    /// Base URL of the new peer's admin API.
-    #[serde(default)]
-    pub admin: String,
-}
-
 pub async fn add_peer(
     State(state): State<ApiState>,
     body: Result<Json<AddPeer>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<PeerAdded>, ApiError> {
     let Json(peer) = body.map_err(|e| ApiError::bad_request(format!("peer to add: {e}")))?;
     if peer.grpc.trim().is_empty() {
         return Err(ApiError::bad_request(
@@ -66,16 +43,16 @@ pub async fn add_peer(
             },
         )
         .await?;
-    Ok(Json(serde_json::json!({"added": peer.id})))
+    Ok(Json(PeerAdded { added: peer.id }))
 }
 
 pub async fn remove_peer(
     State(state): State<ApiState>,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<PeerRemoved>, ApiError> {
     let id: u64 = id
         .parse()
         .map_err(|_| ApiError::bad_request(format!("peer id {id:?} is not a number")))?;
     state.control.remove_peer(id).await?;
-    Ok(Json(serde_json::json!({"removed": id})))
+    Ok(Json(PeerRemoved { removed: id }))
 }

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use llmgw_scheduler::{GpuView, LinkView, NodeHealth, NodeView, Path};
-use llmgw_state::{FleetState, NodeRecord, NodeStatus};
+use llmgw_state::{FleetState, LinkKind, NodeRecord, NodeStatus};
 
 /// `(node, gpu)` pairs held by a shard that is not stopped.
 pub fn held_gpus(fleet: &FleetState) -> HashSet<(String, u32)> {
@@ -62,7 +62,7 @@ fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {
             .map(|l| LinkView {
                 a: l.a,
                 b: l.b,
-                path: path(&l.kind),
+                path: path(l.kind),
                 nvlinks: l.nvlinks,
             })
             .collect()
@@ -83,13 +83,13 @@ fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {
     }
 }
 
-fn path(kind: &str) -> Path {
+fn path(kind: LinkKind) -> Path {
     match kind {
-        "nvlink" => Path::Nvlink,
-        "pix" => Path::Pix,
-        "pxb" => Path::Pxb,
-        "phb" => Path::Phb,
-        "node" => Path::Node,
-        _ => Path::Sys,
+        LinkKind::Nvlink => Path::Nvlink,
+        LinkKind::Pix => Path::Pix,
+        LinkKind::Pxb => Path::Pxb,
+        LinkKind::Phb => Path::Phb,
+        LinkKind::Node => Path::Node,
+        LinkKind::Sys => Path::Sys,
     }
 }

@@ -165,6 +165,16 @@ pub fn decide(
 }
 
 impl Round<'_> {
+    /// Deleted, or now served by static endpoints. An entry this peer
+    /// cannot read (written by a newer peer) has not left: its replicas
+    /// are left alone until a peer that reads it leads.
+    fn left_the_catalog(&self, model: &str) -> bool {
+        self.fleet
+            .models
+            .get(model)
+            .is_none_or(|record| record.spec.model().is_ok())
+    }
+
     fn node_status(&self, node: &str) -> Option<NodeStatus> {
         self.fleet.nodes.get(node).map(|n| n.status)
     }
@@ -217,7 +227,7 @@ impl Round<'_> {
                 }
                 continue;
             }
-            if !models.contains_key(&replica.model) {
+            if !models.contains_key(&replica.model) && self.left_the_catalog(&replica.model) {
                 self.stop(
                     replica,
                     format!("model {} left the catalog", replica.model),

@@ -15,9 +15,9 @@ pub fn managed_models(fleet: &FleetState) -> HashMap<String, Model> {
         .models
         .values()
         .filter_map(|record| {
-            let model: Model = serde_json::from_value(record.spec.clone()).ok()?;
+            let model = record.spec.model().ok()?;
             model.managed()?;
-            Some((record.name.clone(), model))
+            Some((record.name.clone(), model.clone()))
         })
         .collect()
 }
@@ -98,6 +98,15 @@ pub fn shard_spec(
 
 /// Every node's orders, from the replicated state alone, so a new leader
 /// derives exactly what the old one was sending.
+/// The model's entry exists but this peer cannot read it (a newer peer
+/// wrote it): its shards get no orders, so they keep running as they are.
+fn unreadable(fleet: &FleetState, model: &str) -> bool {
+    fleet
+        .models
+        .get(model)
+        .is_some_and(|record| record.spec.model().is_err())
+}
+
 pub fn desired_by_node(
     fleet: &FleetState,
     models: &HashMap<String, Model>,
@@ -124,7 +133,7 @@ fn desired_where(
 ) -> BTreeMap<String, Vec<Desired>> {
     let mut out: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
     for replica in fleet.replicas.values() {
-        if !replica.shards.iter().any(|s| wanted(&s.node)) {
+        if !replica.shards.iter().any(|s| wanted(&s.node)) || unreadable(fleet, &replica.model) {
             continue;
         }
         let failed = replica.state() == ReplicaState::Failed;

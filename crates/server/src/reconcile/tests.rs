@@ -49,7 +49,7 @@ fn model(name: &str, replicas: u32, nodes: u32, gpus_per_node: u32) -> Command {
     });
     Command::PutModel {
         name: name.into(),
-        spec,
+        spec: llmgw_state::ModelSpec::from_stored(spec),
         replicas,
         at_ms: 1,
     }
@@ -306,6 +306,27 @@ fn ports_are_unique_per_host_and_not_reused_at_once() {
         .max()
         .unwrap();
     assert!(newest > *ports.last().unwrap(), "rotates past {freed}");
+}
+
+#[test]
+fn replicas_of_an_entry_this_peer_cannot_read_are_left_running() {
+    let mut w = World::new(&[node("a", 8, None), model("m", 1, 1, 1)]);
+    w.round();
+    let id = w.replicas_of("m").remove(0);
+    w.set_all(&id, ShardState::Ready, None);
+    // A newer peer's entry, in a shape this build does not know.
+    let future = serde_json::json!({"name": "m", "serving": {"kind": "disaggregated"}});
+    let put = Command::PutModel {
+        name: "m".into(),
+        spec: llmgw_state::ModelSpec::from_stored(future),
+        replicas: 1,
+        at_ms: 9,
+    };
+    assert_eq!(w.fleet.apply(&put), Outcome::Applied);
+    assert_eq!(w.round(), Vec::<String>::new(), "nothing stopped or placed");
+    let models = managed_models(&w.fleet);
+    assert!(desired_by_node(&w.fleet, &models).is_empty(), "no orders");
+    assert_eq!(w.replicas_of("m"), vec![id]);
 }
 
 #[test]

@@ -3,7 +3,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use crate::{
-    Command, FleetState, Gpu, Leadership, NodeInventory, NodeStatus, Outcome, RejectionKind,
+    Command, FleetState, Gpu, Leadership, ModelSpec, NodeInventory, NodeStatus, Outcome,
+    RejectionKind,
     ReplicaState, Shard, ShardFailure, ShardState,
 };
 
@@ -34,7 +35,9 @@ fn register(id: &str, at_ms: u64) -> Command {
 fn put_model(name: &str, replicas: u32) -> Command {
     Command::PutModel {
         name: name.to_owned(),
-        spec: serde_json::json!({"name": name, "replicas": replicas}),
+        spec: ModelSpec::from_stored(serde_json::json!({
+            "name": name, "source": format!("org/{name}"), "replicas": replicas, "profiles": [],
+        })),
         replicas,
         at_ms: 5,
     }
@@ -513,7 +516,9 @@ fn ports_names_and_aliases_are_checked_at_apply() {
     // Names and aliases are one namespace.
     let aliased = |name: &str, aliases: &[&str]| Command::PutModel {
         name: name.to_owned(),
-        spec: serde_json::json!({"name": name, "aliases": aliases}),
+        spec: ModelSpec::from_stored(serde_json::json!({
+            "name": name, "aliases": aliases, "endpoints": ["http://10.9.9.9:8000/v1"],
+        })),
         replicas: 1,
         at_ms: 7,
     };

@@ -1,0 +1,105 @@
+//! Nodes, replicas and why a model's replicas are where they are.
+
+use llmgw_scheduler::Explanation;
+use llmgw_state::{NodeRecord, Replica, ReplicaFailure, ReplicaState, ShardState};
+use serde::{Deserialize, Serialize};
+
+/// One entry of `GET /api/v1/nodes`, and `GET /api/v1/nodes/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    #[serde(flatten)]
+    pub record: NodeRecord,
+    pub gpus_total: usize,
+    /// GPUs held by shards that are not stopped.
+    pub gpus_used: usize,
+    pub shards: Vec<NodeShard>,
+    /// The agent's stream as this peer sees it: only the leader holds
+    /// streams, so followers answer `null`.
+    pub stream: Option<LinkView>,
+}
+
+/// One shard as a node's listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeShard {
+    pub shard: String,
+    pub replica: String,
+    pub model: String,
+    pub gpus: Vec<u32>,
+    pub port: u16,
+    pub state: ShardState,
+}
+
+/// A node's agent stream on the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkView {
+    pub connected: bool,
+    pub last_heartbeat_ms_ago: Option<u64>,
+    pub connected_for_ms: Option<u64>,
+    /// The latest commands the agent refused, oldest first.
+    pub refusals: Vec<Refusal>,
+}
+
+/// A command the agent refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub command_id: u64,
+    pub message: String,
+    pub at_ms: u64,
+}
+
+/// One entry of `GET /api/v1/replicas`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    pub state: ReplicaState,
+    /// The head shard's HTTP address, where the router sends requests.
+    pub endpoint: Option<String>,
+    #[serde(flatten)]
+    pub replica: Replica,
+}
+
+/// `POST /api/v1/nodes/{id}/drain?deadline_s=N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainQuery {
+    /// Seconds in-flight requests get before shards are stopped anyway.
+    #[serde(default = "DrainQuery::default_deadline_s")]
+    pub deadline_s: u64,
+}
+
+impl DrainQuery {
+    pub const DEFAULT_DEADLINE_S: u64 = 300;
+
+    fn default_deadline_s() -> u64 {
+        Self::DEFAULT_DEADLINE_S
+    }
+}
+
+impl Default for DrainQuery {
+    fn default() -> Self {
+        DrainQuery {
+            deadline_s: Self::DEFAULT_DEADLINE_S,
+        }
+    }
+}
+
+/// `GET /api/v1/models/{name}/explain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelExplanation {
+    pub model: String,
+    pub desired: u32,
+    pub replicas: Vec<ReplicaWhy>,
+    /// Desired replicas with no placement.
+    pub pending: u32,
+    /// Why a pending replica does not fit, as operators read it.
+    pub explanation: Option<String>,
+    /// The same, with a count per reason for every profile tried.
+    pub detail: Option<Explanation>,
+    pub last_failure: Option<ReplicaFailure>,
+}
+
+/// Why one replica is where it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaWhy {
+    pub id: String,
+    pub state: ReplicaState,
+    pub why: String,
+}

@@ -1,0 +1,31 @@
+//! The admin API's contract. The server builds these types and serializes
+//! them; `llmgw ctl`, `llmgw dev`, the router's control-plane watcher, the
+//! chaos suite and the tests deserialize the same types, so a field renamed
+//! on one side fails to compile on the other instead of reading as absent.
+//!
+//! Records that are replicated state (`NodeRecord`, `Replica`, catalog
+//! entries) keep their own shapes and appear here flattened into views.
+
+mod backup;
+mod cluster;
+mod error;
+mod fleet;
+mod health;
+mod node_id;
+pub mod paths;
+
+pub use backup::{BackupLeaderId, BackupLogId, BackupSummary};
+pub use cluster::{AddPeer, ClusterView, Membership, PeerAdded, PeerRemoved, PeerRole, PeerView};
+pub use error::{ErrorBody, ErrorDetail};
+pub use fleet::{
+    DrainQuery, LinkView, ModelExplanation, NodeShard, NodeView, Refusal, ReplicaView, ReplicaWhy,
+};
+pub use health::{Readiness, StateEvent};
+pub use node_id::check_node_id;
+
+pub use llmgw_catalog::Model;
+pub use llmgw_scheduler::Explanation;
+pub use llmgw_state::{
+    LinkKind,
+    NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardState,
+};

@@ -1,0 +1,33 @@
+//! Where each resource lives, relative to a peer's admin base URL.
+
+pub const CLUSTER: &str = "/api/v1/cluster";
+pub const CLUSTER_PEERS: &str = "/api/v1/cluster/peers";
+pub const NODES: &str = "/api/v1/nodes";
+pub const REPLICAS: &str = "/api/v1/replicas";
+pub const MODELS: &str = "/api/v1/models";
+pub const SNAPSHOT: &str = "/api/v1/snapshot";
+pub const EVENTS: &str = "/api/v1/events";
+pub const READYZ: &str = "/readyz";
+pub const HEALTHZ: &str = "/healthz";
+pub const METRICS: &str = "/metrics";
+
+pub fn node(id: &str) -> String {
+    format!("{NODES}/{id}")
+}
+
+/// `action` is `cordon`, `uncordon` or `drain`.
+pub fn node_action(id: &str, action: &str) -> String {
+    format!("{NODES}/{id}/{action}")
+}
+
+pub fn model(name: &str) -> String {
+    format!("{MODELS}/{name}")
+}
+
+pub fn explain(name: &str) -> String {
+    format!("{MODELS}/{name}/explain")
+}
+
+pub fn peer(id: u64) -> String {
+    format!("{CLUSTER_PEERS}/{id}")
+}
