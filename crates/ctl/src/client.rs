@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
+use llmgw_api::{ClusterView, ErrorBody, paths};
 use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CtlError {
@@ -70,14 +73,15 @@ impl AdminClient {
         })
     }
 
-    /// Sends the request to each peer in turn until one answers; returns the
-    /// JSON body (null for an empty one) of a successful answer.
+    /// Sends the request to each peer in turn until one answers; returns
+    /// the body of a successful answer as the peer sent it (null for an
+    /// empty one).
     pub async fn call(
         &self,
         method: Method,
         path: &str,
         body: Option<(&'static str, Vec<u8>)>,
-    ) -> Result<serde_json::Value, CtlError> {
+    ) -> Result<Answer, CtlError> {
         let mut failures = Vec::new();
         for base in &self.bases {
             let url = format!("{base}{path}");
@@ -101,17 +105,23 @@ impl AdminClient {
             let text = response.text().await.unwrap_or_default();
             if status.is_success() {
                 if text.trim().is_empty() {
-                    return Ok(serde_json::Value::Null);
+                    return Ok(Answer {
+                        url,
+                        status,
+                        body: Value::Null,
+                    });
                 }
-                return serde_json::from_str(&text).map_err(|e| CtlError::Api {
-                    url,
-                    status,
-                    message: format!("the answer is not JSON: {e}"),
-                });
+                return match serde_json::from_str(&text) {
+                    Ok(body) => Ok(Answer { url, status, body }),
+                    Err(e) => Err(CtlError::Api {
+                        url,
+                        status,
+                        message: format!("the answer is not JSON: {e}"),
+                    }),
+                };
             }
-            let mut message = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            let mut message = serde_json::from_str::<ErrorBody>(&text)
+                .map(|body| body.error.message)
                 .unwrap_or(text);
             if status == StatusCode::UNAUTHORIZED && self.token.is_none() {
                 message.push_str(" (no token was sent: set LLMGW_TOKEN or pass --token)");
@@ -127,33 +137,51 @@ impl AdminClient {
             details: failures.join("; "),
         })
     }
-}
 
-impl AdminClient {
+    /// `GET path`, read through the admin API's contract.
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CtlError> {
+        self.call(Method::GET, path, None).await?.decode()
+    }
+
     /// Asks the leader when it can be found: only the leader holds the
     /// agents' streams, so only it knows heartbeats. Falls back to any peer.
-    pub async fn call_leader(&self, path: &str) -> Result<serde_json::Value, CtlError> {
-        if let Ok(cluster) = self.call(Method::GET, "/api/v1/cluster", None).await
-            && let Some(leader) = cluster["leader_id"].as_u64()
-            && let Some(admin) = cluster["peers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|p| p["id"].as_u64() == Some(leader))
-                .and_then(|p| p["admin"].as_str())
-                .filter(|a| !a.is_empty())
+    pub async fn get_from_leader(&self, path: &str) -> Result<Answer, CtlError> {
+        if let Ok(cluster) = self.get::<ClusterView>(paths::CLUSTER).await
+            && let Some(leader) = cluster.leader()
+            && !leader.admin.is_empty()
         {
             let leader_client = AdminClient {
-                bases: vec![admin.trim_end_matches('/').to_owned()],
+                bases: vec![leader.admin.trim_end_matches('/').to_owned()],
                 http: self.http.clone(),
                 has_ca: self.has_ca,
                 token: self.token.clone(),
             };
-            if let Ok(value) = leader_client.call(Method::GET, path, None).await {
-                return Ok(value);
+            if let Ok(answer) = leader_client.call(Method::GET, path, None).await {
+                return Ok(answer);
             }
         }
         self.call(Method::GET, path, None).await
+    }
+}
+
+/// A successful answer of the admin API.
+#[derive(Debug)]
+pub struct Answer {
+    pub url: String,
+    pub status: StatusCode,
+    /// The body as the peer sent it: `-o json` and `-o yaml` print this,
+    /// so they show exactly what the API said.
+    pub body: Value,
+}
+
+impl Answer {
+    /// The body read through the admin API's contract (`llmgw-api`).
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, CtlError> {
+        T::deserialize(&self.body).map_err(|e| CtlError::Api {
+            url: self.url.clone(),
+            status: self.status,
+            message: format!("the answer does not match the admin API: {e}"),
+        })
     }
 }
 

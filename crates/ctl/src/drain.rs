@@ -6,10 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use reqwest::Method;
+use llmgw_api::{NodeView, Replica, ReplicaView, paths};
 
 use crate::client::{AdminClient, CtlError};
-use crate::run::text;
 
 /// A replica stopped by the drain deadline with no replacement ready.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -23,58 +22,43 @@ pub async fn follow(client: &AdminClient, node: &str) -> Result<Vec<ForcedStop>,
     let mut shown: BTreeMap<String, String> = BTreeMap::new();
     let mut forced: Vec<ForcedStop> = Vec::new();
     loop {
-        let record = client
-            .call(Method::GET, &format!("/api/v1/nodes/{node}"), None)
-            .await?;
-        let replicas = client.call(Method::GET, "/api/v1/replicas", None).await?;
-        let all = replicas.as_array().cloned().unwrap_or_default();
-        for replica in &all {
-            let on_node = replica["shards"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|s| s["node"] == node);
-            let replaces = replica["replaces"].as_str();
+        let node_view: NodeView = client.get(&paths::node(node)).await?;
+        let all: Vec<ReplicaView> = client.get(paths::REPLICAS).await?;
+        for view in &all {
+            let replica = &view.replica;
+            let state = view.state.as_str();
+            let on_node = replica.shards.iter().any(|shard| shard.node == node);
             let line = if on_node {
-                let why = replica["stop"]["reason"]
-                    .as_str()
-                    .unwrap_or("waiting for a replacement");
-                format!(
-                    "{} [{}] {}",
-                    text(&replica["model"]),
-                    text(&replica["state"]),
-                    why
-                )
-            } else if let Some(old) = replaces
-                && all.iter().any(|r| r["id"] == old)
+                let why = replica
+                    .stop
+                    .as_ref()
+                    .map_or("waiting for a replacement", |stop| stop.reason.as_str());
+                format!("{} [{state}] {why}", replica.model)
+            } else if let Some(old) = &replica.replaces
+                && all.iter().any(|other| other.replica.id == *old)
             {
-                let nodes: Vec<String> = replica["shards"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|s| text(&s["node"]))
+                let nodes: Vec<&str> = replica
+                    .shards
+                    .iter()
+                    .map(|shard| shard.node.as_str())
                     .collect();
-                format!(
-                    "replacement for {old} on {} [{}]",
-                    nodes.join("+"),
-                    text(&replica["state"])
-                )
+                format!("replacement for {old} on {} [{state}]", nodes.join("+"))
             } else {
                 continue;
             };
-            let id = text(&replica["id"]);
-            if on_node && was_forced(replica) && !forced.iter().any(|f| f.replica == id) {
+            let id = &replica.id;
+            if on_node && was_forced(replica) && !forced.iter().any(|f| f.replica == *id) {
                 forced.push(ForcedStop {
                     replica: id.clone(),
-                    model: text(&replica["model"]),
+                    model: replica.model.clone(),
                 });
             }
-            if shown.get(&id) != Some(&line) {
+            if shown.get(id) != Some(&line) {
                 println!("  {id}: {line}");
-                shown.insert(id, line);
+                shown.insert(id.clone(), line);
             }
         }
-        if record["draining"] != true {
+        if !node_view.record.draining {
             return Ok(forced);
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -83,13 +67,10 @@ pub async fn follow(client: &AdminClient, node: &str) -> Result<Vec<ForcedStop>,
 
 /// The reconciler stops a replica without a drain when the node's deadline
 /// passed before its replacement was ready.
-fn was_forced(replica: &serde_json::Value) -> bool {
-    let stop = &replica["stop"];
-    stop.is_object()
-        && stop["drain_deadline_ms"].is_null()
-        && stop["reason"]
-            .as_str()
-            .is_some_and(|reason| reason.contains("deadline passed"))
+fn was_forced(replica: &Replica) -> bool {
+    replica.stop.as_ref().is_some_and(|stop| {
+        stop.drain_deadline_ms.is_none() && stop.reason.contains("deadline passed")
+    })
 }
 
 /// The last line of a followed drain.
@@ -116,17 +97,31 @@ pub fn summary(node: &str, forced: &[ForcedStop]) -> String {
 mod tests {
     use super::*;
 
+    /// A replica of model `m` with this stop order, as the API sends it.
+    fn replica(id: &str, stop: serde_json::Value) -> Replica {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "model": "m", "profile": "p", "shards": [], "created_at_ms": 1,
+            "stop": stop
+        }))
+        .expect("a replica")
+    }
+
     #[test]
     fn a_forced_stop_is_told_plainly() {
-        let forced = serde_json::json!({
-            "id": "r1", "model": "m",
-            "stop": {"reason": "node n1 drains and its deadline passed before a replacement was ready",
-                     "drain_deadline_ms": null}
-        });
-        let moved = serde_json::json!({
-            "id": "r2", "model": "m",
-            "stop": {"reason": "node n1 drains; replica r3 took over", "drain_deadline_ms": 99}
-        });
+        let forced = replica(
+            "r1",
+            serde_json::json!({
+                "reason": "node n1 drains and its deadline passed before a replacement was ready",
+                "drain_deadline_ms": null, "at_ms": 5
+            }),
+        );
+        let moved = replica(
+            "r2",
+            serde_json::json!({
+                "reason": "node n1 drains; replica r3 took over",
+                "drain_deadline_ms": 99, "at_ms": 5
+            }),
+        );
         assert!(was_forced(&forced));
         assert!(!was_forced(&moved));
         let line = summary(

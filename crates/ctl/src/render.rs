@@ -3,157 +3,152 @@
 
 use std::fmt::Write;
 
-use serde_json::Value;
+use llmgw_api::{LinkView, ModelExplanation, NodeView};
 
-use crate::run::text;
+use crate::run::list;
 use crate::table::Table;
 
 /// "1.2s ago" from the leader's view of the stream; "-" when this peer
 /// holds no stream (followers), "disconnected" when the leader has none.
-pub fn heartbeat(stream: &Value) -> String {
-    if stream.is_null() {
+pub fn heartbeat(stream: Option<&LinkView>) -> String {
+    let Some(stream) = stream else {
         return "-".to_owned();
-    }
-    if stream["connected"].as_bool() != Some(true) {
+    };
+    if !stream.connected {
         return "disconnected".to_owned();
     }
-    match stream["last_heartbeat_ms_ago"].as_u64() {
+    match stream.last_heartbeat_ms_ago {
         Some(ms) => format!("{:.1}s ago", ms as f64 / 1000.0),
         None => "-".to_owned(),
     }
 }
 
-pub fn node_detail(node: &Value) -> String {
+/// A string the API leaves out when it is empty.
+fn or_dash_empty(text: &str) -> String {
+    if text.is_empty() {
+        "-".to_owned()
+    } else {
+        text.to_owned()
+    }
+}
+
+pub fn node_detail(node: &NodeView) -> String {
     let mut out = String::new();
-    let inventory = &node["inventory"];
-    let _ = writeln!(out, "node:        {}", text(&node["id"]));
-    let _ = writeln!(out, "status:      {}", text(&node["status"]));
+    let record = &node.record;
+    let inventory = &record.inventory;
+    let _ = writeln!(out, "node:        {}", record.id);
+    let _ = writeln!(out, "status:      {}", record.status.as_str());
     let _ = writeln!(
         out,
         "cordoned:    {}   draining: {}",
-        text(&node["cordoned"]),
-        text(&node["draining"])
+        record.cordoned, record.draining
     );
-    let _ = writeln!(out, "heartbeat:   {}", heartbeat(&node["stream"]));
-    let _ = writeln!(out, "mgmt:        {}", text(&node["mgmt_addr"]));
-    let _ = writeln!(out, "hostname:    {}", text(&inventory["hostname"]));
-    let _ = writeln!(out, "gpu source:  {}", text(&inventory["gpu_source"]));
-    let _ = writeln!(out, "engines:     {}", list(&inventory["engines"]));
-    let _ = writeln!(out, "agent:       {}", text(&inventory["agent_version"]));
-    let labels: Vec<String> = node["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={}", text(v)))
+    let _ = writeln!(out, "heartbeat:   {}", heartbeat(node.stream.as_ref()));
+    let _ = writeln!(out, "mgmt:        {}", record.mgmt_addr);
+    let _ = writeln!(out, "hostname:    {}", inventory.hostname);
+    let _ = writeln!(out, "gpu source:  {}", or_dash_empty(&inventory.gpu_source));
+    let _ = writeln!(out, "engines:     {}", list(&inventory.engines));
+    let _ = writeln!(
+        out,
+        "agent:       {}",
+        or_dash_empty(&inventory.agent_version)
+    );
+    let labels: Vec<String> = record
+        .labels
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
         .collect();
     let _ = writeln!(out, "labels:      {}", labels.join(", "));
 
     let mut gpus = Table::new(&["GPU", "MODEL", "MEMORY", "NVLINK PEERS", "UUID"]);
-    for gpu in inventory["gpus"].as_array().into_iter().flatten() {
+    for gpu in &inventory.gpus {
         gpus.row(vec![
-            text(&gpu["index"]),
-            text(&gpu["model"]),
-            format!("{} MiB", text(&gpu["memory_mb"])),
-            list(&gpu["nvlink_peers"]),
-            text(&gpu["uuid"]),
+            gpu.index.to_string(),
+            gpu.model.clone(),
+            format!("{} MiB", gpu.memory_mb),
+            list(&gpu.nvlink_peers),
+            or_dash_empty(&gpu.uuid),
         ]);
     }
     let _ = write!(out, "\n{}", gpus.render());
 
     let mut fabrics = Table::new(&["FABRIC", "HCAS", "ACTIVE", "PROBLEMS"]);
-    for fabric in inventory["fabric_reports"].as_array().into_iter().flatten() {
+    for fabric in &inventory.fabric_reports {
         fabrics.row(vec![
-            text(&fabric["name"]),
-            list(&fabric["hcas"]),
-            list(&fabric["active_hcas"]),
-            list(&fabric["problems"]),
+            fabric.name.clone(),
+            list(&fabric.hcas),
+            list(&fabric.active_hcas),
+            list(&fabric.problems),
         ]);
     }
     let _ = write!(out, "\n{}", fabrics.render());
 
     let mut hcas = Table::new(&["HCA", "PORT", "STATE", "RATE", "LINK LAYER"]);
-    for hca in inventory["hcas"].as_array().into_iter().flatten() {
+    for hca in &inventory.hcas {
         hcas.row(vec![
-            text(&hca["name"]),
-            text(&hca["port"]),
-            text(&hca["state"]),
-            format!("{} Gb/s", text(&hca["rate_gbps"])),
-            text(&hca["link_layer"]),
+            hca.name.clone(),
+            hca.port.to_string(),
+            hca.state.clone(),
+            format!("{} Gb/s", hca.rate_gbps),
+            hca.link_layer.clone(),
         ]);
     }
     let _ = write!(out, "\n{}", hcas.render());
 
     let mut shards = Table::new(&["SHARD", "MODEL", "GPUS", "PORT", "STATE"]);
-    for shard in node["shards"].as_array().into_iter().flatten() {
+    for shard in &node.shards {
         shards.row(vec![
-            text(&shard["shard"]),
-            text(&shard["model"]),
-            list(&shard["gpus"]),
-            text(&shard["port"]),
-            text(&shard["state"]),
+            shard.shard.clone(),
+            shard.model.clone(),
+            list(&shard.gpus),
+            shard.port.to_string(),
+            shard.state.as_str().to_owned(),
         ]);
     }
     let _ = write!(out, "\n{}", shards.render());
 
-    for warning in inventory["warnings"].as_array().into_iter().flatten() {
-        let _ = writeln!(out, "warning: {}", text(warning));
+    for warning in &inventory.warnings {
+        let _ = writeln!(out, "warning: {warning}");
     }
-    for refusal in node["stream"]["refusals"].as_array().into_iter().flatten() {
+    let refusals = node.stream.iter().flat_map(|stream| &stream.refusals);
+    for refusal in refusals {
         let _ = writeln!(
             out,
             "refused command {}: {}",
-            text(&refusal["command_id"]),
-            text(&refusal["message"])
+            refusal.command_id, refusal.message
         );
     }
     out
 }
 
-pub fn explanation(value: &Value) -> String {
+pub fn explanation(explained: &ModelExplanation) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
         "model {}: {} desired, {} pending",
-        text(&value["model"]),
-        text(&value["desired"]),
-        text(&value["pending"])
+        explained.model, explained.desired, explained.pending
     );
-    for replica in value["replicas"].as_array().into_iter().flatten() {
+    for replica in &explained.replicas {
         let _ = writeln!(
             out,
             "  {} [{}] {}",
-            text(&replica["id"]),
-            text(&replica["state"]),
-            text(&replica["why"])
+            replica.id,
+            replica.state.as_str(),
+            replica.why
         );
     }
-    if let Some(why) = value["explanation"].as_str() {
+    if let Some(why) = &explained.explanation {
         let _ = writeln!(out, "pending: {why}");
     }
-    if let Some(failure) = value["last_failure"].as_object() {
+    if let Some(failure) = &explained.last_failure {
         let _ = writeln!(
             out,
             "last failure: replica {} on node {}: {}",
-            text(&failure["replica"]),
-            text(&failure["node"]),
-            text(&failure["failure"]["message"])
+            failure.replica, failure.node, failure.failure.message
         );
-        for line in failure["failure"]["output_tail"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let _ = writeln!(out, "  | {}", text(line));
+        for line in &failure.failure.output_tail {
+            let _ = writeln!(out, "  | {line}");
         }
     }
     out
-}
-
-fn list(value: &Value) -> String {
-    let items: Vec<String> = value.as_array().into_iter().flatten().map(text).collect();
-    if items.is_empty() {
-        "-".to_owned()
-    } else {
-        items.join(",")
-    }
 }

@@ -2,11 +2,17 @@
 
 use std::io::IsTerminal;
 
+use llmgw_api::{
+    AddPeer, ClusterView, DrainQuery, LinkView, Model, NodeRecord, NodeView, PeerAdded,
+    PeerRemoved, ReplicaView, ShardState, paths,
+};
 use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::args::{ClusterAction, CtlArgs, CtlCommand, ModelAction, OutputFormat, SnapshotAction};
-use crate::client::{AdminClient, CtlError};
+use crate::client::{AdminClient, Answer, CtlError};
 use crate::table::Table;
 
 /// Runs the command and returns what to print; with `--watch`, prints it
@@ -47,68 +53,67 @@ fn chrono_free_now() -> String {
 }
 
 async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> {
-    let (value, render): (Value, fn(&Value) -> String) = match args.command.clone() {
-        CtlCommand::Cluster { action: None } => (
-            client.call(Method::GET, "/api/v1/cluster", None).await?,
-            render_cluster,
-        ),
+    let output = args.output;
+    match args.command.clone() {
+        CtlCommand::Cluster { action: None } => {
+            let answer = client.call(Method::GET, paths::CLUSTER, None).await?;
+            show(output, &answer, render_cluster)
+        }
         CtlCommand::Cluster {
             action: Some(ClusterAction::Add { id, grpc, admin }),
         } => {
-            let body = serde_json::json!({"id": id, "grpc": grpc, "admin": admin});
-            let body = ("application/json", body.to_string().into_bytes());
-            (
-                client
-                    .call(Method::POST, "/api/v1/cluster/peers", Some(body))
-                    .await?,
-                |_| "peer added\n".to_owned(),
-            )
+            let body = json_body(&AddPeer { id, grpc, admin })?;
+            let answer = client
+                .call(Method::POST, paths::CLUSTER_PEERS, Some(body))
+                .await?;
+            show(output, &answer, |_: &PeerAdded| "peer added\n".to_owned())
         }
         CtlCommand::Cluster {
             action: Some(ClusterAction::Remove { id }),
-        } => (
-            client
-                .call(Method::DELETE, &format!("/api/v1/cluster/peers/{id}"), None)
-                .await?,
-            |_| "peer removed\n".to_owned(),
-        ),
-        CtlCommand::Nodes { node: None } => {
-            (client.call_leader("/api/v1/nodes").await?, render_nodes)
+        } => {
+            let answer = client.call(Method::DELETE, &paths::peer(id), None).await?;
+            show(output, &answer, |_: &PeerRemoved| {
+                "peer removed\n".to_owned()
+            })
         }
-        CtlCommand::Nodes { node: Some(node) } => (
-            client.call_leader(&format!("/api/v1/nodes/{node}")).await?,
-            crate::render::node_detail,
-        ),
-        CtlCommand::Explain { model } => (
-            client
-                .call(
-                    Method::GET,
-                    &format!("/api/v1/models/{model}/explain"),
-                    None,
-                )
-                .await?,
-            crate::render::explanation,
-        ),
-        CtlCommand::Replicas => (
-            client.call(Method::GET, "/api/v1/replicas", None).await?,
-            render_replicas,
-        ),
-        CtlCommand::Models { action: None } => (
-            client.call(Method::GET, "/api/v1/models", None).await?,
-            render_models,
-        ),
+        CtlCommand::Nodes { node: None } => {
+            let answer = client.get_from_leader(paths::NODES).await?;
+            show(output, &answer, |nodes: &Vec<NodeView>| render_nodes(nodes))
+        }
+        CtlCommand::Nodes { node: Some(node) } => {
+            let answer = client.get_from_leader(&paths::node(&node)).await?;
+            show(output, &answer, crate::render::node_detail)
+        }
+        CtlCommand::Explain { model } => {
+            let answer = client
+                .call(Method::GET, &paths::explain(&model), None)
+                .await?;
+            show(output, &answer, crate::render::explanation)
+        }
+        CtlCommand::Replicas => {
+            let answer = client.call(Method::GET, paths::REPLICAS, None).await?;
+            show(output, &answer, |replicas: &Vec<ReplicaView>| {
+                render_replicas(replicas)
+            })
+        }
+        CtlCommand::Models { action: None } => {
+            let answer = client.call(Method::GET, paths::MODELS, None).await?;
+            show(output, &answer, |models: &Vec<Model>| render_models(models))
+        }
         CtlCommand::Models {
             action: Some(ModelAction::Get { name }),
-        } => (
-            client
-                .call(Method::GET, &format!("/api/v1/models/{name}"), None)
-                .await?,
-            |v| format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
-        ),
+        } => {
+            let answer = client.call(Method::GET, &paths::model(&name), None).await?;
+            // The entry as the peer stores it, in the shape of models.yaml:
+            // a table would only repeat it.
+            Ok(match output {
+                OutputFormat::Yaml => crate::yaml::to_yaml(&answer.body),
+                OutputFormat::Json | OutputFormat::Table => pretty_json(&answer.body),
+            })
+        }
         CtlCommand::Models {
             action: Some(ModelAction::Put { file, name }),
         } => {
-            let file = file.clone();
             let text = std::fs::read_to_string(&file)
                 .map_err(|e| CtlError::Usage(format!("cannot read {}: {e}", file.display())))?;
             let name = match name {
@@ -121,77 +126,97 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
                 })?,
             };
             let body = ("application/yaml", text.into_bytes());
-            (
-                client
-                    .call(Method::PUT, &format!("/api/v1/models/{name}"), Some(body))
-                    .await?,
-                |v| format!("model {} stored\n", v["name"].as_str().unwrap_or("?")),
-            )
+            let answer = client
+                .call(Method::PUT, &paths::model(&name), Some(body))
+                .await?;
+            show(output, &answer, |model: &Model| {
+                format!("model {} stored\n", model.name)
+            })
         }
         CtlCommand::Models {
             action: Some(ModelAction::Delete { name }),
-        } => (
-            client
-                .call(Method::DELETE, &format!("/api/v1/models/{name}"), None)
-                .await?,
-            |_| "model deleted\n".to_owned(),
-        ),
-        CtlCommand::Cordon { node } => (
-            client
-                .call(Method::POST, &format!("/api/v1/nodes/{node}/cordon"), None)
-                .await?,
-            |v| render_nodes(&Value::Array(vec![v.clone()])),
-        ),
-        CtlCommand::Uncordon { node } => (
-            client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/nodes/{node}/uncordon"),
-                    None,
-                )
-                .await?,
-            |v| render_nodes(&Value::Array(vec![v.clone()])),
-        ),
+        } => {
+            // 204 No Content: the body is null.
+            let answer = client
+                .call(Method::DELETE, &paths::model(&name), None)
+                .await?;
+            show(output, &answer, |_: &()| "model deleted\n".to_owned())
+        }
+        CtlCommand::Cordon { node } => {
+            let answer = client
+                .call(Method::POST, &paths::node_action(&node, "cordon"), None)
+                .await?;
+            show(output, &answer, render_node_record)
+        }
+        CtlCommand::Uncordon { node } => {
+            let answer = client
+                .call(Method::POST, &paths::node_action(&node, "uncordon"), None)
+                .await?;
+            show(output, &answer, render_node_record)
+        }
         CtlCommand::Snapshot {
             action: SnapshotAction::Save { file },
-        } => return crate::snapshot::save(client, &file).await,
+        } => crate::snapshot::save(client, &file).await,
         CtlCommand::Drain {
             node,
             deadline,
             no_wait,
         } => {
-            let started = client
-                .call(
-                    Method::POST,
-                    &format!(
-                        "/api/v1/nodes/{node}/drain?deadline_s={}",
-                        deadline.as_secs().max(1)
-                    ),
-                    None,
-                )
-                .await?;
-            if no_wait || args.output != OutputFormat::Table {
-                (started, |v| render_nodes(&Value::Array(vec![v.clone()])))
+            let query = DrainQuery {
+                deadline_s: deadline.as_secs().max(1),
+            };
+            let path = format!(
+                "{}?deadline_s={}",
+                paths::node_action(&node, "drain"),
+                query.deadline_s
+            );
+            let started = client.call(Method::POST, &path, None).await?;
+            if no_wait || output != OutputFormat::Table {
+                show(output, &started, render_node_record)
             } else {
                 let forced = crate::drain::follow(client, &node).await?;
-                return Ok(crate::drain::summary(&node, &forced));
+                Ok(crate::drain::summary(&node, &forced))
             }
         }
-    };
-    Ok(match args.output {
-        OutputFormat::Json => format!(
-            "{}\n",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        ),
-        OutputFormat::Yaml => crate::yaml::to_yaml(&value),
-        OutputFormat::Table => render(&value),
+    }
+}
+
+/// `-o json` and `-o yaml` print the answer as the peer sent it; a table
+/// reads it through the admin API's contract first.
+fn show<T: DeserializeOwned>(
+    output: OutputFormat,
+    answer: &Answer,
+    table: impl FnOnce(&T) -> String,
+) -> Result<String, CtlError> {
+    Ok(match output {
+        OutputFormat::Json => pretty_json(&answer.body),
+        OutputFormat::Yaml => crate::yaml::to_yaml(&answer.body),
+        OutputFormat::Table => table(&answer.decode::<T>()?),
     })
+}
+
+fn pretty_json(value: &Value) -> String {
+    format!(
+        "{}\n",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    )
+}
+
+fn json_body(body: &impl Serialize) -> Result<(&'static str, Vec<u8>), CtlError> {
+    let bytes = serde_json::to_vec(body)
+        .map_err(|e| CtlError::Usage(format!("cannot encode the request: {e}")))?;
+    Ok(("application/json", bytes))
 }
 
 /// The top-level `name:` of a single YAML or JSON model entry.
 fn name_in(text: &str) -> Option<String> {
+    /// A model entry's name; its other fields are the server's to check.
+    #[derive(Deserialize)]
+    struct Named {
+        name: String,
+    }
     if let Ok(value) = serde_json::from_str::<Value>(text) {
-        return value["name"].as_str().map(str::to_owned);
+        return Named::deserialize(&value).ok().map(|entry| entry.name);
     }
     text.lines().find_map(|line| {
         let rest = line.strip_prefix("name:")?;
@@ -200,15 +225,24 @@ fn name_in(text: &str) -> Option<String> {
     })
 }
 
-pub(crate) fn text(value: &Value) -> String {
-    match value {
-        Value::Null => "-".to_owned(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// A table cell for a value the API may leave out.
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| value.to_string())
 }
 
-fn render_cluster(value: &Value) -> String {
+/// A table cell listing values, "-" when there are none.
+pub(crate) fn list<T: ToString>(items: &[T]) -> String {
+    if items.is_empty() {
+        return "-".to_owned();
+    }
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn render_cluster(cluster: &ClusterView) -> String {
     let mut table = Table::new(&[
         "ID",
         "ADDR",
@@ -219,156 +253,150 @@ fn render_cluster(value: &Value) -> String {
         "APPLIED",
         "STATE HASH",
     ]);
-    for peer in value["peers"].as_array().into_iter().flatten() {
+    for peer in &cluster.peers {
         table.row(vec![
-            text(&peer["id"]),
-            text(&peer["addr"]),
-            text(&peer["role"]),
-            text(&peer["membership"]),
-            text(&peer["term"]),
-            text(&peer["last_log_index"]),
-            text(&peer["last_applied_index"]),
-            text(&peer["state_hash"]),
+            peer.id.to_string(),
+            peer.addr.clone(),
+            peer.role.to_string(),
+            peer.membership.to_string(),
+            or_dash(peer.term),
+            or_dash(peer.last_log_index),
+            or_dash(peer.last_applied_index),
+            or_dash(peer.state_hash.as_deref()),
         ]);
     }
-    let transport = match value["insecure"].as_bool() {
-        Some(true) => "  transport: INSECURE (plaintext gRPC)",
-        Some(false) => "  transport: mTLS",
-        None => "",
+    let transport = if cluster.insecure {
+        "  transport: INSECURE (plaintext gRPC)"
+    } else {
+        "  transport: mTLS"
     };
     format!(
         "leader: {}  term: {}{transport}\n{}",
-        text(&value["leader_id"]),
-        text(&value["term"]),
+        or_dash(cluster.leader_id),
+        cluster.term,
         table.render()
     )
 }
 
-fn render_nodes(value: &Value) -> String {
-    let mut table = Table::new(&[
-        "ID",
-        "STATUS",
-        "FLAGS",
-        "HEARTBEAT",
-        "GPUS",
-        "FABRICS",
-        "SHARDS",
-        "MGMT",
-    ]);
-    for node in value.as_array().into_iter().flatten() {
-        let mut flags = Vec::new();
-        if node["cordoned"].as_bool() == Some(true) {
-            flags.push("cordoned");
-        }
-        if node["draining"].as_bool() == Some(true) {
-            flags.push("draining");
-        }
-        let gpus = node["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-        let used = node["gpus_used"].as_u64().unwrap_or(0);
-        let fabrics: Vec<String> = node["fabrics"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(text)
-            .collect();
-        let shards = node["shards"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|s| s["state"].as_str() != Some("stopped"))
+const NODE_COLUMNS: [&str; 8] = [
+    "ID",
+    "STATUS",
+    "FLAGS",
+    "HEARTBEAT",
+    "GPUS",
+    "FABRICS",
+    "SHARDS",
+    "MGMT",
+];
+
+fn render_nodes(nodes: &[NodeView]) -> String {
+    let mut table = Table::new(&NODE_COLUMNS);
+    for node in nodes {
+        let running = node
+            .shards
+            .iter()
+            .filter(|shard| shard.state != ShardState::Stopped)
             .count();
-        table.row(vec![
-            text(&node["id"]),
-            text(&node["status"]),
-            if flags.is_empty() {
-                "-".to_owned()
-            } else {
-                flags.join(",")
-            },
-            crate::render::heartbeat(&node["stream"]),
-            format!("{used}/{gpus}"),
-            if fabrics.is_empty() {
-                "-".to_owned()
-            } else {
-                fabrics.join(",")
-            },
-            shards.to_string(),
-            text(&node["mgmt_addr"]),
-        ]);
+        table.row(node_row(
+            &node.record,
+            node.gpus_used,
+            running,
+            node.stream.as_ref(),
+        ));
     }
     table.render()
 }
 
-fn render_replicas(value: &Value) -> String {
+/// The node a cordon, uncordon or drain answers with: its record alone,
+/// without the GPUs in use, shards or stream of the node listing.
+fn render_node_record(record: &NodeRecord) -> String {
+    let mut table = Table::new(&NODE_COLUMNS);
+    table.row(node_row(record, 0, 0, None));
+    table.render()
+}
+
+fn node_row(
+    record: &NodeRecord,
+    gpus_used: usize,
+    running_shards: usize,
+    stream: Option<&LinkView>,
+) -> Vec<String> {
+    let mut flags = Vec::new();
+    if record.cordoned {
+        flags.push("cordoned");
+    }
+    if record.draining {
+        flags.push("draining");
+    }
+    vec![
+        record.id.clone(),
+        record.status.as_str().to_owned(),
+        list(&flags),
+        crate::render::heartbeat(stream),
+        format!("{gpus_used}/{}", record.inventory.gpus.len()),
+        list(&record.fabrics),
+        running_shards.to_string(),
+        record.mgmt_addr.clone(),
+    ]
+}
+
+fn render_replicas(replicas: &[ReplicaView]) -> String {
     let mut table = Table::new(&["ID", "MODEL", "PROFILE", "STATE", "SHARDS"]);
-    for replica in value.as_array().into_iter().flatten() {
-        let shards: Vec<String> = replica["shards"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| {
-                let gpus: Vec<String> = s["gpus"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(text)
-                    .collect();
+    for view in replicas {
+        let replica = &view.replica;
+        let shards: Vec<String> = replica
+            .shards
+            .iter()
+            .map(|shard| {
+                let gpus: Vec<String> = shard.gpus.iter().map(u32::to_string).collect();
                 format!(
                     "{}[{}]:{} {}",
-                    text(&s["node"]),
+                    shard.node,
                     gpus.join(","),
-                    text(&s["port"]),
-                    text(&s["state"])
+                    shard.port,
+                    shard.state.as_str()
                 )
             })
             .collect();
         table.row(vec![
-            text(&replica["id"]),
-            text(&replica["model"]),
-            text(&replica["profile"]),
-            text(&replica["state"]),
+            replica.id.clone(),
+            replica.model.clone(),
+            replica.profile.clone(),
+            view.state.as_str().to_owned(),
             shards.join("; "),
         ]);
     }
     table.render()
 }
 
-fn render_models(value: &Value) -> String {
+fn render_models(models: &[Model]) -> String {
     let mut table = Table::new(&["NAME", "REPLICAS", "PROFILES", "SOURCE / ENDPOINTS"]);
-    for model in value.as_array().into_iter().flatten() {
-        let profiles: Vec<String> = model["profiles"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| text(&p["name"]))
-            .collect();
-        let source = if model["source"].is_string() {
-            text(&model["source"])
-        } else {
-            model["endpoints"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(text)
-                .collect::<Vec<_>>()
-                .join(",")
+    for model in models {
+        let (replicas, profiles, source) = match model.managed() {
+            Some(managed) => {
+                let profiles: Vec<&str> =
+                    managed.profiles.iter().map(|p| p.name.as_str()).collect();
+                (
+                    managed.replicas.to_string(),
+                    list(&profiles),
+                    managed.source.clone(),
+                )
+            }
+            None => (
+                "-".to_owned(),
+                "-".to_owned(),
+                model.static_endpoints().join(","),
+            ),
         };
-        table.row(vec![
-            text(&model["name"]),
-            text(&model["replicas"]),
-            if profiles.is_empty() {
-                "-".to_owned()
-            } else {
-                profiles.join(",")
-            },
-            source,
-        ]);
+        table.row(vec![model.name.clone(), replicas, profiles, source]);
     }
     table.render()
 }
 
 #[cfg(test)]
 mod tests {
+    use llmgw_api::{Membership, PeerRole, PeerView};
+
     use super::*;
 
     #[test]
@@ -381,23 +409,61 @@ mod tests {
         assert_eq!(name_in("replicas: 1\n"), None);
     }
 
+    fn cluster(insecure: bool, peers: Vec<PeerView>) -> ClusterView {
+        ClusterView {
+            id: 1,
+            leader_id: Some(1),
+            term: 3,
+            peers,
+            insecure,
+            leader_changes_last_hour: 0,
+        }
+    }
+
     #[test]
     fn cluster_table_shows_each_peer() {
-        let value = serde_json::json!({
-            "leader_id": 1, "insecure": false, "term": 3,
-            "peers": [{"id": 1, "addr": "127.0.0.1:7443", "role": "leader", "membership": "voter",
-                       "term": 3, "last_log_index": 9, "last_applied_index": 9, "state_hash": "00ff"}]
-        });
-        let out = render_cluster(&value);
+        let leader = PeerView {
+            id: 1,
+            addr: "127.0.0.1:7443".to_owned(),
+            admin: "https://127.0.0.1:7480".to_owned(),
+            membership: Membership::Voter,
+            role: PeerRole::Leader,
+            term: Some(3),
+            last_log_index: Some(9),
+            last_applied_index: Some(9),
+            state_hash: Some("00ff".to_owned()),
+            error: None,
+        };
+        let out = render_cluster(&cluster(false, vec![leader]));
         assert!(
             out.starts_with("leader: 1  term: 3  transport: mTLS\n"),
             "{out}"
         );
         assert!(out.contains("127.0.0.1:7443  leader"));
-        let insecure = render_cluster(
-            &serde_json::json!({"leader_id": 1, "term": 3, "insecure": true, "peers": []}),
-        );
+        let insecure = render_cluster(&cluster(true, Vec::new()));
         assert!(insecure.contains("transport: INSECURE"), "{insecure}");
+    }
+
+    #[test]
+    fn an_unreachable_peer_shows_dashes_for_what_it_did_not_say() {
+        let silent = PeerView {
+            id: 2,
+            addr: "10.0.0.2:7443".to_owned(),
+            admin: String::new(),
+            membership: Membership::Learner,
+            role: PeerRole::Unreachable,
+            term: None,
+            last_log_index: None,
+            last_applied_index: None,
+            state_hash: None,
+            error: Some("timed out".to_owned()),
+        };
+        let out = render_cluster(&cluster(false, vec![silent]));
+        let row = out.lines().nth(2).expect("a row");
+        assert_eq!(
+            row,
+            "2   10.0.0.2:7443  unreachable  learner  -     -         -        -"
+        );
     }
 
     #[tokio::test]
@@ -405,7 +471,7 @@ mod tests {
         // Port 9 (discard) on loopback is closed on test machines.
         let client = AdminClient::new(vec!["http://127.0.0.1:9".into()], None, None).unwrap();
         let error = client
-            .call(Method::GET, "/api/v1/cluster", None)
+            .call(Method::GET, paths::CLUSTER, None)
             .await
             .unwrap_err()
             .to_string();

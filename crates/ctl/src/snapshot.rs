@@ -4,25 +4,20 @@
 use std::io::Write;
 use std::path::Path;
 
+use llmgw_api::{BackupSummary, paths};
 use reqwest::Method;
-use serde_json::Value;
+use serde::Deserialize;
 
 use crate::client::{AdminClient, CtlError};
 
 pub async fn save(client: &AdminClient, file: &Path) -> Result<String, CtlError> {
-    let backup = client.call(Method::GET, "/api/v1/snapshot", None).await?;
-    let field = |name: &str| backup.get(name).cloned().unwrap_or(Value::Null);
-    let index = field("last_log_id")
-        .get("index")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| CtlError::Usage("the peer's answer is not a backup".to_owned()))?;
-    let term = field("last_log_id")
-        .pointer("/leader_id/term")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let hash = field("state_hash").as_str().unwrap_or_default().to_owned();
-    let peer = field("saved_on_peer");
-    let bytes = serde_json::to_vec(&backup)
+    let answer = client.call(Method::GET, paths::SNAPSHOT, None).await?;
+    let backup = BackupSummary::deserialize(&answer.body)
+        .map_err(|_| CtlError::Usage("the peer's answer is not a backup".to_owned()))?;
+    let (index, term) = (backup.index(), backup.term());
+    let (hash, peer) = (&backup.state_hash, backup.saved_on_peer);
+    // The file holds the whole answer, not only what is shown of it.
+    let bytes = serde_json::to_vec(&answer.body)
         .map_err(|e| CtlError::Usage(format!("cannot encode the backup: {e}")))?;
     write_durably(file, &bytes)
         .map_err(|e| CtlError::Usage(format!("cannot write {}: {e}", file.display())))?;
