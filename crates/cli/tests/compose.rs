@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use llmgw_api::{ClusterView, ReplicaState, ReplicaView};
 
 const DEADLINE: Duration = Duration::from_secs(180);
 
@@ -102,8 +102,8 @@ impl Compose {
     }
 
     /// `llmgw ctl ... -o json` from the router's container (never faulted),
-    /// against all three peers, with the read token.
-    fn ctl(&self, args: &[&str]) -> Result<Value, String> {
+    /// against all three peers, with the read token: what it printed.
+    fn ctl(&self, args: &[&str]) -> Result<Output, String> {
         let token = std::fs::read_to_string(self.secrets.path().join("admin-read.token"))
             .map_err(|e| e.to_string())?;
         let mut full = vec![
@@ -129,6 +129,18 @@ impl Compose {
         if !out.status.success() {
             return Err(text(&out));
         }
+        Ok(out)
+    }
+
+    /// `llmgw ctl cluster`, read through the admin API's contract.
+    fn cluster(&self) -> Result<ClusterView, String> {
+        let out = self.ctl(&["cluster"])?;
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))
+    }
+
+    /// `llmgw ctl replicas`, read through the admin API's contract.
+    fn replicas(&self) -> Result<Vec<ReplicaView>, String> {
+        let out = self.ctl(&["replicas"])?;
         serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))
     }
 
@@ -138,10 +150,10 @@ impl Compose {
     }
 
     /// Waits until `check` passes on `ctl cluster`; returns its answer.
-    async fn wait_cluster(&self, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    async fn wait_cluster(&self, what: &str, check: impl Fn(&ClusterView) -> bool) -> ClusterView {
         let started = Instant::now();
         loop {
-            let view = self.ctl(&["cluster"]);
+            let view = self.cluster();
             if let Ok(view) = &view
                 && check(view)
             {
@@ -158,21 +170,21 @@ impl Compose {
 
     async fn wait_leader(&self) -> u64 {
         let view = self
-            .wait_cluster("a leader", |v| v["leader_id"].as_u64().is_some())
+            .wait_cluster("a leader", |v| v.leader_id.is_some())
             .await;
-        view["leader_id"].as_u64().unwrap()
+        view.leader_id.unwrap()
     }
 
     /// All three peers answer in one term, their applied indexes close.
     async fn wait_all_caught_up(&self, what: &str) {
         self.wait_cluster(what, |v| {
-            let peers = v["peers"].as_array().cloned().unwrap_or_default();
-            let applied: Vec<u64> = peers
+            let applied: Vec<u64> = v
+                .peers
                 .iter()
-                .filter_map(|p| p["last_applied_index"].as_u64())
+                .filter_map(|p| p.last_applied_index)
                 .collect();
-            let terms: Vec<Option<u64>> = peers.iter().map(|p| p["term"].as_u64()).collect();
-            v["leader_id"].as_u64().is_some()
+            let terms: Vec<Option<u64>> = v.peers.iter().map(|p| p.term).collect();
+            v.leader_id.is_some()
                 && applied.len() == 3
                 && terms.iter().all(|t| t.is_some() && *t == terms[0])
                 && applied.iter().max().unwrap() - applied.iter().min().unwrap() <= 20
@@ -343,9 +355,7 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     step(format!("docker kill server-{leader} (the leader)"));
     compose.must(&["kill", &format!("server-{leader}")]);
     compose
-        .wait_cluster("a new leader", |v| {
-            v["leader_id"].as_u64().is_some_and(|l| l != leader)
-        })
+        .wait_cluster("a new leader", |v| v.leader_id.is_some_and(|l| l != leader))
         .await;
     step(format!("new leader elected; docker start server-{leader}"));
     compose.must(&["start", &format!("server-{leader}")]);
@@ -364,11 +374,7 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     assert!(cut.status.success(), "{}", text(&cut));
     compose
         .wait_cluster("the cut follower shown unreachable", |v| {
-            v["peers"].as_array().is_some_and(|peers| {
-                peers
-                    .iter()
-                    .any(|p| p["id"].as_u64() == Some(follower) && p["term"].is_null())
-            })
+            v.peers.iter().any(|p| p.id == follower && p.term.is_none())
         })
         .await;
     step(format!("{service} unreachable from the others"));
@@ -385,34 +391,32 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
     // 3. An agent's container restarts: its engines go with it and are
     //    started again; llama-70b's other replica (on the other 8-GPU
     //    node) serves meanwhile.
-    let replicas = compose.ctl(&["replicas"]).unwrap();
+    let replicas = compose.replicas().unwrap();
     let shard = replicas
-        .as_array()
-        .and_then(|r| r.iter().find(|r| r["model"] == "llama-70b"))
-        .map(|r| r["shards"][0].clone())
+        .iter()
+        .find(|r| r.replica.model == "llama-70b")
+        .and_then(|r| r.replica.shards.first().cloned())
         .expect("a placed llama-70b replica");
-    let node = shard["node"].as_str().unwrap().to_owned();
+    let node = shard.node;
     // Pids start over in a new container: the shard's last transition
     // time says whether it went through a new start.
-    let changed_before = shard["state_changed_at_ms"].as_u64();
+    let changed_before = shard.state_changed_at_ms;
     step(format!("docker restart {node} (an agent with an engine)"));
     compose.must(&["restart", &node]);
     // The engine died with its container: ready again after a transition.
     let started_wait = Instant::now();
     loop {
-        let replicas = compose.ctl(&["replicas"]);
-        let list = replicas.as_ref().ok().and_then(Value::as_array);
-        let ready = list.map_or(0, |r| {
-            r.iter()
-                .filter(|r| r["model"] == "llama-70b" && r["state"] == "ready")
-                .count()
-        });
-        let restarted = list.is_some_and(|r| {
-            r.iter().any(|r| {
-                r["state"] == "ready"
-                    && r["shards"][0]["node"] == node.as_str()
-                    && r["shards"][0]["state_changed_at_ms"].as_u64() > changed_before
-            })
+        let replicas = compose.replicas();
+        let list = replicas.as_deref().unwrap_or_default();
+        let ready = list
+            .iter()
+            .filter(|r| r.replica.model == "llama-70b" && r.state == ReplicaState::Ready)
+            .count();
+        let restarted = list.iter().any(|r| {
+            r.state == ReplicaState::Ready
+                && r.replica.shards.first().is_some_and(|first| {
+                    first.node == node && first.state_changed_at_ms > changed_before
+                })
         });
         if ready == 2 && restarted {
             break;
