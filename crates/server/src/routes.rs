@@ -10,7 +10,7 @@ use llmgw_router::{Endpoint, EndpointState, RoutedModel, RoutingTable};
 use llmgw_state::{FleetState, ReplicaState};
 use tokio::sync::watch;
 
-use crate::reconcile::specs::endpoint;
+use llmgw_reconcile::endpoint;
 
 /// How often the applied index is checked for changes.
 const REFRESH: Duration = Duration::from_millis(100);

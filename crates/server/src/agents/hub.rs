@@ -14,29 +14,10 @@ use llmgw_proto::agent::{
     ControlMessage, DrainShard, HeartbeatAck, Registered, ShardSpec, StartShard, StopShard,
 };
 use llmgw_api::{LinkView, Refusal};
+use llmgw_reconcile::{Desired, Order};
 use prost::Message;
 use tokio::sync::mpsc;
 use tonic::Status;
-
-/// What the leader wants a node to do with one shard.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Order {
-    Run(Box<ShardSpec>),
-    /// Finish in-flight requests until the deadline (unix ms), then stop.
-    Drain {
-        deadline_ms: u64,
-        reason: String,
-    },
-    Stop {
-        reason: String,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Desired {
-    pub shard_id: String,
-    pub order: Order,
-}
 
 const REFUSALS_KEPT: usize = 10;
 

@@ -10,7 +10,7 @@ mod registrar;
 mod reports;
 mod service;
 
-pub use hub::{Desired, Hub, Order};
+pub use hub::Hub;
 pub use liveness::{LivenessSettings, next_status, run_liveness};
 pub use llmgw_agent_wire::{NodeFacts, check_node_id, failure, node_facts, shard_state};
 pub use rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND};

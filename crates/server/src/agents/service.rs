@@ -21,7 +21,7 @@ use super::hub::Hub;
 use llmgw_api::Refusal;
 use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
 use super::registrar::Registrar;
-use crate::reconcile::specs::{desired_for_node, managed_models};
+use llmgw_reconcile::{desired_for_node, managed_models};
 use llmgw_agent_wire::node_facts;
 
 /// How long a new stream may take to send its `Register`.

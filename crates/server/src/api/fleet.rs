@@ -9,7 +9,7 @@ use llmgw_raft::now_ms;
 use llmgw_state::{Command, FleetState, NodeRecord, ShardState};
 
 use super::{ApiError, ApiState, ReadQuery};
-use crate::reconcile::specs::endpoint;
+use llmgw_reconcile::endpoint;
 
 /// Every node's shards, in one pass over the replicas.
 fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {

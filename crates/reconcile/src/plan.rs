@@ -12,8 +12,8 @@ use llmgw_state::{
     ShardState,
 };
 
-use super::fleet_view::node_views;
-use super::specs::managed_models;
+use crate::fleet_view::node_views;
+use crate::specs::managed_models;
 
 /// How the leader places and retries.
 #[derive(Debug, Clone)]

@@ -1,11 +1,6 @@
-//! The leader's reconciler (design sections 6 and 7): each round turns the
-//! catalog's desired replicas, node health and drains into commands
-//! ([`plan::decide`], pure), proposes them, and then tells every connected
-//! agent what it should run ([`specs::desired_by_node`]).
-
-mod fleet_view;
-pub mod plan;
-pub mod specs;
+//! The leader's reconciler loop: each round asks `llmgw_reconcile::decide`
+//! (pure) for commands, proposes them, and then tells every connected agent
+//! what it should run (`llmgw_reconcile::desired_by_node`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +8,7 @@ use std::time::Duration;
 use llmgw_raft::{ControlPlane, WatchReceiver, now_ms};
 use tokio::sync::watch;
 
-pub use fleet_view::{held_gpus, node_views};
-pub use plan::{Memory, PlanSettings, decide};
+pub use llmgw_reconcile::{Memory, PlanSettings, decide, node_views};
 
 use crate::agents::Hub;
 
@@ -84,13 +78,10 @@ pub async fn run_reconciler(
 /// Tells every connected agent what it should run now.
 pub fn dispatch(control: &ControlPlane, hub: &Hub) {
     let desired = control.read(|fleet| {
-        let models = specs::managed_models(fleet);
-        specs::desired_by_node(fleet, &models)
+        let models = llmgw_reconcile::managed_models(fleet);
+        llmgw_reconcile::desired_by_node(fleet, &models)
     });
     for node in hub.nodes() {
         hub.sync(&node, desired.get(&node).map_or(&[][..], Vec::as_slice));
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -8,9 +8,7 @@ use llmgw_state::{
     ShardState,
 };
 
-use super::plan::{Memory, PlanSettings, decide};
-use super::specs::{desired_by_node, managed_models};
-use crate::agents::Order;
+use crate::{Memory, Order, PlanSettings, decide, desired_by_node, managed_models};
 
 fn node(id: &str, gpus: u32, fabric: Option<&str>) -> Command {
     Command::RegisterNode {

@@ -7,7 +7,26 @@ use llmgw_catalog::{Model, Profile};
 use llmgw_proto::agent::ShardSpec;
 use llmgw_state::{FleetState, Replica, ReplicaState, Shard, ShardState, mgmt_host};
 
-use crate::agents::{Desired, Order};
+
+/// What the leader wants a node to do with one shard.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Order {
+    Run(Box<ShardSpec>),
+    /// Finish in-flight requests until the deadline (unix ms), then stop.
+    Drain {
+        deadline_ms: u64,
+        reason: String,
+    },
+    Stop {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub shard_id: String,
+    pub order: Order,
+}
 
 /// The catalog entries the leader manages, decoded once per round.
 pub fn managed_models(fleet: &FleetState) -> HashMap<String, Model> {
