@@ -5,12 +5,14 @@
 //! down or electing. Peers with TLS serve the admin API over HTTPS: the
 //! router trusts the cluster's CA bundle and sends a read token.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use llmgw_api::{Model, ModelExplanation, ReplicaState, ReplicaView, paths};
 use llmgw_tls::error_chain;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -192,190 +194,168 @@ fn merge_static(table: &mut RoutingTable, static_models: &RoutingTable) {
 
 const FETCH_LIMIT: Duration = Duration::from_secs(3);
 
-async fn get_json(api: &AdminApi, url: &str) -> Result<Value, String> {
+/// `GET url`, decoded as the admin API's answer `T`.
+async fn get_view<T: DeserializeOwned>(api: &AdminApi, url: &str) -> Result<T, String> {
     let (status, body) = api.get_text(url, FETCH_LIMIT).await?;
     if status != 200 {
         return Err(format!("GET {url} answered {status}"));
     }
-    serde_json::from_str(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
+    serde_json::from_str(&body).map_err(|e| format!("GET {url}: not the admin API's answer: {e}"))
 }
 
 async fn fetch(api: &AdminApi, peer: &str) -> Result<RoutingTable, String> {
-    let models = get_json(api, &format!("{peer}/api/v1/models")).await?;
-    let replicas = get_json(api, &format!("{peer}/api/v1/replicas")).await?;
-    let needs_nodes = list(&replicas, "replicas")
-        .iter()
-        .any(|r| replica_endpoint(r, None).is_none());
-    let nodes = if needs_nodes {
-        get_json(api, &format!("{peer}/api/v1/nodes")).await.ok()
-    } else {
-        None
-    };
-    let mut table = build_table(&models, &replicas, nodes.as_ref());
+    let models: Vec<Model> = get_view(api, &format!("{peer}{}", paths::MODELS)).await?;
+    let replicas: Vec<ReplicaView> = get_view(api, &format!("{peer}{}", paths::REPLICAS)).await?;
+    let mut table = build_table(&models, &replicas);
     for model in &mut table.models {
         if model.ready_endpoints().next().is_none() && model.unavailable_reason.is_none() {
-            let url = format!("{peer}/api/v1/models/{}/explain", model.name);
-            if let Ok((200, text)) = api.get_text(&url, FETCH_LIMIT).await {
-                model.unavailable_reason = Some(explanation_text(&text));
+            let url = format!("{peer}{}", paths::explain(&model.name));
+            if let Ok(explained) = get_view::<ModelExplanation>(api, &url).await {
+                model.unavailable_reason = Some(unavailable_reason(&explained));
             }
         }
     }
     Ok(table)
 }
 
-/// Accepts a bare list or an object holding the list under `key`.
-fn list<'a>(value: &'a Value, key: &str) -> &'a [Value] {
-    match value {
-        Value::Array(items) => items,
-        Value::Object(map) => map
-            .get(key)
-            .and_then(Value::as_array)
-            .map_or(&[], Vec::as_slice),
-        _ => &[],
-    }
-}
-
-fn string<'a>(value: &'a Value, keys: &[&str]) -> Option<&'a str> {
-    keys.iter()
-        .find_map(|k| value.get(*k).and_then(Value::as_str))
-        .filter(|s| !s.is_empty())
-}
-
-/// The table the admin API describes: every catalog model, with the
-/// endpoints of its `ready` and `draining` replicas.
-pub fn build_table(models: &Value, replicas: &Value, nodes: Option<&Value>) -> RoutingTable {
+/// The table the admin API describes: every catalog model, with its static
+/// endpoints and the endpoints of its `ready` and `draining` replicas.
+pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
     let mut table = RoutingTable {
-        models: list(models, "models")
+        models: models
             .iter()
-            .filter_map(|m| {
-                let name = string(m, &["name"])?.to_string();
-                let aliases = m
-                    .get("aliases")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(String::from)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let endpoints = m
-                    .get("endpoints")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(Value::as_str)
-                            .map(Endpoint::ready)
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some(RoutedModel {
-                    name,
-                    aliases,
-                    endpoints,
-                    unavailable_reason: string(m, &["unavailable_reason", "explanation"])
-                        .map(String::from),
-                })
+            .map(|model| RoutedModel {
+                name: model.name.clone(),
+                aliases: model.aliases.clone(),
+                endpoints: model
+                    .static_endpoints()
+                    .iter()
+                    .map(Endpoint::ready)
+                    .collect(),
+                unavailable_reason: None,
             })
             .collect(),
     };
-    for replica in list(replicas, "replicas") {
-        let Some(model_name) = string(replica, &["model"]) else {
-            continue;
-        };
-        let state = match string(replica, &["state"]) {
-            Some("ready") => EndpointState::Ready,
-            Some("draining") => EndpointState::Draining,
+    for view in replicas {
+        let state = match view.state {
+            ReplicaState::Ready => EndpointState::Ready,
+            ReplicaState::Draining => EndpointState::Draining,
             _ => continue,
         };
-        let Some(url) = replica_endpoint(replica, nodes) else {
-            tracing::warn!(replica = ?string(replica, &["id"]), "replica has no endpoint address the router can use");
+        // The server names no endpoint when the head shard's node is not
+        // registered: there is nowhere to send requests.
+        let Some(url) = &view.endpoint else {
+            tracing::warn!(replica = %view.replica.id, "replica has no endpoint address the router can use");
             continue;
         };
-        let Some(model) = table.models.iter_mut().find(|m| m.name == model_name) else {
+        let Some(model) = table
+            .models
+            .iter_mut()
+            .find(|m| m.name == view.replica.model)
+        else {
             continue;
         };
-        model.endpoints.push(Endpoint { url, state });
+        model.endpoints.push(Endpoint {
+            url: normalize_url(url),
+            state,
+        });
     }
     table
 }
 
-/// The head shard's HTTP address: the replica's own `endpoint`/`url` if the
-/// server gives one, else the head shard's host and port, else the head
-/// shard's node address from `/api/v1/nodes`.
-fn replica_endpoint(replica: &Value, nodes: Option<&Value>) -> Option<String> {
-    if let Some(url) = string(replica, &["endpoint", "url"]) {
-        return Some(normalize_url(url));
-    }
-    let shards = replica.get("shards").and_then(Value::as_array)?;
-    let head = shards
-        .iter()
-        .find(|s| s.get("rank").and_then(Value::as_u64) == Some(0))
-        .or_else(|| shards.first())?;
-    if let Some(url) = string(head, &["endpoint", "url"]) {
-        return Some(normalize_url(url));
-    }
-    let port = head.get("port").and_then(Value::as_u64)?;
-    let host = match string(head, &["host", "addr", "address"]) {
-        Some(host) => host.to_string(),
-        None => {
-            let node_id = string(head, &["node"])?;
-            let node = list(nodes?, "nodes")
-                .iter()
-                .find(|n| string(n, &["id"]) == Some(node_id))?;
-            let addr = string(node, &["http_host", "mgmt_addr", "addr", "address", "host"])?;
-            host_of(addr).to_string()
-        }
+/// Why a model has no ready replica, as one line for a 503 message: the
+/// scheduler's explanation when replicas are pending, else the states of
+/// the replicas it has and the last failure.
+fn unavailable_reason(explained: &ModelExplanation) -> String {
+    let text = match &explained.explanation {
+        Some(explanation) => explanation.clone(),
+        None => replica_summary(explained),
     };
-    Some(format!("http://{host}:{port}"))
-}
-
-/// `10.0.0.5:7443` → `10.0.0.5`; `[::1]:7443` → `[::1]`; a bare host as is.
-fn host_of(addr: &str) -> &str {
-    let addr = addr
-        .strip_prefix("http://")
-        .or_else(|| addr.strip_prefix("https://"))
-        .unwrap_or(addr);
-    if addr.starts_with('[') {
-        return addr.split_inclusive(']').next().unwrap_or(addr);
-    }
-    match addr.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') && port.parse::<u16>().is_ok() => host,
-        _ => addr,
-    }
-}
-
-/// The explain route's answer as one line for a 503 message.
-fn explanation_text(body: &str) -> String {
-    let from_json = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| match v {
-            Value::String(s) => Some(s),
-            v => string(&v, &["explanation", "message", "summary"]).map(String::from),
-        });
-    let text = from_json.unwrap_or_else(|| body.trim().to_string());
     text.chars().take(2000).collect()
+}
+
+/// `no replica of m is ready (2 desired, 1 loading, 1 failed); last failure
+/// on node n: ...`, the in-peer router's words.
+fn replica_summary(explained: &ModelExplanation) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for replica in &explained.replicas {
+        *counts.entry(replica.state.as_str()).or_default() += 1;
+    }
+    let mut why = format!(
+        "no replica of {} is ready ({} desired",
+        explained.model, explained.desired
+    );
+    for (state, n) in &counts {
+        why.push_str(&format!(", {n} {state}"));
+    }
+    why.push(')');
+    if let Some(failure) = &explained.last_failure {
+        why.push_str(&format!(
+            "; last failure on node {}: {}",
+            failure.node, failure.failure.message
+        ));
+    }
+    why
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use llmgw_api::{Replica, ReplicaWhy, Shard, ShardState};
+
+    fn model(json: &str) -> Model {
+        llmgw_catalog::parse_model("a test entry", json).expect("a valid catalog entry")
+    }
+
+    fn replica_view(id: &str, state: ReplicaState, endpoint: Option<&str>) -> ReplicaView {
+        let shard_state = match state {
+            ReplicaState::Ready => ShardState::Ready,
+            ReplicaState::Draining => ShardState::Draining,
+            _ => ShardState::Starting,
+        };
+        ReplicaView {
+            state,
+            endpoint: endpoint.map(String::from),
+            replica: Replica {
+                id: id.into(),
+                model: "llama".into(),
+                profile: "tp1".into(),
+                shards: vec![Shard {
+                    node: "n1".into(),
+                    gpus: vec![0],
+                    port: 8000,
+                    rank: 0,
+                    state: shard_state,
+                    pid: Some(4),
+                    last_failure: None,
+                    state_changed_at_ms: 1,
+                    report_seq: 1,
+                }],
+                created_at_ms: 1,
+                fabric: None,
+                rendezvous_port: None,
+                replaces: None,
+                stop: None,
+            },
+        }
+    }
 
     #[test]
     fn ready_and_draining_replicas_become_endpoints() {
-        let models = json!([{"name": "llama", "aliases": ["l3"], "source": "x", "replicas": 2, "profiles": []},
-                            {"name": "partner", "endpoints": ["http://10.1.2.3:8000/v1"]}]);
-        let replicas = json!([
-            {"id": "r1", "model": "llama", "state": "ready", "endpoint": "http://10.0.0.1:8000"},
-            {"id": "r2", "model": "llama", "state": "draining",
-             "shards": [{"node": "n2", "gpus": [0], "port": 8001, "state": "ready", "pid": 4, "rank": 0}]},
-            {"id": "r3", "model": "llama", "state": "starting", "endpoint": "http://10.0.0.3:8000"},
-            {"id": "r4", "model": "llama", "state": "ready",
-             "shards": [{"node": "n9", "port": 8002}]}
-        ]);
-        let nodes = json!([{"id": "n2", "status": "ready", "addr": "10.0.0.2:7443"}]);
-        let table = build_table(&models, &replicas, Some(&nodes));
+        let models = vec![
+            model(LLAMA),
+            model(r#"{"name": "partner", "endpoints": ["http://10.1.2.3:8000"]}"#),
+        ];
+        let replicas = vec![
+            replica_view("r1", ReplicaState::Ready, Some("http://10.0.0.1:8000")),
+            replica_view("r2", ReplicaState::Draining, Some("http://10.0.0.2:8001/")),
+            replica_view("r3", ReplicaState::Starting, Some("http://10.0.0.3:8000")),
+            replica_view("r4", ReplicaState::Ready, None),
+        ];
+        // What the server sends, read back as the router reads it.
+        let replicas: Vec<ReplicaView> =
+            serde_json::from_str(&serde_json::to_string(&replicas).unwrap()).unwrap();
+        let table = build_table(&models, &replicas);
         let llama = table.resolve("l3").unwrap();
         assert_eq!(
             llama.endpoints,
@@ -390,19 +370,39 @@ mod tests {
         );
     }
 
+    const LLAMA: &str = r#"{"name": "llama", "aliases": ["l3"], "source": "x", "replicas": 2,
+        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]}"#;
+
+    fn explanation(text: Option<&str>, replicas: Vec<ReplicaWhy>) -> ModelExplanation {
+        ModelExplanation {
+            model: "m".into(),
+            desired: 2,
+            replicas,
+            pending: 1,
+            explanation: text.map(String::from),
+            detail: None,
+            last_failure: None,
+        }
+    }
+
     #[test]
-    fn wrapped_lists_and_explanations() {
-        let models = json!({"models": [{"name": "m"}]});
-        let replicas = json!({"replicas": []});
-        let table = build_table(&models, &replicas, None);
+    fn a_model_with_no_ready_replica_says_why() {
+        let table = build_table(&[model(LLAMA)], &[]);
         assert_eq!(table.models.len(), 1);
+        assert!(table.models[0].endpoints.is_empty());
         assert_eq!(
-            explanation_text("{\"explanation\": \"0/3 nodes fit\"}"),
+            unavailable_reason(&explanation(Some("0/3 nodes fit"), Vec::new())),
             "0/3 nodes fit"
         );
-        assert_eq!(explanation_text("0/3 nodes fit\n"), "0/3 nodes fit");
-        assert_eq!(host_of("10.0.0.5:7443"), "10.0.0.5");
-        assert_eq!(host_of("[::1]:7443"), "[::1]");
-        assert_eq!(host_of("gpu-1.internal"), "gpu-1.internal");
+        let loading = ReplicaWhy {
+            id: "r1".into(),
+            state: ReplicaState::Loading,
+            why: "profile tp1".into(),
+        };
+        assert_eq!(
+            unavailable_reason(&explanation(None, vec![loading])),
+            "no replica of m is ready (2 desired, 1 loading)"
+        );
     }
 }
