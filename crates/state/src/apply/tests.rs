@@ -4,8 +4,7 @@ use proptest::prelude::*;
 
 use crate::{
     Command, FleetState, Gpu, Leadership, ModelSpec, NodeInventory, NodeStatus, Outcome,
-    RejectionKind,
-    ReplicaState, Shard, ShardFailure, ShardState,
+    RejectionKind, ReplicaState, Shard, ShardFailure, ShardState,
 };
 
 fn register(id: &str, at_ms: u64) -> Command {
