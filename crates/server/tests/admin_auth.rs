@@ -2,13 +2,12 @@
 //! no token is 401, a read token on a write is 403, a write token works,
 //! and no secret shows up in a log or an answer.
 
-mod support;
-
 use std::process::Command;
 
+use llmgw_api::{ClusterView, ErrorBody};
+use llmgw_test_kit::{Cluster, decode, llmgw_bin};
 use reqwest::Method;
 use serde_json::Value;
-use support::{Cluster, llmgw_bin};
 
 const READ_TOKEN: &str = "read-token-5f1c2a9e7b3d4c60";
 const WRITE_TOKEN: &str = "write-token-8a7e6d5c4b3a2910";
@@ -77,7 +76,11 @@ async fn writes_need_a_write_token_and_reads_a_token() {
     // Reads: no token is 401, either token works.
     let (status, body) = call(&cluster, Method::GET, "/api/v1/cluster", None, None).await;
     assert_eq!(status, 401, "{body}");
-    assert_eq!(body["error"]["type"], "unauthorized", "{body}");
+    assert_eq!(
+        decode::<ErrorBody>(&body).error.kind,
+        "unauthorized",
+        "{body}"
+    );
     let (status, body) = call(
         &cluster,
         Method::GET,
@@ -96,7 +99,7 @@ async fn writes_need_a_write_token_and_reads_a_token() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["insecure"], true, "{body}");
+    assert!(decode::<ClusterView>(&body).insecure, "{body}");
 
     // Writes: no token 401, read token 403, write token 200.
     let put = "/api/v1/models/m1";
@@ -111,8 +114,9 @@ async fn writes_need_a_write_token_and_reads_a_token() {
     )
     .await;
     assert_eq!(status, 403, "{body}");
-    assert_eq!(body["error"]["type"], "forbidden", "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
+    let refusal = decode::<ErrorBody>(&body).error;
+    assert_eq!(refusal.kind, "forbidden", "{body}");
+    let message = refusal.message;
     assert!(
         message.contains("ops-read") && message.contains("write token"),
         "{message}"

@@ -4,17 +4,16 @@
 //! acknowledged before the save, and the agent reconnects and keeps its
 //! engine.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
+use llmgw_api::{ReplicaState, ReplicaView};
 use llmgw_dev::L40S_PCIE;
+use llmgw_test_kit::agents::Agent;
+use llmgw_test_kit::{Cluster, llmgw_bin};
 use reqwest::Method;
-use serde_json::{Value, json};
-use support::agents::Agent;
-use support::{Cluster, eventually, llmgw_bin};
+use serde_json::json;
 
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
     let start = text
@@ -48,8 +47,8 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    let before = eventually(&cluster, "qwen ready", || ready(&cluster)).await;
-    let engine_pid = before["shards"][0]["pid"].clone();
+    let before = cluster.eventually("qwen ready", || ready(&cluster)).await;
+    let engine_pid = before.replica.shards[0].pid;
     let engines = agent.engine_pids();
     assert!(!engines.is_empty());
 
@@ -78,15 +77,16 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
             }
         })
     };
-    eventually(&cluster, "some writes", || async {
-        let n = acknowledged.lock().unwrap().len();
-        if n >= 20 {
-            Ok(())
-        } else {
-            Err(format!("{n} acknowledged"))
-        }
-    })
-    .await;
+    cluster
+        .eventually("some writes", || async {
+            let n = acknowledged.lock().unwrap().len();
+            if n >= 20 {
+                Ok(())
+            } else {
+                Err(format!("{n} acknowledged"))
+            }
+        })
+        .await;
     let acked_before_save: Vec<String> = acknowledged.lock().unwrap().clone();
     let file = cluster.dir.path().join("backup.json");
     let follower = (1..=3).find(|id| *id != leader).unwrap();
@@ -107,13 +107,9 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
     let hash = field(&saved_text, "state hash ").to_owned();
     assert!(index.parse::<u64>().is_ok(), "{saved_text}");
     assert_eq!(hash.len(), 16, "{saved_text}");
-    let backup: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
-    let in_backup: BTreeSet<&str> = backup["fleet"]["models"]
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let backup: llmgw_store::Backup =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let in_backup: BTreeSet<&str> = backup.fleet.models.keys().map(String::as_str).collect();
     for name in &acked_before_save {
         assert!(
             in_backup.contains(name.as_str()),
@@ -169,20 +165,20 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
     assert!(names.contains("qwen"));
     // The agent finds the restored cluster and keeps its engine: same
     // pid, still ready, nothing placed again.
-    let after = eventually(&cluster, "qwen ready after restore", || async {
-        let replica = ready(&cluster).await?;
-        let (_, nodes) = cluster
-            .get(leader_of(&cluster).await, "/api/v1/nodes")
-            .await?;
-        if nodes[0]["stream"]["connected"] == true {
-            Ok(replica)
-        } else {
-            Err("the agent is not connected yet".to_owned())
-        }
-    })
-    .await;
-    assert_eq!(after["id"], before["id"]);
-    assert_eq!(after["shards"][0]["pid"], engine_pid);
+    let after = cluster
+        .eventually("qwen ready after restore", || async {
+            let replica = ready(&cluster).await?;
+            let nodes = cluster.nodes(cluster.wait_leader().await).await?;
+            let stream = nodes.first().and_then(|node| node.stream.as_ref());
+            if stream.is_some_and(|stream| stream.connected) {
+                Ok(replica)
+            } else {
+                Err("the agent is not connected yet".to_owned())
+            }
+        })
+        .await;
+    assert_eq!(after.replica.id, before.replica.id);
+    assert_eq!(after.replica.shards[0].pid, engine_pid);
     assert_eq!(agent.engine_pids(), engines);
     assert_eq!(
         restored_hash, hash,
@@ -192,19 +188,13 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
 }
 
 /// The one replica, once it is ready, as the leader sees it.
-async fn ready(cluster: &Cluster) -> Result<Value, String> {
+async fn ready(cluster: &Cluster) -> Result<ReplicaView, String> {
     match cluster
-        .get(leader_of(cluster).await, "/api/v1/replicas")
+        .replicas(cluster.wait_leader().await)
         .await?
+        .as_slice()
     {
-        (200, Value::Array(all)) => match all.as_slice() {
-            [one] if one["state"] == "ready" => Ok(one.clone()),
-            other => Err(format!("{other:?}")),
-        },
+        [one] if one.state == ReplicaState::Ready => Ok(one.clone()),
         other => Err(format!("{other:?}")),
     }
-}
-
-async fn leader_of(cluster: &Cluster) -> u64 {
-    cluster.wait_leader().await
 }

@@ -2,11 +2,10 @@
 //! `initial_cluster_state: existing` (the default) empty peers wait to be
 //! replicated to (or restored) instead of bootstrapping.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::Cluster;
+use llmgw_api::Readiness;
+use llmgw_test_kit::{Cluster, decode};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_peers_with_existing_state_never_form_a_new_cluster() {
@@ -34,24 +33,22 @@ async fn wiped_peers_with_existing_state_never_form_a_new_cluster() {
     // Every peer comes up (peers 2 and 3 may still be starting when peer 1
     // has logged)...
     for id in 1..=3 {
-        support::eventually(&cluster, &format!("peer {id} answers"), || async {
-            cluster.get(id, "/api/v1/cluster").await.map(|_| ())
-        })
-        .await;
+        cluster
+            .eventually(&format!("peer {id} answers"), || async {
+                cluster.get(id, "/api/v1/cluster").await.map(|_| ())
+            })
+            .await;
     }
     // ...and answers, empty and without a leader, and keeps it so for
     // longer than a bootstrap and an election take (both well under 2 s).
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
         for id in 1..=3 {
-            let (status, view) = cluster.get(id, "/api/v1/cluster").await.unwrap();
-            assert_eq!(status, 200, "{view}");
-            assert!(
-                view["leader_id"].is_null(),
-                "peer {id} found a leader: {view}"
-            );
+            let view = cluster.cluster_view(id).await.unwrap();
+            assert_eq!(view.leader_id, None, "peer {id} found a leader: {view:?}");
             let (status, ready) = cluster.get(id, "/readyz").await.unwrap();
             assert_eq!(status, 503, "peer {id} is ready without a cluster: {ready}");
+            assert!(!decode::<Readiness>(&ready).ready, "{ready}");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -1,15 +1,13 @@
 //! End-to-end tests of the replicated control plane: three real
-//! `llmgw server` processes on 127.0.0.1 (see tests/support for how the
-//! binary is found).
-
-mod support;
+//! `llmgw server` processes on 127.0.0.1 (llmgw-test-kit's `Cluster`).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{ErrorBody, Model};
+use llmgw_test_kit::{Cluster, decode, metric};
 use reqwest::Method;
-use support::{Cluster, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
@@ -26,7 +24,7 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
             status, 200,
             "PUT through peer {id} (leader {leader}): {body}"
         );
-        assert_eq!(body["name"], name.as_str());
+        assert_eq!(decode::<Model>(&body).name, name);
     }
     let want: BTreeSet<String> = (1..=3).map(|id| format!("model-via-{id}")).collect();
     // A linearizable read on a follower sees every acknowledged write at once.
@@ -39,23 +37,24 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
         .collect();
     assert_eq!(seen, want, "consistent read on follower {follower}");
     for id in 1..=3 {
-        eventually(&cluster, &format!("peer {id} has every model"), || async {
-            let names: BTreeSet<String> =
-                cluster.model_names(id, false).await?.into_iter().collect();
-            if names == want {
-                Ok(())
-            } else {
-                Err(format!("{names:?}"))
-            }
-        })
-        .await;
+        cluster
+            .eventually(&format!("peer {id} has every model"), || async {
+                let names: BTreeSet<String> =
+                    cluster.model_names(id, false).await?.into_iter().collect();
+                if names == want {
+                    Ok(())
+                } else {
+                    Err(format!("{names:?}"))
+                }
+            })
+            .await;
     }
     cluster.wait_converged().await;
 
     // Errors are JSON with a type and the right status.
     let (status, body) = cluster.get(follower, "/api/v1/models/nope").await.unwrap();
     assert_eq!(status, 404, "{body}");
-    assert_eq!(body["error"]["type"], "not_found");
+    assert_eq!(decode::<ErrorBody>(&body).error.kind, "not_found");
     let (status, body) = cluster
         .send(
             follower,
@@ -66,17 +65,14 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
         .await
         .unwrap();
     assert_eq!(status, 400, "{body}");
-    assert_eq!(body["error"]["type"], "invalid_request");
+    assert_eq!(decode::<ErrorBody>(&body).error.kind, "invalid_request");
     let (status, body) = cluster
         .send(follower, Method::POST, "/api/v1/nodes/gpu-404/cordon", None)
         .await
         .unwrap();
     assert_eq!(status, 404, "{body}");
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("gpu-404"),
+        decode::<ErrorBody>(&body).error.message.contains("gpu-404"),
         "{body}"
     );
     let (status, _) = cluster
@@ -94,8 +90,7 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
         assert_eq!(status, 200);
         let text = text.as_str().unwrap_or_default().to_owned();
         let value = |name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            metric(&text, name)
                 .unwrap_or_else(|| panic!("no {name} in peer {id}'s metrics:\n{text}"))
         };
         assert_eq!(
@@ -122,13 +117,14 @@ async fn after_the_leader_is_killed_a_new_leader_accepts_writes_and_the_old_one_
 
     cluster.kill(old_leader);
     let survivor = (1..=3).find(|id| *id != old_leader).unwrap();
-    eventually(&cluster, "a write after the leader died", || async {
-        match cluster.put_model(survivor, "after-failover").await? {
-            (200, _) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    cluster
+        .eventually("a write after the leader died", || async {
+            match cluster.put_model(survivor, "after-failover").await? {
+                (200, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
     let new_leader = cluster.wait_leader().await;
     assert_ne!(new_leader, old_leader);
 
@@ -154,13 +150,14 @@ async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
         assert_eq!(status, 200, "{body}");
     }
     // The leader has snapshotted past what the follower holds.
-    let snapshot_index = eventually(&cluster, "leader snapshot", || async {
-        match cluster.metric(leader, "llmgw_raft_snapshot_index").await {
-            Some(index) if index >= 40.0 => Ok(index),
-            other => Err(format!("snapshot index {other:?}")),
-        }
-    })
-    .await;
+    let snapshot_index = cluster
+        .eventually("leader snapshot", || async {
+            match cluster.metric(leader, "llmgw_raft_snapshot_index").await {
+                Some(index) if index >= 40.0 => Ok(index),
+                other => Err(format!("snapshot index {other:?}")),
+            }
+        })
+        .await;
     assert!(snapshot_index >= 40.0);
 
     cluster.spawn(follower);
@@ -231,12 +228,13 @@ async fn every_acknowledged_write_survives_sigkill_of_all_peers() {
         cluster.spawn(id);
     }
     let leader = cluster.wait_leader().await;
-    let names: BTreeSet<String> = eventually(&cluster, "catalog after restart", || async {
-        cluster.model_names(leader, true).await
-    })
-    .await
-    .into_iter()
-    .collect();
+    let names: BTreeSet<String> = cluster
+        .eventually("catalog after restart", || async {
+            cluster.model_names(leader, true).await
+        })
+        .await
+        .into_iter()
+        .collect();
     let missing: Vec<&String> = acked.iter().filter(|n| !names.contains(*n)).collect();
     assert!(missing.is_empty(), "acknowledged writes lost: {missing:?}");
     cluster.wait_converged().await;
@@ -322,22 +320,16 @@ async fn removing_the_leader_completes_and_asking_again_is_done() {
         .await
         .unwrap();
     assert_eq!(status, 200, "removing leader {leader} via {via}: {body}");
-    eventually(
-        &cluster,
-        "the two remaining peers lead without it",
-        || async {
-            let (_, view) = cluster.get(via, "/api/v1/cluster").await?;
-            let members: Vec<u64> = view["peers"]
-                .as_array()
-                .map(|peers| peers.iter().filter_map(|p| p["id"].as_u64()).collect())
-                .unwrap_or_default();
-            match view["leader_id"].as_u64() {
+    cluster
+        .eventually("the two remaining peers lead without it", || async {
+            let view = cluster.cluster_view(via).await?;
+            let members: Vec<u64> = view.peers.iter().map(|p| p.id).collect();
+            match view.leader_id {
                 Some(new) if new != leader && !members.contains(&leader) => Ok(()),
                 other => Err(format!("leader {other:?}, members {members:?}")),
             }
-        },
-    )
-    .await;
+        })
+        .await;
     let (status, body) = cluster
         .send(via, Method::DELETE, &path, None)
         .await
@@ -348,12 +340,13 @@ async fn removing_the_leader_completes_and_asking_again_is_done() {
         .await
         .unwrap();
     assert_eq!(status, 400, "a peer that never was a member: {body}");
-    eventually(&cluster, "a write after the removal", || async {
-        match cluster.put_model(via, "after-removal").await? {
-            (200, _) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    cluster
+        .eventually("a write after the removal", || async {
+            match cluster.put_model(via, "after-removal").await? {
+                (200, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
     cluster.kill(leader);
 }

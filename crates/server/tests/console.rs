@@ -5,13 +5,13 @@
 //! console, a read token refused. Without Chromium, chromedriver or
 //! Selenium the browser part prints `SKIPPED:` and why.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use support::Cluster;
+use llmgw_api::StateEvent;
+use llmgw_test_kit::dev::Dev;
+use llmgw_test_kit::{Cluster, one_cluster_at_a_time};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_peer_serves_the_console_and_its_event_stream() {
@@ -61,17 +61,20 @@ async fn every_peer_serves_the_console_and_its_event_stream() {
         .unwrap()
         .unwrap();
     let first = String::from_utf8_lossy(&first).into_owned();
-    assert!(first.starts_with("event: state\ndata: {"), "{first}");
-    assert!(
-        first.contains(&format!("\"leader_id\":{leader}")),
-        "{first}"
-    );
+    // Wire format: an SSE event named `state` whose data is one JSON line.
+    let data = first
+        .strip_prefix("event: state\ndata: ")
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("not a state event: {first}"));
+    let event: StateEvent = serde_json::from_str(data).expect("a state event");
+    assert_eq!(event.leader_id, Some(leader), "{first}");
     cluster.put_model(1, "after-the-first-event").await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(10), events.chunk())
         .await
         .expect("an event after a write")
         .unwrap()
         .unwrap();
+    // Wire format: the event names the applied index the console shows.
     assert!(String::from_utf8_lossy(&next).contains("applied_index"));
 }
 
@@ -113,9 +116,9 @@ async fn the_console_in_a_real_browser_follows_a_failover_and_a_drain() {
         return;
     }
     let python = String::from_utf8_lossy(&venv.stdout).trim().to_owned();
-    let _serial = support::one_at_a_time();
+    let _serial = one_cluster_at_a_time();
     let work = tempfile::tempdir().unwrap();
-    let dev = support::dev::Dev::start(work.path(), &["--nodes", "4"]);
+    let dev = Dev::start(work.path(), &["--nodes", "4"]);
     dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
         .await;
     assert!(

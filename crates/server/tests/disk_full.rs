@@ -4,12 +4,11 @@
 //! writes again without a restart. The data directory is a small tmpfs,
 //! so this needs root; it prints SKIPPED otherwise.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{Cluster, eventually};
+use llmgw_api::ErrorBody;
+use llmgw_test_kit::{Cluster, decode};
 
 const FULL_PEER: u64 = 2;
 
@@ -79,8 +78,9 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     let filler = fill(&tmpfs.0, 8);
     let (status, body) = cluster.put_model(FULL_PEER, "while-full").await.unwrap();
     assert_eq!(status, 507, "{body}");
-    assert_eq!(body["error"]["type"], "disk_full", "{body}");
-    let message = body["error"]["message"].as_str().unwrap();
+    let refusal = decode::<ErrorBody>(&body).error;
+    assert_eq!(refusal.kind, "disk_full", "{body}");
+    let message = refusal.message;
     assert!(
         message.contains(&tmpfs.0.display().to_string()) && message.contains("reads"),
         "the refusal names the directory and says reads go on: {message}"
@@ -90,28 +90,26 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     assert!(names.contains(&"before".to_owned()), "{names:?}");
     // The rest of the cluster takes writes (a full leader hands over).
     let other = if FULL_PEER == 1 { 3 } else { 1 };
-    eventually(&cluster, "a write through a peer with room", || async {
-        match cluster.put_model(other, "elsewhere").await? {
-            (200, _) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    cluster
+        .eventually("a write through a peer with room", || async {
+            match cluster.put_model(other, "elsewhere").await? {
+                (200, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
     let leader = cluster.wait_leader().await;
     assert_ne!(leader, FULL_PEER, "a peer without room does not lead");
 
     std::fs::remove_file(filler).unwrap();
-    eventually(
-        &cluster,
-        "writes through the peer once space returns",
-        || async {
+    cluster
+        .eventually("writes through the peer once space returns", || async {
             match cluster.put_model(FULL_PEER, "after").await? {
                 (200, _) => Ok(()),
                 other => Err(format!("{other:?}")),
             }
-        },
-    )
-    .await;
+        })
+        .await;
     let hash = cluster.wait_converged().await;
     assert_eq!(cluster.own_state(FULL_PEER).await.unwrap().1, hash);
     let names = cluster.model_names(FULL_PEER, true).await.unwrap();

@@ -1,28 +1,29 @@
 //! Agents and the control plane, end to end: three real peers, real
-//! `llmgw agent` processes with fixture inventories (tests/support).
-
-mod support;
+//! `llmgw agent` processes with fixture inventories (llmgw-test-kit).
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
 
+use llmgw_api::{LinkKind, NodeStatus, NodeView};
 use llmgw_dev::{A100_ROCE_B, H100_IB_A, L40S_PCIE};
-use serde_json::Value;
-use support::agents::Agent;
-use support::{Cluster, eventually};
+use llmgw_test_kit::Cluster;
+use llmgw_test_kit::agents::Agent;
 
 const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
 
-/// Node id -> the node's JSON, as `peer` sees it.
-async fn nodes(cluster: &Cluster, peer: u64) -> Result<BTreeMap<String, Value>, String> {
-    match cluster.get(peer, "/api/v1/nodes").await? {
-        (200, Value::Array(nodes)) => Ok(nodes
-            .into_iter()
-            .filter_map(|n| Some((n["id"].as_str()?.to_owned(), n)))
-            .collect()),
-        other => Err(format!("GET /api/v1/nodes on peer {peer}: {other:?}")),
-    }
+/// Node id -> the node, as `peer` sees it.
+async fn nodes(cluster: &Cluster, peer: u64) -> Result<BTreeMap<String, NodeView>, String> {
+    Ok(cluster
+        .nodes(peer)
+        .await?
+        .into_iter()
+        .map(|n| (n.record.id.clone(), n))
+        .collect())
+}
+
+fn connected(node: &NodeView) -> bool {
+    node.stream.as_ref().is_some_and(|stream| stream.connected)
 }
 
 /// Every named node is ready with a live stream on the leader.
@@ -30,34 +31,36 @@ async fn all_connected(cluster: &Cluster, leader: u64, ids: &[&str]) -> Result<(
     let nodes = nodes(cluster, leader).await?;
     for id in ids {
         let node = nodes.get(*id).ok_or(format!("{id} not registered"))?;
-        if node["status"] != "ready" || node["stream"]["connected"] != true {
+        if node.record.status != NodeStatus::Ready || !connected(node) {
             return Err(format!(
-                "{id}: {} stream {}",
-                node["status"], node["stream"]
+                "{id}: {} stream {:?}",
+                node.record.status.as_str(),
+                node.stream
             ));
         }
     }
     Ok(())
 }
 
+/// The status `node` has on `peer`.
+async fn status(cluster: &Cluster, peer: u64, node: &str) -> Result<NodeStatus, String> {
+    nodes(cluster, peer)
+        .await?
+        .get(node)
+        .map(|n| n.record.status)
+        .ok_or(format!("{node} not registered"))
+}
+
 /// `node status changed` lines that took a node to `to`, in every peer log.
 fn status_changes(cluster: &Cluster, to: &str) -> Vec<String> {
     let needle = format!("to=\"{to}\"");
     let needle_plain = format!("to={to}");
-    let mut found = Vec::new();
-    for peer in &cluster.peers {
-        for start in 1..=peer.starts {
-            let path = peer.layout.log.with_extension(format!("{start}.log"));
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            found.extend(
-                text.lines()
-                    .filter(|l| l.contains("node status changed"))
-                    .filter(|l| l.contains(&needle) || l.contains(&needle_plain))
-                    .map(str::to_owned),
-            );
-        }
-    }
-    found
+    cluster
+        .all_log_lines()
+        .into_iter()
+        .filter(|l| l.contains("node status changed"))
+        .filter(|l| l.contains(&needle) || l.contains(&needle_plain))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,45 +74,48 @@ async fn agents_register_with_the_leader_and_rehome_when_it_dies() {
         Agent::start(&cluster, ids[1], A100_ROCE_B, 2),
         Agent::start(&cluster, ids[2], L40S_PCIE, 3),
     ];
-    eventually(&cluster, "every agent registered with the leader", || {
-        all_connected(&cluster, leader, &ids)
-    })
-    .await;
+    cluster
+        .eventually("every agent registered with the leader", || {
+            all_connected(&cluster, leader, &ids)
+        })
+        .await;
 
     // The whole inventory is replicated: every peer answers the same.
     for peer in 1..=3 {
-        let nodes = eventually(&cluster, "inventory on every peer", || async {
-            let n = nodes(&cluster, peer).await?;
-            if n.len() == 3 {
-                Ok(n)
-            } else {
-                Err(format!("{} nodes", n.len()))
-            }
-        })
-        .await;
-        let h100 = &nodes["h100-1"];
-        assert_eq!(h100["inventory"]["gpus"].as_array().unwrap().len(), 8);
-        assert_eq!(h100["inventory"]["gpu_source"], "fixture");
-        assert_eq!(h100["fabrics"], serde_json::json!(["ib-a"]));
-        assert_eq!(h100["labels"]["rack"], "r1");
-        let nvlink = h100["inventory"]["links"]
-            .as_array()
-            .unwrap()
+        let nodes = cluster
+            .eventually("inventory on every peer", || async {
+                let n = nodes(&cluster, peer).await?;
+                if n.len() == 3 {
+                    Ok(n)
+                } else {
+                    Err(format!("{} nodes", n.len()))
+                }
+            })
+            .await;
+        let h100 = &nodes["h100-1"].record;
+        assert_eq!(h100.inventory.gpus.len(), 8);
+        assert_eq!(h100.inventory.gpu_source, "fixture");
+        assert_eq!(h100.fabrics, ["ib-a"]);
+        assert_eq!(h100.labels["rack"], "r1");
+        let nvlink = h100
+            .inventory
+            .links
             .iter()
-            .filter(|l| l["kind"] == "nvlink")
+            .filter(|l| l.kind == LinkKind::Nvlink)
             .count();
         assert_eq!(nvlink, 28, "every pair of 8 NVSwitch GPUs is NVLink");
-        assert_eq!(nodes["a100-1"]["fabrics"], serde_json::json!(["roce-b"]));
-        assert_eq!(nodes["l40s-1"]["fabrics"], serde_json::json!([]));
+        assert_eq!(nodes["a100-1"].record.fabrics, ["roce-b"]);
+        assert!(nodes["l40s-1"].record.fabrics.is_empty());
     }
 
     cluster.kill(leader);
     let new_leader = cluster.wait_leader().await;
     assert_ne!(new_leader, leader);
-    eventually(&cluster, "every agent re-homed to the new leader", || {
-        all_connected(&cluster, new_leader, &ids)
-    })
-    .await;
+    cluster
+        .eventually("every agent re-homed to the new leader", || {
+            all_connected(&cluster, new_leader, &ids)
+        })
+        .await;
     // Heartbeats keep flowing to the new leader well past the grace period
     // and the TTL: nobody was, or becomes, unreachable.
     tokio::time::sleep(Duration::from_secs(8)).await;
@@ -127,42 +133,45 @@ async fn a_killed_agent_is_unreachable_then_lost_and_returns_with_fresh_inventor
     let cluster = Cluster::start(LIVENESS);
     let leader = cluster.wait_leader().await;
     let mut agent = Agent::start(&cluster, "node-k", L40S_PCIE, 1);
-    eventually(&cluster, "registered", || {
-        all_connected(&cluster, leader, &["node-k"])
-    })
-    .await;
+    cluster
+        .eventually("registered", || {
+            all_connected(&cluster, leader, &["node-k"])
+        })
+        .await;
 
     agent.kill();
-    eventually(&cluster, "unreachable after the TTL", || async {
-        let n = nodes(&cluster, leader).await?;
-        match n["node-k"]["status"].as_str() {
-            Some("unreachable") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    eventually(&cluster, "lost after lost_after", || async {
-        let n = nodes(&cluster, leader).await?;
-        match n["node-k"]["status"].as_str() {
-            Some("lost") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    cluster
+        .eventually("unreachable after the TTL", || async {
+            match status(&cluster, leader, "node-k").await? {
+                NodeStatus::Unreachable => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    cluster
+        .eventually("lost after lost_after", || async {
+            match status(&cluster, leader, "node-k").await? {
+                NodeStatus::Lost => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
 
     // Back with a new rack label: registration refreshes the record.
     agent.write_config(&cluster, 2, "r7");
     agent.spawn();
-    eventually(&cluster, "ready again with the new label", || async {
-        let n = nodes(&cluster, leader).await?;
-        let node = &n["node-k"];
-        if node["status"] == "ready" && node["labels"]["rack"] == "r7" {
-            Ok(())
-        } else {
-            Err(format!("{} {}", node["status"], node["labels"]))
-        }
-    })
-    .await;
+    cluster
+        .eventually("ready again with the new label", || async {
+            let n = nodes(&cluster, leader).await?;
+            let node = &n.get("node-k").ok_or("node-k not registered")?.record;
+            let rack = node.labels.get("rack").map(String::as_str);
+            if node.status == NodeStatus::Ready && rack == Some("r7") {
+                Ok(())
+            } else {
+                Err(format!("{} {:?}", node.status.as_str(), node.labels))
+            }
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,19 +184,16 @@ async fn commands_from_an_older_term_are_refused_and_the_refusal_is_visible() {
     std::fs::create_dir_all(&layout.work_dir).unwrap();
     std::fs::write(layout.work_dir.join("leader-term"), "1000").unwrap();
     let agent = Agent::start(&cluster, "fenced", L40S_PCIE, 1);
-    let refusal = eventually(&cluster, "the leader shows the refusal", || async {
-        let (status, node) = cluster.get(leader, "/api/v1/nodes/fenced").await?;
-        if status != 200 {
-            return Err(format!("{status}: {node}"));
-        }
-        node["stream"]["refusals"]
-            .as_array()
-            .and_then(|r| r.first())
-            .and_then(|r| r["message"].as_str())
-            .map(str::to_owned)
-            .ok_or(format!("no refusal yet: {}", node["stream"]))
-    })
-    .await;
+    let refusal = cluster
+        .eventually("the leader shows the refusal", || async {
+            let node = cluster.node(leader, "fenced").await?;
+            node.stream
+                .as_ref()
+                .and_then(|stream| stream.refusals.first())
+                .map(|refusal| refusal.message.clone())
+                .ok_or(format!("no refusal yet: {:?}", node.stream))
+        })
+        .await;
     assert!(
         refusal.contains("term") && refusal.contains("1000"),
         "{refusal}"
@@ -208,10 +214,11 @@ async fn garbage_and_truncated_streams_leave_every_other_agent_connected() {
     let cluster = Cluster::start(LIVENESS);
     let leader = cluster.wait_leader().await;
     let _agent = Agent::start(&cluster, "steady", L40S_PCIE, 1);
-    eventually(&cluster, "registered", || {
-        all_connected(&cluster, leader, &["steady"])
-    })
-    .await;
+    cluster
+        .eventually("registered", || {
+            all_connected(&cluster, leader, &["steady"])
+        })
+        .await;
     let grpc = cluster.peers[(leader - 1) as usize].layout.grpc;
 
     // Bytes that are not HTTP/2 at all.
@@ -246,19 +253,20 @@ async fn garbage_and_truncated_streams_leave_every_other_agent_connected() {
     }
 
     let leader_log = cluster.log_path(leader);
-    eventually(&cluster, "the peer logged the broken streams", || async {
-        let text = std::fs::read_to_string(&leader_log).unwrap_or_default();
-        let broken = text
-            .lines()
-            .filter(|l| l.contains("agent stream broke before registering"))
-            .count();
-        if broken >= 2 {
-            Ok(())
-        } else {
-            Err(format!("{broken} logged"))
-        }
-    })
-    .await;
+    cluster
+        .eventually("the peer logged the broken streams", || async {
+            let text = std::fs::read_to_string(&leader_log).unwrap_or_default();
+            let broken = text
+                .lines()
+                .filter(|l| l.contains("agent stream broke before registering"))
+                .count();
+            if broken >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{broken} logged"))
+            }
+        })
+        .await;
     // The real agent never noticed, and the leader still serves.
     all_connected(&cluster, leader, &["steady"]).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;

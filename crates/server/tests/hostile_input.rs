@@ -2,10 +2,8 @@
 //! is refused with a status and a message that names the limit, and the peer
 //! that received it keeps serving.
 
-mod support;
-
+use llmgw_test_kit::Cluster;
 use reqwest::Method;
-use support::Cluster;
 
 async fn put_model_body(cluster: &Cluster, leader: u64, body: String) -> (u16, String) {
     let (status, answer) = cluster
@@ -137,8 +135,7 @@ async fn a_malformed_append_or_snapshot_is_refused_and_the_follower_keeps_replic
     let cluster = Cluster::start("");
     let leader = cluster.wait_leader().await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
-    let (_, view) = cluster.get(follower, "/api/v1/cluster").await.unwrap();
-    let term = view["term"].as_u64().expect("a term");
+    let term = cluster.cluster_view(follower).await.unwrap().term;
     let vote = VoteOf::<TypeConfig>::new_committed(term, leader);
     let log_id = |index| {
         LogIdOf::<TypeConfig>::new(

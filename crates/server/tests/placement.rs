@@ -3,16 +3,15 @@
 //! without a fabric, and simulated engines launched through the real
 //! adapters.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use llmgw_api::{NodeStatus, NodeView, ReplicaState, ReplicaView};
 use llmgw_dev::{A100_ROCE_B, H100_IB_A, L40S_PCIE};
+use llmgw_test_kit::agents::Agent;
+use llmgw_test_kit::{Cluster, chat};
 use reqwest::Method;
 use serde_json::{Value, json};
-use support::agents::Agent;
-use support::{Cluster, eventually};
 
 const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
 
@@ -35,63 +34,59 @@ async fn replicas(
     cluster: &Cluster,
     peer: u64,
     model: &str,
-) -> Result<BTreeMap<String, Value>, String> {
-    match cluster.get(peer, "/api/v1/replicas").await? {
-        (200, Value::Array(all)) => Ok(all
-            .into_iter()
-            .filter(|r| r["model"] == model)
-            .filter_map(|r| Some((r["id"].as_str()?.to_owned(), r)))
-            .collect()),
-        other => Err(format!("{other:?}")),
-    }
+) -> Result<BTreeMap<String, ReplicaView>, String> {
+    Ok(cluster
+        .replicas(peer)
+        .await?
+        .into_iter()
+        .filter(|r| r.replica.model == model)
+        .map(|r| (r.replica.id.clone(), r))
+        .collect())
+}
+
+fn is_ready(replica: &ReplicaView) -> bool {
+    replica.state == ReplicaState::Ready
 }
 
 /// Waits for exactly one ready replica of `model`; returns it.
-async fn one_ready(cluster: &Cluster, peer: u64, model: &str) -> Value {
-    eventually(
-        cluster,
-        &format!("one ready replica of {model}"),
-        || async {
+async fn one_ready(cluster: &Cluster, peer: u64, model: &str) -> ReplicaView {
+    cluster
+        .eventually(&format!("one ready replica of {model}"), || async {
             let all = replicas(cluster, peer, model).await?;
-            let ready: Vec<&Value> = all.values().filter(|r| r["state"] == "ready").collect();
+            let ready: Vec<&ReplicaView> = all.values().filter(|r| is_ready(r)).collect();
             if all.len() == 1 && ready.len() == 1 {
                 Ok(ready[0].clone())
             } else {
                 let states: Vec<String> = all
                     .values()
-                    .map(|r| format!("{} {} {}", r["id"], r["state"], r["shards"]))
+                    .map(|r| {
+                        format!(
+                            "{} {} {:?}",
+                            r.replica.id,
+                            r.state.as_str(),
+                            r.replica.shards
+                        )
+                    })
                     .collect();
                 Err(states.join("; "))
             }
-        },
-    )
-    .await
-}
-
-async fn chat(http: &reqwest::Client, endpoint: &str, model: &str) -> Result<String, String> {
-    let response = http
-        .post(format!("{endpoint}/v1/chat/completions"))
-        .json(&json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Say hello"}],
-            "max_tokens": 8
-        }))
-        .send()
+        })
         .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let body: Value = response.json().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {body}"));
-    }
-    body["choices"][0]["message"]["content"]
-        .as_str()
-        .map(str::to_owned)
-        .ok_or(format!("no content: {body}"))
 }
 
-fn head_node(replica: &Value) -> String {
-    replica["shards"][0]["node"].as_str().unwrap().to_owned()
+fn head_node(replica: &ReplicaView) -> String {
+    replica.replica.shards[0].node.clone()
+}
+
+fn endpoint(replica: &ReplicaView) -> &str {
+    replica
+        .endpoint
+        .as_deref()
+        .expect("a ready replica has an endpoint")
+}
+
+fn connected(node: &NodeView) -> bool {
+    node.stream.as_ref().is_some_and(|stream| stream.connected)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,21 +105,21 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
     {
         agents.insert(id, Agent::start(&cluster, id, kind, 1 + i as u64 % 3));
     }
-    eventually(&cluster, "four nodes ready", || async {
-        let (_, nodes) = cluster.get(leader, "/api/v1/nodes").await?;
-        let ready = nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready" && n["stream"]["connected"] == true)
-            .count();
-        if ready == 4 {
-            Ok(())
-        } else {
-            Err(format!("{ready} ready"))
-        }
-    })
-    .await;
+    cluster
+        .eventually("four nodes ready", || async {
+            let ready = cluster
+                .nodes(leader)
+                .await?
+                .iter()
+                .filter(|n| n.record.status == NodeStatus::Ready && connected(n))
+                .count();
+            if ready == 4 {
+                Ok(())
+            } else {
+                Err(format!("{ready} ready"))
+            }
+        })
+        .await;
 
     // A two-node tensor-parallel model: only the two H100s share a fabric
     // with 8 free GPUs each.
@@ -144,14 +139,14 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
     )
     .await;
     let llama = one_ready(&cluster, leader, "llama-70b").await;
-    let llama_nodes: BTreeSet<&str> = llama["shards"]
-        .as_array()
-        .unwrap()
+    let llama_nodes: BTreeSet<&str> = llama
+        .replica
+        .shards
         .iter()
-        .map(|s| s["node"].as_str().unwrap())
+        .map(|s| s.node.as_str())
         .collect();
     assert_eq!(llama_nodes, BTreeSet::from(["h100-1", "h100-2"]));
-    assert_eq!(llama["fabric"], "ib-a");
+    assert_eq!(llama.replica.fabric.as_deref(), Some("ib-a"));
 
     // A single-node model, and one that fits nowhere.
     put(
@@ -186,16 +181,12 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
         .build()
         .unwrap();
     for (replica, model) in [(&llama, "llama-70b"), (&qwen, "qwen-small")] {
-        let endpoint = replica["endpoint"].as_str().expect("endpoint");
-        let answer = chat(&http, endpoint, model).await.unwrap();
+        let answer = chat(&http, endpoint(replica), model).await.unwrap();
         assert!(!answer.is_empty());
     }
-    let (_, why) = cluster
-        .get(leader, "/api/v1/models/needs-b200/explain")
-        .await
-        .unwrap();
-    assert_eq!(why["pending"], 1, "{why}");
-    let text = why["explanation"].as_str().unwrap();
+    let why = cluster.explain(leader, "needs-b200").await.unwrap();
+    assert_eq!(why.pending, 1, "{why:?}");
+    let text = why.explanation.as_deref().unwrap();
     assert!(
         text.contains("0/4 nodes fit needs-b200 profile b200")
             && text.contains("4 have no allowed GPU model"),
@@ -205,7 +196,7 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
     // Drain qwen's node, and kill the leader in the middle of it: the new
     // leader finishes the drain from the replicated state.
     let drained = head_node(&qwen);
-    let first_qwen = qwen["id"].as_str().unwrap().to_owned();
+    let first_qwen = qwen.replica.id.clone();
     let (status, body) = cluster
         .send(
             leader,
@@ -216,51 +207,43 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    eventually(&cluster, "a replacement is placed", || async {
-        let all = replicas(&cluster, leader, "qwen").await?;
-        if all.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("{} replicas", all.len()))
-        }
-    })
-    .await;
+    cluster
+        .eventually("a replacement is placed", || async {
+            let all = replicas(&cluster, leader, "qwen").await?;
+            if all.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{} replicas", all.len()))
+            }
+        })
+        .await;
     cluster.kill(leader);
     let leader = cluster.wait_leader().await;
     let seen = std::sync::Mutex::new(BTreeSet::new());
-    let moved = eventually(
-        &cluster,
-        "the drain finishes under the new leader",
-        || async {
+    let moved = cluster
+        .eventually("the drain finishes under the new leader", || async {
             let all = replicas(&cluster, leader, "qwen").await?;
             seen.lock().unwrap().extend(all.keys().cloned());
-            let (_, node) = cluster
-                .get(leader, &format!("/api/v1/nodes/{drained}"))
-                .await?;
-            let ready: Vec<&Value> = all.values().filter(|r| r["state"] == "ready").collect();
-            if all.len() == 1 && ready.len() == 1 && node["draining"] == false {
+            let node = cluster.node(leader, &drained).await?;
+            let ready: Vec<&ReplicaView> = all.values().filter(|r| is_ready(r)).collect();
+            if all.len() == 1 && ready.len() == 1 && !node.record.draining {
                 Ok(ready[0].clone())
             } else {
                 Err(format!(
                     "{} replicas, draining {}",
                     all.len(),
-                    node["draining"]
+                    node.record.draining
                 ))
             }
-        },
-    )
-    .await;
+        })
+        .await;
     assert_ne!(head_node(&moved), drained);
     let seen = seen.into_inner().unwrap();
     assert!(seen.len() <= 2, "one replacement, never a second: {seen:?}");
-    assert_ne!(moved["id"], first_qwen.as_str());
-    let (_, node) = cluster
-        .get(leader, &format!("/api/v1/nodes/{drained}"))
-        .await
-        .unwrap();
-    assert_eq!(node["cordoned"], true, "a drained node stays cordoned");
-    let endpoint = moved["endpoint"].as_str().unwrap();
-    chat(&http, endpoint, "qwen").await.unwrap();
+    assert_ne!(moved.replica.id, first_qwen);
+    let node = cluster.node(leader, &drained).await.unwrap();
+    assert!(node.record.cordoned, "a drained node stays cordoned");
+    chat(&http, endpoint(&moved), "qwen").await.unwrap();
 
     // Lose the node qwen runs on now: it moves back to the uncordoned node.
     let (status, _) = cluster
@@ -275,35 +258,28 @@ async fn replicas_place_serve_move_off_lost_and_drained_nodes_and_explain_the_re
     assert_eq!(status, 200);
     let doomed = head_node(&moved);
     agents.get_mut(doomed.as_str()).unwrap().kill();
-    let back = eventually(&cluster, "qwen ready on another node", || async {
-        let all = replicas(&cluster, leader, "qwen").await?;
-        let ready: Vec<&Value> = all
-            .values()
-            .filter(|r| r["state"] == "ready" && head_node(r) != doomed)
-            .collect();
-        if all.len() == 1 && ready.len() == 1 {
-            Ok(ready[0].clone())
-        } else {
-            Err(format!("{all:?}"))
-        }
-    })
-    .await;
-    let (_, lost) = cluster
-        .get(leader, &format!("/api/v1/nodes/{doomed}"))
-        .await
-        .unwrap();
-    assert_eq!(lost["status"], "lost");
-    chat(&http, back["endpoint"].as_str().unwrap(), "qwen")
-        .await
-        .unwrap();
-    let (_, why) = cluster
-        .get(leader, "/api/v1/models/qwen/explain")
-        .await
-        .unwrap();
+    let back = cluster
+        .eventually("qwen ready on another node", || async {
+            let all = replicas(&cluster, leader, "qwen").await?;
+            let ready: Vec<&ReplicaView> = all
+                .values()
+                .filter(|r| is_ready(r) && head_node(r) != doomed)
+                .collect();
+            if all.len() == 1 && ready.len() == 1 {
+                Ok(ready[0].clone())
+            } else {
+                Err(format!("{all:?}"))
+            }
+        })
+        .await;
+    let lost = cluster.node(leader, &doomed).await.unwrap();
+    assert_eq!(lost.record.status, NodeStatus::Lost);
+    chat(&http, endpoint(&back), "qwen").await.unwrap();
+    let why = cluster.explain(leader, "qwen").await.unwrap();
     assert!(
-        why["last_failure"]["failure"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("lost")),
-        "{why}"
+        why.last_failure
+            .as_ref()
+            .is_some_and(|f| f.failure.message.contains("lost")),
+        "{why:?}"
     );
 }

@@ -5,18 +5,17 @@
 //! engine keeps answering; a paused follower, once it wakes, changes no
 //! term and closes no agent stream.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{NodeStatus, NodeView, ReplicaState, ReplicaView, paths};
 use llmgw_dev::{H100_IB_A, L40S_PCIE};
+use llmgw_test_kit::agents::Agent;
+use llmgw_test_kit::{Cluster, chat, get_json};
 use reqwest::Method;
-use serde_json::{Value, json};
-use support::agents::Agent;
-use support::{Cluster, eventually};
+use serde_json::json;
 
 /// Short enough that a wrong mark shows within the pause: agents beat
 /// every 500 ms and leave a silent peer after 2 s.
@@ -31,51 +30,48 @@ async fn start_fleet() -> (Cluster, Vec<Agent>) {
         Agent::start(&cluster, NODES[0], H100_IB_A, 1),
         Agent::start(&cluster, NODES[1], L40S_PCIE, 2),
     ];
-    eventually(&cluster, "both nodes ready", || async {
-        let ready = node_statuses(&cluster, 1).await?;
-        if ready.iter().filter(|(_, s)| s == "ready").count() == NODES.len() {
-            Ok(())
-        } else {
-            Err(format!("{ready:?}"))
-        }
-    })
-    .await;
+    cluster
+        .eventually("both nodes ready", || async {
+            let ready = node_statuses(&cluster, 1).await?;
+            if ready
+                .iter()
+                .filter(|(_, s)| *s == NodeStatus::Ready)
+                .count()
+                == NODES.len()
+            {
+                Ok(())
+            } else {
+                Err(format!("{ready:?}"))
+            }
+        })
+        .await;
     (cluster, agents)
 }
 
-async fn node_statuses(cluster: &Cluster, peer: u64) -> Result<Vec<(String, String)>, String> {
-    match cluster.get(peer, "/api/v1/nodes").await? {
-        (200, Value::Array(nodes)) => Ok(nodes
-            .iter()
-            .map(|n| {
-                (
-                    n["id"].as_str().unwrap_or("?").to_owned(),
-                    n["status"].as_str().unwrap_or("?").to_owned(),
-                )
-            })
-            .collect()),
-        other => Err(format!("{other:?}")),
-    }
+async fn node_statuses(cluster: &Cluster, peer: u64) -> Result<Vec<(String, NodeStatus)>, String> {
+    Ok(cluster
+        .nodes(peer)
+        .await?
+        .into_iter()
+        .map(|n| (n.record.id, n.record.status))
+        .collect())
 }
 
 /// Nodes whose stream is open on `peer` (only a leader holds streams).
 async fn attached(cluster: &Cluster, peer: u64) -> BTreeSet<String> {
-    match cluster.get(peer, "/api/v1/nodes").await {
-        Ok((200, Value::Array(nodes))) => nodes
-            .iter()
-            .filter(|n| n["stream"]["connected"] == true)
-            .filter_map(|n| n["id"].as_str().map(str::to_owned))
-            .collect(),
-        _ => BTreeSet::new(),
-    }
+    cluster
+        .nodes(peer)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.stream.as_ref().is_some_and(|stream| stream.connected))
+        .map(|n| n.record.id)
+        .collect()
 }
 
 async fn term_and_leader(cluster: &Cluster, peer: u64) -> (u64, Option<u64>) {
-    let (_, view) = cluster.get(peer, "/api/v1/cluster").await.expect("cluster");
-    (
-        view["term"].as_u64().unwrap_or(0),
-        view["leader_id"].as_u64(),
-    )
+    let view = cluster.cluster_view(peer).await.expect("cluster");
+    (view.term, view.leader_id)
 }
 
 /// Every status any of `admins` reported that is not `ready`, sampled
@@ -92,16 +88,18 @@ fn watch_statuses(
         let mut seen = Vec::new();
         while !stop.load(Ordering::Relaxed) {
             for (peer, admin) in &admins {
-                let Ok(response) = http.get(format!("{admin}/api/v1/nodes")).send().await else {
+                let url = format!("{admin}{}", paths::NODES);
+                let Ok(nodes) = get_json::<Vec<NodeView>>(&http, &url, None).await else {
                     continue;
                 };
-                let Ok(Value::Array(nodes)) = response.json::<Value>().await else {
-                    continue;
-                };
-                for node in nodes.iter().filter(|n| n["status"] != "ready") {
+                for node in nodes
+                    .iter()
+                    .filter(|n| n.record.status != NodeStatus::Ready)
+                {
                     seen.push(format!(
                         "peer {peer}: node {} {}",
-                        node["id"], node["status"]
+                        node.record.id,
+                        node.record.status.as_str()
                     ));
                 }
             }
@@ -128,17 +126,15 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    let endpoint: String = eventually(&cluster, "small ready", || async {
-        match cluster.get(1, "/api/v1/replicas").await? {
-            (200, Value::Array(all)) => all
-                .iter()
-                .find(|r| r["model"] == "small" && r["state"] == "ready")
-                .and_then(|r| r["endpoint"].as_str().map(str::to_owned))
-                .ok_or_else(|| format!("{all:?}")),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let endpoint: String = cluster
+        .eventually("small ready", || async {
+            let all: Vec<ReplicaView> = cluster.replicas(1).await?;
+            all.iter()
+                .find(|r| r.replica.model == "small" && r.state == ReplicaState::Ready)
+                .and_then(|r| r.endpoint.clone())
+                .ok_or_else(|| format!("{all:?}"))
+        })
+        .await;
     let old = cluster.wait_leader().await;
     let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -155,16 +151,9 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
             .build()
             .unwrap();
         tokio::spawn(async move {
-            let body = json!({"model": "small", "max_tokens": 4,
-                              "messages": [{"role": "user", "content": "hello"}]});
             while !stop.load(Ordering::Relaxed) {
                 chats.fetch_add(1, Ordering::Relaxed);
-                let ok = http
-                    .post(format!("{endpoint}/v1/chat/completions"))
-                    .json(&body)
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
+                let ok = chat(&http, &endpoint, "small").await.is_ok();
                 if !ok {
                     failures.fetch_add(1, Ordering::Relaxed);
                 }
@@ -225,20 +214,24 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
     let after = node_statuses(&cluster, old)
         .await
         .expect("nodes from the resumed peer");
-    assert!(after.iter().all(|(_, s)| s == "ready"), "{after:?}");
+    assert!(
+        after.iter().all(|(_, s)| *s == NodeStatus::Ready),
+        "{after:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_follower_wakes_without_changing_the_term_or_any_stream() {
     let (cluster, agents) = start_fleet().await;
     let leader = cluster.wait_leader().await;
-    eventually(&cluster, "both agents attached to the leader", || async {
-        let on = attached(&cluster, leader).await;
-        (on.len() == NODES.len())
-            .then_some(())
-            .ok_or(format!("{on:?}"))
-    })
-    .await;
+    cluster
+        .eventually("both agents attached to the leader", || async {
+            let on = attached(&cluster, leader).await;
+            (on.len() == NODES.len())
+                .then_some(())
+                .ok_or(format!("{on:?}"))
+        })
+        .await;
     let (term, _) = term_and_leader(&cluster, leader).await;
     let opened = |agents: &[Agent]| -> usize {
         agents

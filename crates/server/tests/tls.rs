@@ -3,17 +3,17 @@
 //! call Raft RPCs, and that a rotated certificate is served without a
 //! restart.
 
-mod support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use llmgw_api::{ClusterView, NodeStatus, NodeView, paths};
 use llmgw_proto::raft::RaftPayload;
 use llmgw_proto::raft::raft_service_client::RaftServiceClient;
+use llmgw_test_kit::dev::Dev;
+use llmgw_test_kit::{Cluster, DEADLINE, admin_client, get_json, llmgw_bin, one_cluster_at_a_time};
 use llmgw_tls::certs::{self, IssueRequest};
 use llmgw_tls::{Identity, Tls, TlsFiles};
-use support::{Cluster, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A certificate for `identity` signed by the CA in `ca_dir`, written as
@@ -84,9 +84,8 @@ struct Refusal {
 async fn the_mtls_refusals_table() {
     let cluster = Cluster::start_tls("");
     cluster.wait_leader().await;
-    let (status, view) = cluster.get(1, "/api/v1/cluster").await.unwrap();
-    assert_eq!(status, 200);
-    assert_eq!(view["insecure"], false, "{view}");
+    let view = cluster.cluster_view(1).await.unwrap();
+    assert!(!view.insecure, "{view:?}");
     let addr = cluster.grpc(1);
     let ca_dir = cluster.tls_dir();
     let trust = certs::ca_files(&ca_dir).0;
@@ -183,17 +182,14 @@ async fn the_mtls_refusals_table() {
             Attempt::Raft(tls) => match row.who.contains("revoked") {
                 // The peer polls its files every 2 s.
                 true => {
-                    eventually(
-                        &cluster,
-                        "the peer refuses the revoked certificate",
-                        || async {
+                    cluster
+                        .eventually("the peer refuses the revoked certificate", || async {
                             match raft_status(&addr, tls).await {
                                 Err(why) => Ok(why),
                                 Ok(()) => Err("still accepted".to_owned()),
                             }
-                        },
-                    )
-                    .await
+                        })
+                        .await
                 }
                 false => raft_status(&addr, tls).await.err().unwrap_or_default(),
             },
@@ -327,15 +323,16 @@ async fn a_rotated_peer_certificate_is_served_without_a_restart() {
     );
     certs::issue(&ca_dir, &ca_dir, &request).unwrap();
     let started = Instant::now();
-    let after = eventually(&cluster, "peer 1 serves its new certificate", || async {
-        let serial = served_serial(&addr, &client).await?;
-        if serial == before {
-            Err("still the old serial".to_owned())
-        } else {
-            Ok(serial)
-        }
-    })
-    .await;
+    let after = cluster
+        .eventually("peer 1 serves its new certificate", || async {
+            let serial = served_serial(&addr, &client).await?;
+            if serial == before {
+                Err("still the old serial".to_owned())
+            } else {
+                Ok(serial)
+            }
+        })
+        .await;
     assert_ne!(after, before);
     eprintln!("rotation took effect after {:?}", started.elapsed());
     cluster.wait_log(1, &["mTLS material reloaded"]).await;
@@ -352,83 +349,71 @@ async fn a_rotated_peer_certificate_is_served_without_a_restart() {
 #[allow(clippy::await_holding_lock)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens() {
-    let _serial = support::one_at_a_time();
+    let _serial = one_cluster_at_a_time();
     let work = tempfile::tempdir().unwrap();
     // No demo catalog: agents connect, but no engine is started.
-    let llmgw_dev = support::dev::Dev::start(work.path(), &["--no-demo"]);
+    let llmgw_dev = Dev::start(work.path(), &["--no-demo"]);
     let started = Instant::now();
-    let dev_json = work.path().join("dev.json");
     let mut http = None;
     let mut read_token = String::new();
-    let view = loop {
+    let (dev, cluster) = loop {
         assert!(
-            started.elapsed() < support::DEADLINE,
+            started.elapsed() < DEADLINE,
             "llmgw dev did not come up: {}",
             llmgw_dev.output()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let Ok(text) = std::fs::read_to_string(&dev_json) else {
-            continue;
-        };
-        let Ok(dev) = serde_json::from_str::<serde_json::Value>(&text) else {
+        let Some(dev) = llmgw_dev.dev_file() else {
             continue;
         };
         // The admin API is HTTPS with the dev CA, and needs a token.
         let http = http.get_or_insert_with(|| {
-            let ca = dev["ca"].as_str().expect("dev.json names the CA");
-            read_token = std::fs::read_to_string(dev["read_token_file"].as_str().unwrap())
+            let ca = dev.ca.as_deref().expect("dev.json names the CA");
+            let token_file = dev
+                .read_token_file
+                .as_deref()
+                .expect("dev.json names the read token");
+            read_token = std::fs::read_to_string(token_file)
                 .unwrap()
                 .trim()
                 .to_owned();
-            support::admin_client(Some(Path::new(ca)))
+            admin_client(Some(Path::new(ca)))
         });
-        let api = dev["api"][0].as_str().unwrap().to_owned();
+        let api = dev.api[0].clone();
         assert!(api.starts_with("https://"), "{api}");
-        let Ok(response) = http
-            .get(format!("{api}/api/v1/cluster"))
-            .bearer_auth(&read_token)
-            .send()
-            .await
-        else {
+        let url = format!("{api}{}", paths::CLUSTER);
+        let Ok(view) = get_json::<ClusterView>(http, &url, Some(&read_token)).await else {
             continue;
         };
-        let view: serde_json::Value = response.json().await.unwrap();
-        let Some(leader) = view["leader_id"].as_u64() else {
+        let Some(leader) = view.leader_id else {
             continue;
         };
         // Every simulated node is connected to the leader, over mTLS.
-        let leader_api = dev["processes"]
-            .as_array()
-            .unwrap()
+        let leader_api = dev
+            .processes
             .iter()
-            .find(|p| p["role"] == "server" && p["id"] == leader)
-            .and_then(|p| p["api"].as_str())
-            .unwrap()
-            .to_owned();
-        let Ok(response) = http
-            .get(format!("{leader_api}/api/v1/nodes"))
-            .bearer_auth(&read_token)
-            .send()
+            .find(|p| p.role == "server" && p.id.as_u64() == Some(leader))
+            .and_then(|p| p.api.clone())
+            .unwrap();
+        let url = format!("{leader_api}{}", paths::NODES);
+        let nodes: Vec<NodeView> = get_json(http, &url, Some(&read_token))
             .await
-        else {
-            continue;
-        };
-        let nodes: serde_json::Value = response.json().await.unwrap_or_default();
+            .unwrap_or_default();
         let connected = nodes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|n| n["status"] == "ready" && n["stream"]["connected"] == true)
+            .iter()
+            .filter(|n| {
+                n.record.status == NodeStatus::Ready
+                    && n.stream.as_ref().is_some_and(|stream| stream.connected)
+            })
             .count();
         if connected == 3 {
             break (dev, view);
         }
     };
-    let (dev, cluster) = view;
-    assert_eq!(cluster["insecure"], false, "{cluster}");
+    assert!(!cluster.insecure, "{cluster:?}");
     let http = http.unwrap();
-    let api = dev["api"][0].as_str().unwrap().to_owned();
-    let ca = dev["ca"].as_str().unwrap().to_owned();
+    let api = dev.api[0].clone();
+    let ca = dev.ca.clone().unwrap();
 
     // Without a token the admin API says what to send.
     let response = http
@@ -463,10 +448,10 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         "export LLMGW_CA=",
         "export LLMGW_TOKEN=$(cat ",
     ] {
-        llmgw_dev.wait_printed(line, support::DEADLINE).await;
+        llmgw_dev.wait_printed(line, DEADLINE).await;
     }
     let ctl = |with_ca: bool, token: &str| {
-        let mut command = std::process::Command::new(support::llmgw_bin());
+        let mut command = std::process::Command::new(llmgw_bin());
         command
             .args(["ctl", "--api", &api, "nodes"])
             .env("LLMGW_TOKEN", token);
@@ -487,11 +472,10 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         stderr.contains("--ca"),
         "ctl without the CA says what to do: {stderr}"
     );
-    let processes: Vec<&serde_json::Value> = dev["processes"]
-        .as_array()
-        .unwrap()
+    let processes: Vec<&llmgw_dev::DevProcess> = dev
+        .processes
         .iter()
-        .filter(|p| p["role"] == "server")
+        .filter(|p| p.role == "server")
         .collect();
     assert_eq!(processes.len(), 3);
     for agent in ["h100-1", "h100-2", "l40s-1"] {
@@ -503,20 +487,20 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         );
     }
     for process in processes {
-        let id = process["id"].as_u64().unwrap();
+        let id = process.id.as_u64().unwrap();
         let yaml = std::fs::read_to_string(work.path().join(format!("server-{id}.yaml"))).unwrap();
         assert!(
             yaml.contains("tls:") && !yaml.contains("insecure"),
             "server-{id}.yaml: {yaml}"
         );
         // Plaintext HTTP/2 to the gRPC port is refused, and logged.
-        let grpc = process["grpc"].as_str().unwrap();
+        let grpc = process.grpc.as_deref().unwrap();
         let mut tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
         let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
         let mut buf = [0u8; 64];
         let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
         let log_path = work.path().join(format!("server-{id}.log"));
-        let deadline = Instant::now() + support::DEADLINE;
+        let deadline = Instant::now() + DEADLINE;
         loop {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             if log.contains("mTLS material loaded") && log.contains("mTLS handshake failed") {

@@ -2,51 +2,47 @@
 //! certificate registers only that node, and an agent's rotated
 //! certificate is what it presents when it reconnects.
 
-mod support;
-
 use std::time::{Duration, Instant, SystemTime};
 
+use llmgw_api::NodeStatus;
 use llmgw_dev::L40S_PCIE;
 use llmgw_proto::agent::agent_message::Body as Up;
 use llmgw_proto::agent::agent_service_client::AgentServiceClient;
 use llmgw_proto::agent::{AgentMessage, Register};
+use llmgw_test_kit::Cluster;
+use llmgw_test_kit::agents::{Agent, node_tls_files};
 use llmgw_tls::certs::{self, IssueRequest};
 use llmgw_tls::{Identity, Tls};
-use serde_json::Value;
-use support::agents::{Agent, node_tls_files};
-use support::{Cluster, eventually};
 
 const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 30s\n  leader_grace: 4s\n";
 
 /// `node`'s status and whether its stream is connected, on `peer`.
-async fn node_state(cluster: &Cluster, peer: u64, node: &str) -> Result<(String, bool), String> {
-    match cluster.get(peer, "/api/v1/nodes").await? {
-        (200, Value::Array(nodes)) => nodes
-            .iter()
-            .find(|n| n["id"] == node)
-            .map(|n| {
-                (
-                    n["status"].as_str().unwrap_or_default().to_owned(),
-                    n["stream"]["connected"] == true,
-                )
-            })
-            .ok_or_else(|| format!("{node} is not registered")),
-        other => Err(format!("GET /api/v1/nodes on peer {peer}: {other:?}")),
-    }
+async fn node_state(
+    cluster: &Cluster,
+    peer: u64,
+    node: &str,
+) -> Result<(NodeStatus, bool), String> {
+    cluster
+        .nodes(peer)
+        .await?
+        .into_iter()
+        .find(|n| n.record.id == node)
+        .map(|n| {
+            let connected = n.stream.is_some_and(|stream| stream.connected);
+            (n.record.status, connected)
+        })
+        .ok_or_else(|| format!("{node} is not registered"))
 }
 
 async fn wait_connected(cluster: &Cluster, leader: u64, node: &str) {
-    eventually(
-        cluster,
-        &format!("{node} connected to leader {leader}"),
-        || async {
+    cluster
+        .eventually(&format!("{node} connected to leader {leader}"), || async {
             match node_state(cluster, leader, node).await? {
-                (status, true) if status == "ready" => Ok(()),
+                (NodeStatus::Ready, true) => Ok(()),
                 other => Err(format!("{other:?}")),
             }
-        },
-    )
-    .await;
+        })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,21 +112,25 @@ async fn a_rotated_agent_certificate_keeps_the_stream_and_is_used_to_reconnect()
         &IssueRequest::new(Identity::Node("node-a".into()), vec![]),
     )
     .unwrap();
-    eventually(&cluster, "the agent reloads its certificate", || async {
-        if agent.log_text().contains("mTLS material reloaded") {
-            Ok(())
-        } else {
-            Err("no reload logged yet".to_owned())
-        }
-    })
-    .await;
+    cluster
+        .eventually("the agent reloads its certificate", || async {
+            if agent.log_text().contains("mTLS material reloaded") {
+                Ok(())
+            } else {
+                Err("no reload logged yet".to_owned())
+            }
+        })
+        .await;
 
     // The open stream outlives the old certificate.
     while SystemTime::now() < short_until + Duration::from_secs(1) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let (status, connected) = node_state(&cluster, leader, "node-a").await.unwrap();
-    assert!(status == "ready" && connected, "{status} {connected}");
+    assert!(
+        status == NodeStatus::Ready && connected,
+        "{status:?} {connected}"
+    );
     assert!(files.cert.exists());
 
     // A new leader: the agent dials again, and only the new certificate

@@ -1,27 +1,17 @@
 //! Real `llmgw agent` processes with fixture inventories and simulated
-//! engines, for end-to-end tests against a [`Cluster`]. A guard kills each
-//! agent and every engine process group it launched, even when a test
-//! fails.
+//! engines, attached to a [`Cluster`]. The guard kills each agent and
+//! every engine process group it launched, even when a test fails.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use llmgw_dev::{AgentLayout, NodeKind, SimEngines, agent_yaml, agent_yaml_tls};
 
-use super::{Cluster, llmgw_bin};
+use crate::{Cluster, engine_sim_bin, llmgw_bin};
 
+/// The captured node inventories (`deploy/fixtures/nodes`).
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/fixtures/nodes")
-}
-
-pub fn sim_bin() -> PathBuf {
-    let bin = llmgw_bin().with_file_name("llmgw-engine-sim");
-    assert!(
-        bin.exists(),
-        "{} does not exist: build it with `cargo build -p llmgw-engine-sim`",
-        bin.display()
-    );
-    bin
 }
 
 /// Where a TLS cluster's agent for `node_id` finds its certificate.
@@ -56,16 +46,18 @@ impl Agent {
         agent
     }
 
+    /// (Re)writes agent.yaml: the peers from `first_peer` on, in `rack`.
     pub fn write_config(&self, cluster: &Cluster, first_peer: u64, rack: &str) {
         let mut servers: Vec<String> = cluster
             .peers
             .iter()
             .map(|p| p.layout.grpc.to_string())
             .collect();
+        let first = usize::try_from(first_peer - 1).expect("a peer id");
         let count = servers.len();
-        servers.rotate_left((first_peer as usize - 1) % count);
+        servers.rotate_left(first % count);
         let engines = SimEngines {
-            bin: sim_bin(),
+            bin: engine_sim_bin(),
             env: vec![
                 ("LLMGW_SIM_LOAD_TIME".into(), "500ms".into()),
                 ("LLMGW_SIM_TTFT".into(), "5ms".into()),
@@ -85,9 +77,10 @@ impl Agent {
         } else {
             agent_yaml(&layout, &servers, &fixtures_dir(), &engines, "")
         };
-        std::fs::write(&self.layout.config, yaml).unwrap();
+        std::fs::write(&self.layout.config, yaml).expect("write agent.yaml");
     }
 
+    /// Starts the agent again with its config and work directory.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "agent {} runs", self.layout.node_id);
         self.starts += 1;
@@ -96,13 +89,13 @@ impl Agent {
                 .log
                 .with_extension(format!("{}.log", self.starts)),
         )
-        .unwrap();
+        .expect("the agent's log file");
         let child = Command::new(llmgw_bin())
             .args(["agent", "--config"])
             .arg(&self.layout.config)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
+            .stdout(log.try_clone().expect("the log file"))
             .stderr(log)
             .spawn()
             .expect("start llmgw agent");
@@ -122,6 +115,7 @@ impl Agent {
         llmgw_dev::engine_groups(&self.layout.work_dir)
     }
 
+    /// Everything the agent logged, every start.
     pub fn log_text(&self) -> String {
         (1..=self.starts)
             .map(|n| {
@@ -138,17 +132,7 @@ impl Drop for Agent {
         self.kill();
         for pid in self.engine_pids() {
             // Engines run in their own session: the pid is the group id.
-            kill_group(pid);
-        }
-    }
-}
-
-#[allow(unsafe_code)]
-fn kill_group(pgid: i32) {
-    if pgid > 1 {
-        // SAFETY: kill(2) with plain integers.
-        unsafe {
-            libc::kill(-pgid, libc::SIGKILL);
+            crate::process::signal_group(pid, libc::SIGKILL);
         }
     }
 }

@@ -1,0 +1,40 @@
+//! What llmgw's tests share, in one place: finding the built binaries
+//! ([`llmgw_bin`], [`engine_sim_bin`]), free ports, waiting for a
+//! condition with a generous deadline instead of sleeping and hoping
+//! ([`eventually`], [`wait_until`]), a three-peer cluster of real
+//! `llmgw server` processes ([`Cluster`]) with real agents
+//! ([`agents::Agent`]), `llmgw dev` under test ([`dev::Dev`]), chat
+//! requests ([`chat`], [`stream_chat`]) and Prometheus text
+//! ([`metric`]).
+//!
+//! Tests read the admin API through the typed contract of `llmgw-api`
+//! ([`Cluster::get_json`], [`get_json`]), so a renamed field fails to
+//! compile here instead of reading as absent. A dev-dependency only.
+
+pub mod agents;
+mod bins;
+mod chat;
+mod cluster;
+pub mod dev;
+mod http;
+mod metrics;
+pub mod process;
+mod wait;
+
+pub use bins::{engine_sim_bin, llmgw_bin};
+pub use chat::{chat, stream_chat};
+pub use cluster::{Cluster, Peer, one_cluster_at_a_time};
+pub use http::{admin_client, decode, get_json};
+pub use metrics::metric;
+pub use wait::{DEADLINE, eventually, wait_until, wait_until_blocking};
+
+/// A port free right now on 127.0.0.1 (the kernel's choice). Another
+/// process may take it before the test binds it; tests that start
+/// clusters plan their ports with `llmgw_dev::plan_peers` instead, below
+/// the ephemeral range.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port on 127.0.0.1")
+        .port()
+}
