@@ -54,17 +54,8 @@ pub enum AgentError {
 
 /// The whole program: returns when SIGTERM or SIGINT arrives.
 pub fn main(args: AgentArgs) -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
-    let result = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    llmgw_runtime::init_logging("info");
+    let result = llmgw_runtime::multi_thread_runtime()
         .map_err(AgentError::Runtime)
         .and_then(|rt| rt.block_on(run_from_file(&args)));
     match result {

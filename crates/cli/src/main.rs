@@ -54,15 +54,9 @@ enum ConfigCommand {
 /// output to stderr (`RUST_LOG`, default info with openraft at warn).
 fn run_async(logs: bool, job: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
     if logs {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .with_writer(std::io::stderr)
-            .try_init();
+        llmgw_runtime::init_logging("info,openraft=warn");
     }
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match llmgw_runtime::multi_thread_runtime() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

@@ -207,10 +207,7 @@ fn engine_main(engine: Engine, args: &[String]) -> i32 {
             return 2;
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match llmgw_runtime::multi_thread_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("llmgw-engine-sim: cannot start the async runtime: {e}");

@@ -25,12 +25,25 @@ struct Args {
     prefix: String,
 }
 
-#[tokio::main]
-async fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
+fn main() -> std::process::ExitCode {
+    // Errors only unless RUST_LOG says otherwise: the fleet's own lines are
+    // the stats printed to stdout.
+    llmgw_runtime::init_logging("error");
     let args = Args::parse();
+    match llmgw_runtime::multi_thread_runtime() {
+        Ok(runtime) => {
+            runtime.block_on(simulate(args));
+            std::process::ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("llmgw-fleet-sim: cannot start the async runtime: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs the fleet and prints its stats every 5 s until Ctrl-C.
+async fn simulate(args: Args) {
     let fleet = llmgw_fleet_sim::Fleet::spawn(
         &args.prefix,
         args.nodes,

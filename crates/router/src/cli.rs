@@ -24,23 +24,14 @@ pub struct RouterArgs {
 
 /// Loads the config and serves until SIGINT or SIGTERM.
 pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    llmgw_runtime::init_logging("info");
     let config = RouterConfig::load(&args.config)?;
     let settings = Settings::from_config(&config)?;
     let mut catalog = config.models.clone();
     if let Some(file) = &config.catalog {
         catalog.models.extend(read_catalog(file)?.models);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(RouterError::Runtime)?;
+    let runtime = llmgw_runtime::multi_thread_runtime().map_err(RouterError::Runtime)?;
     runtime.block_on(async move {
         let table = static_table(&catalog);
         // The source must outlive the router: it owns the table's sender.

@@ -351,10 +351,7 @@ async fn slow_streams(o: &Options) -> Result<()> {
 
 fn main() -> Result<()> {
     let o = parse_options()?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
+    let rt = llmgw_runtime::multi_thread_runtime_with_workers(1)?;
     rt.block_on(async {
         throughput(&o).await?;
         slow_streams(&o).await
