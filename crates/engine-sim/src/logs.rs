@@ -5,7 +5,9 @@
 //! `INFO:     message`. Readiness detectors match these, so they are exact.
 
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
+
+use time::OffsetDateTime;
 
 use crate::persona::{Engine, Persona};
 
@@ -25,31 +27,16 @@ pub struct Logger {
     pub core_pid: u32,
 }
 
-/// UTC broken down, without a date-time dependency.
+/// UTC broken down: (year, month, day, hour, minute, second).
 pub fn utc_parts(time: SystemTime) -> (i64, u32, u32, u32, u32, u32) {
-    let secs = time
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil-from-days (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let utc = OffsetDateTime::from(time);
     (
-        year,
-        month,
-        day,
-        (rem / 3600) as u32,
-        ((rem % 3600) / 60) as u32,
-        (rem % 60) as u32,
+        i64::from(utc.year()),
+        u32::from(u8::from(utc.month())),
+        u32::from(utc.day()),
+        u32::from(utc.hour()),
+        u32::from(utc.minute()),
+        u32::from(utc.second()),
     )
 }
 
@@ -133,7 +120,7 @@ pub fn write_err(text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn utc_parts_matches_a_known_instant() {

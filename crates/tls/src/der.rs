@@ -1,7 +1,10 @@
 //! Just enough DER to read a certificate's validity for log lines; the
 //! security decisions are rustls-webpki's.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
+
+use time::format_description::well_known::Rfc3339;
+use time::{Date, Month, OffsetDateTime, PrimitiveDateTime, Time};
 
 /// One TLV: (tag, contents, rest).
 fn next(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
@@ -60,62 +63,32 @@ fn time(tag: u8, text: &[u8]) -> Option<SystemTime> {
     let text = std::str::from_utf8(text).ok()?.strip_suffix('Z')?;
     let (year, rest) = match tag {
         0x17 if text.len() == 12 => {
-            let yy: i64 = text[..2].parse().ok()?;
+            let yy: i32 = text[..2].parse().ok()?;
             (if yy < 50 { 2000 + yy } else { 1900 + yy }, &text[2..])
         }
         0x18 if text.len() == 14 => (text[..4].parse().ok()?, &text[4..]),
         _ => return None,
     };
-    let field = |i: usize| -> Option<i64> { rest.get(i..i + 2)?.parse().ok() };
-    let days = days_from_civil(year, field(0)?, field(2)?);
-    let seconds = days * 86_400 + field(4)? * 3600 + field(6)? * 60 + field(8)?;
-    if seconds >= 0 {
-        Some(UNIX_EPOCH + Duration::from_secs(seconds.unsigned_abs()))
-    } else {
-        Some(UNIX_EPOCH - Duration::from_secs(seconds.unsigned_abs()))
-    }
+    let field = |i: usize| -> Option<u8> { rest.get(i..i + 2)?.parse().ok() };
+    let month = Month::try_from(field(0)?).ok()?;
+    let date = Date::from_calendar_date(year, month, field(2)?).ok()?;
+    let time = Time::from_hms(field(4)?, field(6)?, field(8)?).ok()?;
+    Some(PrimitiveDateTime::new(date, time).assume_utc().into())
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// `YYYY-MM-DDTHH:MM:SSZ`.
+/// `YYYY-MM-DDTHH:MM:SSZ`, whole seconds as certificates carry them.
 pub(crate) fn format_time(at: SystemTime) -> String {
-    let secs = match at.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX),
-    };
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Inverse of days_from_civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let at = OffsetDateTime::from(at)
+        .replace_nanosecond(0)
+        .expect("0 is a valid nanosecond");
+    at.format(&Rfc3339)
+        .unwrap_or_else(|_| format!("{} s after the Unix epoch", at.unix_timestamp()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn times_convert_both_ways() {
