@@ -84,68 +84,25 @@ impl ServeConfig {
         knobs: Knobs,
         env: &dyn Env,
     ) -> Result<Self, ConfigError> {
+        let line = CommandLine { persona, args };
         let vllm = persona.engine == Engine::Vllm;
-        // Read by option name: the dest behind it differs between releases.
-        let key = |flag: &str| crate::engine_cli::dest_of(persona, flag);
-        let model = if vllm {
-            args.str(&key("--model-tag"))
-                .or_else(|| args.str(&key("--model")))
-                .unwrap_or("Qwen/Qwen3-0.6B")
-                .to_string()
-        } else {
-            args.str(&key("--model-path"))
-                .unwrap_or_default()
-                .to_string()
-        };
-        let served_names = match args.list(&key("--served-model-name")) {
+        let model = line.model();
+        let served_names = match args.list(&line.key("--served-model-name")) {
             Some(names) if !names.is_empty() => names,
             _ => vec![model.clone()],
         };
-        let int = |dest: &str, default: u64| -> Result<u64, ConfigError> {
-            match args.int(dest) {
-                None => Ok(default),
-                Some(v) if v >= 0 => Ok(v as u64),
-                Some(v) => Err(ConfigError(format!(
-                    "argument --{}: must be non-negative, got {v}",
-                    dest.replace('_', "-")
-                ))),
-            }
-        };
         let (tp, pp, dp) = (
-            int(&key("--tensor-parallel-size"), 1)?,
-            int(&key("--pipeline-parallel-size"), 1)?,
-            int(&key("--data-parallel-size"), 1)?,
+            line.int("--tensor-parallel-size", 1)?,
+            line.int("--pipeline-parallel-size", 1)?,
+            line.int("--data-parallel-size", 1)?,
         );
-        let nnodes = int(&key("--nnodes"), 1)?;
-        let node_rank = int(&key("--node-rank"), 0)?;
-        let host_arg = args.str(&key("--host")).map(str::to_string);
-        let (host, shown_host) = match (&host_arg, vllm) {
-            (Some(h), _) => (h.clone(), h.clone()),
-            (None, true) => ("0.0.0.0".to_string(), "0.0.0.0".to_string()),
-            (None, false) => ("127.0.0.1".to_string(), "127.0.0.1".to_string()),
-        };
-        let default_port = if vllm { 8000 } else { 30000 };
-        let port = int(&key("--port"), default_port)?;
-        let port =
-            u16::try_from(port).map_err(|_| ConfigError(format!("port {port} is out of range")))?;
-        let rendezvous = if vllm {
-            if nnodes > 1 {
-                let addr = args.str(&key("--master-addr")).unwrap_or("127.0.0.1");
-                let port = int(&key("--master-port"), 29501)?;
-                Some(format!("{addr}:{port}"))
-            } else {
-                None
-            }
-        } else {
-            args.str(&key("--dist-init-addr")).map(str::to_string)
-        };
-        let backend = match args.str(&key("--distributed-executor-backend")) {
-            Some("ray") => Some(Backend::Ray),
-            Some("mp") => Some(Backend::Mp),
-            Some("uni") => Some(Backend::Uni),
-            _ => None,
-        };
-        let mut api_keys: Vec<String> = args.list(&key("--api-key")).unwrap_or_default();
+        // Read in the engines' order, so the first bad option is the one
+        // reported.
+        let nnodes = line.int("--nnodes", 1)?;
+        let node_rank = line.int("--node-rank", 0)?;
+        let (host, shown_host, port) = line.listen_address()?;
+        let rendezvous = line.rendezvous(nnodes)?;
+        let mut api_keys: Vec<String> = args.list(&line.key("--api-key")).unwrap_or_default();
         if api_keys.is_empty()
             && vllm
             && let Some(key) = env.get("VLLM_API_KEY").filter(|k| !k.is_empty())
@@ -153,9 +110,9 @@ impl ServeConfig {
             api_keys.push(key);
         }
         let max_num_seqs = if vllm {
-            int(&key("--max-num-seqs"), 256)?
+            line.int("--max-num-seqs", 256)?
         } else {
-            int(&key("--max-running-requests"), 1024)?
+            line.int("--max-running-requests", 1024)?
         };
         // The parser has read `32k`, `auto` (-1) and plain numbers already.
         let max_model_len = args
@@ -166,40 +123,8 @@ impl ServeConfig {
             })
             .filter(|n| *n > 0)
             .map(|n| n as u64);
-        let memory_fraction = if vllm {
-            args.float(&key("--gpu-memory-utilization")).unwrap_or(
-                if persona.at_least((0, 12, 0)) {
-                    0.92
-                } else {
-                    0.9
-                },
-            )
-        } else {
-            args.float(&key("--mem-fraction-static")).unwrap_or(0.88)
-        };
-        let visible_gpus = match (
-            args.list(&key("--device-ids")),
-            env.get("CUDA_VISIBLE_DEVICES"),
-        ) {
-            (Some(ids), _) => ids
-                .iter()
-                .flat_map(|i| i.split(','))
-                .filter(|s| !s.trim().is_empty())
-                .count() as u64,
-            (None, Some(devices)) => {
-                devices.split(',').filter(|s| !s.trim().is_empty()).count() as u64
-            }
-            (None, None) => knobs.node_gpus,
-        };
-        let shutdown_timeout = Duration::from_secs(int(&key("--shutdown-timeout"), 0)?);
-        let given = args
-            .given
-            .iter()
-            .map(|dest| {
-                let value = args.values.get(dest).map(value_repr).unwrap_or_default();
-                (dest.clone(), value)
-            })
-            .collect();
+        let shutdown_timeout = Duration::from_secs(line.int("--shutdown-timeout", 0)?);
+        let flag = |name: &str| args.flag(&line.key(name)).unwrap_or(false);
         Ok(Self {
             persona,
             model,
@@ -213,29 +138,154 @@ impl ServeConfig {
             nnodes: nnodes.max(1),
             node_rank,
             rendezvous,
-            headless: args.flag(&key("--headless")).unwrap_or(false),
-            backend,
+            headless: flag("--headless"),
+            backend: line.backend(),
             api_keys,
             max_num_seqs: max_num_seqs.max(1),
             max_model_len,
-            memory_fraction,
-            enable_metrics: vllm || args.flag(&key("--enable-metrics")).unwrap_or(false),
-            enable_load_tracking: args
-                .flag(&key("--enable-server-load-tracking"))
-                .unwrap_or(false),
+            memory_fraction: line.memory_fraction(),
+            enable_metrics: vllm || flag("--enable-metrics"),
+            enable_load_tracking: flag("--enable-server-load-tracking"),
             shutdown_timeout,
-            force_include_usage: args
-                .flag(&key("--enable-force-include-usage"))
-                .unwrap_or(false),
+            force_include_usage: flag("--enable-force-include-usage"),
             show_hidden_metrics: args
-                .str(&key("--show-hidden-metrics-for-version"))
+                .str(&line.key("--show-hidden-metrics-for-version"))
                 .is_some(),
-            skip_warmup: args.flag(&key("--skip-server-warmup")).unwrap_or(false),
-            log_stats: !args.flag(&key("--disable-log-stats")).unwrap_or(false),
-            visible_gpus,
+            skip_warmup: flag("--skip-server-warmup"),
+            log_stats: !flag("--disable-log-stats"),
+            visible_gpus: line.visible_gpus(env, knobs.node_gpus),
             knobs,
-            given,
+            given: line.given(),
             parse_warnings: args.warnings.clone(),
         })
+    }
+}
+
+/// A parsed command line read by option name, with each engine's defaults.
+struct CommandLine<'a> {
+    persona: Persona,
+    args: &'a Parsed,
+}
+
+impl CommandLine<'_> {
+    fn vllm(&self) -> bool {
+        self.persona.engine == Engine::Vllm
+    }
+
+    /// The dest behind an option: it differs between releases.
+    fn key(&self, flag: &str) -> String {
+        crate::engine_cli::dest_of(self.persona, flag)
+    }
+
+    fn str(&self, flag: &str) -> Option<&str> {
+        self.args.str(&self.key(flag))
+    }
+
+    /// A non-negative integer option, `default` when not given.
+    fn int(&self, flag: &str, default: u64) -> Result<u64, ConfigError> {
+        let dest = self.key(flag);
+        match self.args.int(&dest) {
+            None => Ok(default),
+            Some(v) if v >= 0 => Ok(v as u64),
+            Some(v) => Err(ConfigError(format!(
+                "argument --{}: must be non-negative, got {v}",
+                dest.replace('_', "-")
+            ))),
+        }
+    }
+
+    fn model(&self) -> String {
+        if self.vllm() {
+            self.str("--model-tag")
+                .or_else(|| self.str("--model"))
+                .unwrap_or("Qwen/Qwen3-0.6B")
+                .to_string()
+        } else {
+            self.str("--model-path").unwrap_or_default().to_string()
+        }
+    }
+
+    /// (host to bind, host to print, port).
+    fn listen_address(&self) -> Result<(String, String, u16), ConfigError> {
+        let host = match self.str("--host") {
+            Some(h) => h.to_string(),
+            None if self.vllm() => "0.0.0.0".to_string(),
+            None => "127.0.0.1".to_string(),
+        };
+        let default_port = if self.vllm() { 8000 } else { 30000 };
+        let port = self.int("--port", default_port)?;
+        let port =
+            u16::try_from(port).map_err(|_| ConfigError(format!("port {port} is out of range")))?;
+        Ok((host.clone(), host, port))
+    }
+
+    /// Where a multi-node replica's nodes meet.
+    fn rendezvous(&self, nnodes: u64) -> Result<Option<String>, ConfigError> {
+        if !self.vllm() {
+            return Ok(self.str("--dist-init-addr").map(str::to_string));
+        }
+        if nnodes <= 1 {
+            return Ok(None);
+        }
+        let addr = self.str("--master-addr").unwrap_or("127.0.0.1");
+        let port = self.int("--master-port", 29501)?;
+        Ok(Some(format!("{addr}:{port}")))
+    }
+
+    fn backend(&self) -> Option<Backend> {
+        match self.str("--distributed-executor-backend") {
+            Some("ray") => Some(Backend::Ray),
+            Some("mp") => Some(Backend::Mp),
+            Some("uni") => Some(Backend::Uni),
+            _ => None,
+        }
+    }
+
+    fn memory_fraction(&self) -> f64 {
+        if !self.vllm() {
+            return self
+                .args
+                .float(&self.key("--mem-fraction-static"))
+                .unwrap_or(0.88);
+        }
+        let default = if self.persona.at_least((0, 12, 0)) {
+            0.92
+        } else {
+            0.9
+        };
+        self.args
+            .float(&self.key("--gpu-memory-utilization"))
+            .unwrap_or(default)
+    }
+
+    /// GPUs the engine sees: `--device-ids`, else `CUDA_VISIBLE_DEVICES`,
+    /// else the node's.
+    fn visible_gpus(&self, env: &dyn Env, node_gpus: u64) -> u64 {
+        let count = |list: &str| list.split(',').filter(|s| !s.trim().is_empty()).count() as u64;
+        match (
+            self.args.list(&self.key("--device-ids")),
+            env.get("CUDA_VISIBLE_DEVICES"),
+        ) {
+            (Some(ids), _) => ids.iter().map(|i| count(i)).sum(),
+            (None, Some(devices)) => count(&devices),
+            (None, None) => node_gpus,
+        }
+    }
+
+    /// The options given, by dest, with Python's repr of their values.
+    fn given(&self) -> Vec<(String, String)> {
+        self.args
+            .given
+            .iter()
+            .map(|dest| {
+                let value = self
+                    .args
+                    .values
+                    .get(dest)
+                    .map(value_repr)
+                    .unwrap_or_default();
+                (dest.clone(), value)
+            })
+            .collect()
     }
 }

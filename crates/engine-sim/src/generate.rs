@@ -11,10 +11,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::knobs::{Fault, StreamCrash};
 use crate::persona::Engine;
-use crate::plan::Plan;
+use crate::plan::{ChoicePlan, Plan};
 use crate::rng::SplitMix;
 use crate::state::{EngineState, Interrupt};
-use crate::wire::{self, Finish, Route, Usage};
+use crate::wire::{self, Envelope, Finish, Route, Usage};
 
 /// Why delivery stopped early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -230,19 +230,13 @@ async fn stream_inner(
         .fetch_add(plan.prompt_tokens, Ordering::Relaxed);
     state.record_prefix(plan.prompt_fingerprint, plan.prompt_tokens);
     guard.add_kv(plan.prompt_tokens);
-    let send = |text: String| async move {
-        tx.send(Ok(Bytes::from(text)))
-            .await
-            .map_err(|_| Stop::ClientGone)
-    };
     let ttft = jittered(&mut plan.rng, p.ttft);
     pause(ttft, interrupt, Some(tx)).await?;
     state.metrics.ttft.observe(ttft.as_secs_f64());
     let env = plan.envelope.clone();
-    let engine = env.engine;
     if env.route == Route::Chat {
         for i in 0..plan.choices.len() {
-            send(env.role_chunk(i)).await?;
+            send(tx, env.role_chunk(i)).await?;
         }
     }
     let longest = plan
@@ -271,34 +265,65 @@ async fn stream_inner(
                         "InternalServerError",
                         500,
                     );
-                    send(event).await?;
+                    send(tx, event).await?;
                     Ok(())
                 }
             };
         }
-        let mut emitted = 0;
-        for (i, choice) in plan.choices.iter().enumerate() {
-            let Some(piece) = choice.pieces.get(step) else {
-                continue;
-            };
-            emitted += 1;
-            let last = step + 1 == choice.pieces.len();
-            let chunk = if last && engine == Engine::Vllm {
-                env.content_chunk(i, piece, Some(&choice.finish))
-            } else {
-                env.content_chunk(i, piece, None)
-            };
-            send(chunk).await?;
-            if last && engine == Engine::Sglang {
-                send(env.finish_chunk(i, &choice.finish)).await?;
-            }
-        }
+        let emitted = send_step(tx, &env, &plan.choices, step).await?;
         guard.add_kv(emitted);
         if count_generated(state, p.oom_after, emitted) {
             crate::lifecycle::engine_died(state, crate::lifecycle::Death::CudaOom);
             return Err(Stop::EngineDead);
         }
     }
+    send_stream_end(tx, &env, plan).await?;
+    state.metrics.e2e.observe(start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+async fn send(tx: &mpsc::Sender<Result<Bytes, Stop>>, text: String) -> Result<(), Stop> {
+    tx.send(Ok(Bytes::from(text)))
+        .await
+        .map_err(|_| Stop::ClientGone)
+}
+
+/// Token `step` of every choice that has one, with the finish where it is
+/// the last (vLLM in the same chunk, SGLang in one of its own); returns how
+/// many tokens went out.
+async fn send_step(
+    tx: &mpsc::Sender<Result<Bytes, Stop>>,
+    env: &Envelope,
+    choices: &[ChoicePlan],
+    step: usize,
+) -> Result<u64, Stop> {
+    let mut emitted = 0;
+    for (i, choice) in choices.iter().enumerate() {
+        let Some(piece) = choice.pieces.get(step) else {
+            continue;
+        };
+        emitted += 1;
+        let last = step + 1 == choice.pieces.len();
+        let chunk = if last && env.engine == Engine::Vllm {
+            env.content_chunk(i, piece, Some(&choice.finish))
+        } else {
+            env.content_chunk(i, piece, None)
+        };
+        send(tx, chunk).await?;
+        if last && env.engine == Engine::Sglang {
+            send(tx, env.finish_chunk(i, &choice.finish)).await?;
+        }
+    }
+    Ok(emitted)
+}
+
+/// What follows the last token: the finish of choices that had no tokens,
+/// the usage when asked for, and `[DONE]`.
+async fn send_stream_end(
+    tx: &mpsc::Sender<Result<Bytes, Stop>>,
+    env: &Envelope,
+    plan: &Plan,
+) -> Result<(), Stop> {
     // A choice with no tokens at all still reports how it ended.
     for (i, choice) in plan
         .choices
@@ -306,19 +331,20 @@ async fn stream_inner(
         .enumerate()
         .filter(|(_, c)| c.pieces.is_empty())
     {
-        match engine {
-            Engine::Vllm => send(env.content_chunk(i, "", Some(&choice.finish))).await?,
-            Engine::Sglang => send(env.finish_chunk(i, &choice.finish)).await?,
+        match env.engine {
+            Engine::Vllm => send(tx, env.content_chunk(i, "", Some(&choice.finish))).await?,
+            Engine::Sglang => send(tx, env.finish_chunk(i, &choice.finish)).await?,
         }
     }
     if plan.include_usage {
-        send(env.usage_chunk(Usage {
-            prompt: plan.prompt_tokens,
-            completion: plan.completion_tokens(),
-        }))
+        send(
+            tx,
+            env.usage_chunk(Usage {
+                prompt: plan.prompt_tokens,
+                completion: plan.completion_tokens(),
+            }),
+        )
         .await?;
     }
-    send(wire::DONE.to_string()).await?;
-    state.metrics.e2e.observe(start.elapsed().as_secs_f64());
-    Ok(())
+    send(tx, wire::DONE.to_string()).await
 }

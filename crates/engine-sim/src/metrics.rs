@@ -1,6 +1,12 @@
 //! Counters and histograms behind `/metrics`, lock-free so that they cost
 //! nothing on the request path, rendered in the Prometheus text format with
 //! each engine's metric names, labels and bucket edges.
+//!
+//! The text is written here rather than by the `prometheus-client` crate:
+//! the engines export through Python's `prometheus_client`, whose text the
+//! simulator reproduces (`le="1.0"`, bucket counts as `2.0`, HELP texts as
+//! each engine words them), while the crate writes Go's form (`le="1"`,
+//! `2`) and ends every HELP text with a period of its own.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,71 +168,95 @@ impl Metrics {
     ) -> String {
         let labels = format!("engine=\"0\",model_name=\"{}\"", escape_label(model_name));
         let mut out = String::with_capacity(16 * 1024);
-        gauge(
-            &mut out,
-            &labels,
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            gauges.running as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            gauges.waiting as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            gauges.kv_usage,
-        );
+        let mut gauge_rows = vec![
+            (
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                gauges.running as f64,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+                gauges.waiting as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+                gauges.kv_usage,
+            ),
+        ];
         if legacy_names && show_hidden {
-            gauge(
-                &mut out,
-                &labels,
+            gauge_rows.push((
                 "vllm:gpu_cache_usage_perc",
                 "GPU KV-cache usage. 1 means 100 percent usage.(Deprecated; use vllm:kv_cache_usage_perc instead.)",
                 gauges.kv_usage,
-            );
+            ));
         }
-        counter(
+        for (name, help, value) in gauge_rows {
+            gauge(&mut out, &labels, name, help, value);
+        }
+        for (name, help, value) in [
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                self.prefix_queries.load(Ordering::Relaxed),
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                self.prefix_hits.load(Ordering::Relaxed),
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+                0,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                self.generation_tokens.load(Ordering::Relaxed),
+            ),
+        ] {
+            counter(&mut out, &labels, name, help, value);
+        }
+        self.render_vllm_finished(&mut out, &labels);
+        self.render_histograms(
             &mut out,
             &labels,
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            self.prefix_queries.load(Ordering::Relaxed),
+            [
+                (
+                    "vllm:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.",
+                ),
+                (
+                    "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                ),
+                (
+                    "vllm:e2e_request_latency_seconds",
+                    "Histogram of e2e request latency in seconds.",
+                ),
+                (
+                    "vllm:request_queue_time_seconds",
+                    "Histogram of time spent in WAITING phase for request.",
+                ),
+            ],
         );
-        counter(
-            &mut out,
-            &labels,
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            self.prefix_hits.load(Ordering::Relaxed),
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+            gauges.kv_capacity / 16
         );
-        counter(
-            &mut out,
-            &labels,
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemption from the engine.",
-            0,
-        );
-        counter(
-            &mut out,
-            &labels,
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            &labels,
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            self.generation_tokens.load(Ordering::Relaxed),
-        );
+        out
+    }
+
+    /// `vllm:request_success_total`, one series per finish reason.
+    fn render_vllm_finished(&self, out: &mut String, labels: &str) {
         let _ = writeln!(
             out,
             "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter"
@@ -242,36 +272,16 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &labels,
-        );
-        self.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &labels,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            &labels,
-        );
-        self.queue.render(
-            &mut out,
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            &labels,
-        );
-        let _ = writeln!(
-            out,
-            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
-            gauges.kv_capacity / 16
-        );
-        out
+    }
+
+    /// The four latency histograms in the order both engines export them:
+    /// time to first token, inter-token latency, end to end, queue time;
+    /// `names` gives each one's (name, help).
+    fn render_histograms(&self, out: &mut String, labels: &str, names: [(&str, &str); 4]) {
+        let histograms = [&self.ttft, &self.itl, &self.e2e, &self.queue];
+        for (histogram, (name, help)) in histograms.into_iter().zip(names) {
+            histogram.render(out, name, help, labels);
+        }
     }
 
     /// SGLang's exposition: `{engine_type, model_name, pp_rank, tp_rank}`.
@@ -281,48 +291,6 @@ impl Metrics {
             escape_label(model_name)
         );
         let mut out = String::with_capacity(16 * 1024);
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:num_running_reqs",
-            "The number of running requests.",
-            gauges.running as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:num_queue_reqs",
-            "The number of requests in the waiting queue.",
-            gauges.waiting as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:num_used_tokens",
-            "The number of used tokens.",
-            gauges.kv_tokens_used as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:token_usage",
-            "The token usage.",
-            gauges.kv_usage,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:max_total_num_tokens",
-            "Maximum total number of tokens in the KV cache pool.",
-            gauges.kv_capacity as f64,
-        );
-        gauge(
-            &mut out,
-            &labels,
-            "sglang:gen_throughput",
-            "The generation throughput (token/s).",
-            gauges.gen_throughput,
-        );
         let queries = self.prefix_queries.load(Ordering::Relaxed);
         let hits = self.prefix_hits.load(Ordering::Relaxed);
         let hit_rate = if queries == 0 {
@@ -330,64 +298,86 @@ impl Metrics {
         } else {
             hits as f64 / queries as f64
         };
-        gauge(
+        for (name, help, value) in [
+            (
+                "sglang:num_running_reqs",
+                "The number of running requests.",
+                gauges.running as f64,
+            ),
+            (
+                "sglang:num_queue_reqs",
+                "The number of requests in the waiting queue.",
+                gauges.waiting as f64,
+            ),
+            (
+                "sglang:num_used_tokens",
+                "The number of used tokens.",
+                gauges.kv_tokens_used as f64,
+            ),
+            ("sglang:token_usage", "The token usage.", gauges.kv_usage),
+            (
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+                gauges.kv_capacity as f64,
+            ),
+            (
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                gauges.gen_throughput,
+            ),
+            (
+                "sglang:cache_hit_rate",
+                "The prefix cache hit rate.",
+                hit_rate,
+            ),
+        ] {
+            gauge(&mut out, &labels, name, help, value);
+        }
+        for (name, help, value) in [
+            (
+                "sglang:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "sglang:generation_tokens_total",
+                "Number of generation tokens processed.",
+                self.generation_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "sglang:cached_tokens_total",
+                "Number of cached prompt tokens.",
+                hits,
+            ),
+            (
+                "sglang:num_requests_total",
+                "Number of requests processed.",
+                self.requests_total.load(Ordering::Relaxed),
+            ),
+        ] {
+            counter(&mut out, &labels, name, help, value);
+        }
+        self.render_histograms(
             &mut out,
             &labels,
-            "sglang:cache_hit_rate",
-            "The prefix cache hit rate.",
-            hit_rate,
-        );
-        counter(
-            &mut out,
-            &labels,
-            "sglang:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            &labels,
-            "sglang:generation_tokens_total",
-            "Number of generation tokens processed.",
-            self.generation_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            &labels,
-            "sglang:cached_tokens_total",
-            "Number of cached prompt tokens.",
-            hits,
-        );
-        counter(
-            &mut out,
-            &labels,
-            "sglang:num_requests_total",
-            "Number of requests processed.",
-            self.requests_total.load(Ordering::Relaxed),
-        );
-        self.ttft.render(
-            &mut out,
-            "sglang:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            &labels,
-        );
-        self.itl.render(
-            &mut out,
-            "sglang:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            &labels,
-        );
-        self.e2e.render(
-            &mut out,
-            "sglang:e2e_request_latency_seconds",
-            "Histogram of End-to-end request latency in seconds",
-            &labels,
-        );
-        self.queue.render(
-            &mut out,
-            "sglang:queue_time_seconds",
-            "Histogram of queueing time in seconds.",
-            &labels,
+            [
+                (
+                    "sglang:time_to_first_token_seconds",
+                    "Histogram of time to first token in seconds.",
+                ),
+                (
+                    "sglang:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.",
+                ),
+                (
+                    "sglang:e2e_request_latency_seconds",
+                    "Histogram of End-to-end request latency in seconds",
+                ),
+                (
+                    "sglang:queue_time_seconds",
+                    "Histogram of queueing time in seconds.",
+                ),
+            ],
         );
         out
     }

@@ -154,91 +154,202 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
             kind: "NotFoundError",
         });
     }
-    let mut prompt_text = String::new();
-    // The answer so far that this request asks to continue, if any; the
-    // conversation before it decides the words.
-    let mut continued: Option<(usize, String)> = None;
     // The weights decide the words, not the name they are served under.
     let model_name = state.cfg.model.clone();
-    let mut prompt_tokens = match route {
-        Route::Chat => {
-            let messages = request.messages.as_ref().ok_or_else(|| {
-                Rejection::bad_request(
-                    "[{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]",
-                )
-            })?;
-            if messages.is_empty() {
-                return Err(Rejection::bad_request("messages must not be empty"));
-            }
-            let continue_final = request.continue_final_message.unwrap_or(false);
-            if continue_final && request.add_generation_prompt.unwrap_or(true) {
-                return Err(Rejection::bad_request(
-                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                ));
-            }
-            let (asked, final_message) = if continue_final {
-                let (last, rest) = messages.split_last().expect("checked non-empty");
-                (rest, Some(last))
-            } else {
-                (&messages[..], None)
-            };
-            let mut tokens = 3;
-            for m in asked {
-                let start = prompt_text.len();
-                if let Some(role) = &m.role {
-                    prompt_text.push_str(role);
-                }
-                if let Some(content) = &m.content {
-                    text_of(content, &mut prompt_text);
-                }
-                tokens += 4 + count_tokens(&prompt_text[start..]);
-            }
-            if let Some(last) = final_message {
-                let mut text = String::new();
-                if let Some(content) = &last.content {
-                    text_of(content, &mut text);
-                }
-                continued = Some((prompt_text.len(), text));
-            }
-            tokens
-        }
-        Route::Completion => {
-            let prompt = request.prompt.as_ref().ok_or_else(|| {
-                Rejection::bad_request(
-                    "[{'type': 'missing', 'loc': ('body', 'prompt'), 'msg': 'Field required'}]",
-                )
-            })?;
-            text_of(prompt, &mut prompt_text);
-            match continuation::split_own_answer(&model_name, &prompt_text) {
-                Some((offset, _)) => {
-                    let said = prompt_text.split_off(offset);
-                    continued = Some((offset, said));
-                    1 + count_tokens(&prompt_text)
-                }
-                None => 1 + count_tokens(&prompt_text),
-            }
-        }
+    let Prompt {
+        mut text,
+        mut tokens,
+        continued,
+    } = match route {
+        Route::Chat => chat_prompt(&request)?,
+        Route::Completion => completion_prompt(&request, &model_name)?,
     };
-    let mut content = continuation::content_rng(&model_name, &prompt_text);
+    let mut content = continuation::content_rng(&model_name, &text);
     let first_word = continuation::first_word(&mut content);
     // Words of its own answer already given: they count as prompt, and the
     // answer goes on after them.
     let said_words = match &continued {
-        Some((_, text)) => match continuation::words_matching(text, first_word) {
+        Some(said) => match continuation::words_matching(said, first_word) {
             Some(words) => words,
             None => {
-                prompt_tokens += count_tokens(text);
+                tokens += count_tokens(said);
                 0
             }
         },
         None => 0,
     };
-    prompt_tokens += said_words;
-    if let Some((_, text)) = continued {
-        prompt_text.push_str(&text);
+    let prompt_tokens = tokens + said_words;
+    if let Some(said) = continued {
+        text.push_str(&said);
     }
     let max_len = state.max_model_len;
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
+    check_lengths(engine, prompt_tokens, max_tokens, max_len)?;
+    let n = request.n.unwrap_or(1);
+    if n == 0 || n > 128 {
+        return Err(Rejection::bad_request(format!(
+            "n must be between 1 and 128, got {n}"
+        )));
+    }
+    let stops: Vec<String> = match request.stop {
+        None => Vec::new(),
+        Some(StopSpec::One(s)) => vec![s],
+        Some(StopSpec::Many(v)) => v,
+    };
+    let counter = state.request_counter.fetch_add(1, Ordering::Relaxed);
+    let mut rng = SplitMix::new(state.cfg.knobs.seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let words = Words {
+        first: first_word,
+        said: said_words,
+        limit: max_tokens.unwrap_or(max_len - prompt_tokens),
+        eos: state
+            .cfg
+            .knobs
+            .output_tokens
+            .unwrap_or_else(|| 16 + content.below(49)),
+        ignore_eos: request.ignore_eos.unwrap_or(false),
+    };
+    let choices = (0..n)
+        .map(|_| plan_choice(&words, engine, &stops, state))
+        .collect();
+    let envelope = envelope(state, route, requested_model, &mut rng);
+    let stream = request.stream.unwrap_or(false);
+    let include_usage = request
+        .stream_options
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+        || (engine == Engine::Vllm && state.cfg.force_include_usage);
+    Ok(Plan {
+        envelope,
+        prompt_tokens,
+        prompt_fingerprint: fingerprint(&text),
+        choices,
+        stream,
+        include_usage,
+        rng,
+    })
+}
+
+/// What every chunk of the answer carries: its id, time and model name
+/// (the one asked for, else the first served name).
+fn envelope(
+    state: &EngineState,
+    route: Route,
+    requested_model: &str,
+    rng: &mut SplitMix,
+) -> Envelope {
+    let engine = state.cfg.persona.engine;
+    let id = match (engine, route) {
+        (Engine::Vllm, Route::Chat) => format!("chatcmpl-{}", rng.hex32()),
+        (Engine::Vllm, Route::Completion) => format!("cmpl-{}", rng.hex32()),
+        (Engine::Sglang, _) => rng.hex32(),
+    };
+    let model = if requested_model.is_empty() {
+        state.cfg.first_name()
+    } else {
+        requested_model
+    };
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Envelope {
+        engine,
+        route,
+        id,
+        created,
+        model: wire::js(model),
+    }
+}
+
+/// A request's prompt as the model sees it.
+struct Prompt {
+    /// The conversation (or completion prompt) before any answer it
+    /// continues.
+    text: String,
+    /// Tokens of `text`, template framing included.
+    tokens: u64,
+    /// The answer so far that this request asks to continue, if any; the
+    /// conversation before it decides the words.
+    continued: Option<String>,
+}
+
+/// A chat's messages; with `continue_final_message` the last one is the
+/// answer to go on with.
+fn chat_prompt(request: &GenRequest) -> Result<Prompt, Rejection> {
+    let messages = request.messages.as_ref().ok_or_else(|| {
+        Rejection::bad_request(
+            "[{'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}]",
+        )
+    })?;
+    if messages.is_empty() {
+        return Err(Rejection::bad_request("messages must not be empty"));
+    }
+    let continue_final = request.continue_final_message.unwrap_or(false);
+    if continue_final && request.add_generation_prompt.unwrap_or(true) {
+        return Err(Rejection::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ));
+    }
+    let (asked, final_message) = if continue_final {
+        let (last, rest) = messages.split_last().expect("checked non-empty");
+        (rest, Some(last))
+    } else {
+        (&messages[..], None)
+    };
+    let mut text = String::new();
+    let mut tokens = 3;
+    for m in asked {
+        let start = text.len();
+        if let Some(role) = &m.role {
+            text.push_str(role);
+        }
+        if let Some(content) = &m.content {
+            text_of(content, &mut text);
+        }
+        tokens += 4 + count_tokens(&text[start..]);
+    }
+    let continued = final_message.map(|last| {
+        let mut said = String::new();
+        if let Some(content) = &last.content {
+            text_of(content, &mut said);
+        }
+        said
+    });
+    Ok(Prompt {
+        text,
+        tokens,
+        continued,
+    })
+}
+
+/// A completion's prompt; one that ends in this model's own answer asks to
+/// continue it.
+fn completion_prompt(request: &GenRequest, model_name: &str) -> Result<Prompt, Rejection> {
+    let prompt = request.prompt.as_ref().ok_or_else(|| {
+        Rejection::bad_request(
+            "[{'type': 'missing', 'loc': ('body', 'prompt'), 'msg': 'Field required'}]",
+        )
+    })?;
+    let mut text = String::new();
+    text_of(prompt, &mut text);
+    let continued =
+        continuation::split_own_answer(model_name, &text).map(|(offset, _)| text.split_off(offset));
+    Ok(Prompt {
+        tokens: 1 + count_tokens(&text),
+        text,
+        continued,
+    })
+}
+
+/// The prompt and the asked-for completion fit the context, in each
+/// engine's words.
+fn check_lengths(
+    engine: Engine,
+    prompt_tokens: u64,
+    max_tokens: Option<u64>,
+    max_len: u64,
+) -> Result<(), Rejection> {
     if let Some(max_tokens) = max_tokens {
         if prompt_tokens + max_tokens > max_len {
             let message = match engine {
@@ -263,71 +374,7 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
             "max_tokens must be at least 1, got 0.",
         ));
     }
-    let n = request.n.unwrap_or(1);
-    if n == 0 || n > 128 {
-        return Err(Rejection::bad_request(format!(
-            "n must be between 1 and 128, got {n}"
-        )));
-    }
-    let stops: Vec<String> = match request.stop {
-        None => Vec::new(),
-        Some(StopSpec::One(s)) => vec![s],
-        Some(StopSpec::Many(v)) => v,
-    };
-    let counter = state.request_counter.fetch_add(1, Ordering::Relaxed);
-    let mut rng = SplitMix::new(state.cfg.knobs.seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let limit = max_tokens.unwrap_or(max_len - prompt_tokens);
-    let eos = state
-        .cfg
-        .knobs
-        .output_tokens
-        .unwrap_or_else(|| 16 + content.below(49));
-    let ignore_eos = request.ignore_eos.unwrap_or(false);
-    let words = Words {
-        first: first_word,
-        said: said_words,
-        limit,
-        eos,
-        ignore_eos,
-    };
-    let choices = (0..n)
-        .map(|_| plan_choice(&words, engine, &stops, state))
-        .collect();
-    let id = match (engine, route) {
-        (Engine::Vllm, Route::Chat) => format!("chatcmpl-{}", rng.hex32()),
-        (Engine::Vllm, Route::Completion) => format!("cmpl-{}", rng.hex32()),
-        (Engine::Sglang, _) => rng.hex32(),
-    };
-    let model = if requested_model.is_empty() {
-        state.cfg.first_name()
-    } else {
-        requested_model
-    };
-    let stream = request.stream.unwrap_or(false);
-    let include_usage = request
-        .stream_options
-        .and_then(|o| o.include_usage)
-        .unwrap_or(false)
-        || (engine == Engine::Vllm && state.cfg.force_include_usage);
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(Plan {
-        envelope: Envelope {
-            engine,
-            route,
-            id,
-            created,
-            model: wire::js(model),
-        },
-        prompt_tokens,
-        prompt_fingerprint: fingerprint(&prompt_text),
-        choices,
-        stream,
-        include_usage,
-        rng,
-    })
+    Ok(())
 }
 
 /// The shape of an answer: where its words start, how many were already

@@ -15,7 +15,7 @@ use crate::failures::{self, Ending, Failure};
 use crate::knobs::LoadCrash;
 use crate::load::{crash_at, hang_forever, load, share};
 use crate::logs::Logger;
-use crate::models;
+use crate::models::{self, ModelSpec};
 use crate::persona::Engine;
 use crate::rendezvous::Membership;
 use crate::routes::{DummyHealthApp, EngineApp};
@@ -42,12 +42,96 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
         crate::sys::ignore_sigterm();
     }
     let vllm = cfg.persona.engine == Engine::Vllm;
-    let v = cfg.persona.version_string();
+    log_arguments(&cfg, log);
+    tokio::time::sleep(share(&cfg, 0.05)).await;
+
+    let model = check_model(&cfg, log)?;
+    check_topology(&cfg)?;
+    let use_ray = uses_ray(&cfg)?;
+    // vLLM binds its port before the engine starts so no one can take it
+    // during the load, but listens only when ready: connections are refused.
+    let early_socket = if vllm && !cfg.headless {
+        Some(bind(&cfg)?)
+    } else {
+        None
+    };
+
+    let mut loaded = load(
+        &cfg,
+        log,
+        &model.spec,
+        &model.arch,
+        model.max_model_len,
+        use_ray,
+    )
+    .await?;
+    let facts = ServingFacts {
+        kv_capacity: loaded.kv_tokens,
+        max_model_len: model.max_model_len,
+        eos_token_id: model.spec.eos_token_id,
+        embedding_dim: model.spec.is_embedding().then_some(model.spec.hidden_size),
+    };
     if vllm {
+        log.core(
+            "INFO",
+            "core.py:216",
+            &format!(
+                "init engine (profile, create kv cache, warmup model) took {:.2} seconds",
+                started.elapsed().as_secs_f64()
+            ),
+        );
+    }
+    let state = EngineState::new(cfg.clone(), *log, facts);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut membership = loaded.membership.take();
+
+    // Ranks that serve no API: vLLM headless and SGLang's non-zero ranks.
+    if (vllm && cfg.headless) || (!vllm && cfg.node_rank > 0) {
+        if !vllm {
+            serve_health_only(&state, stop_rx)?;
+        }
+        return Ok(wait_for_end(
+            &state,
+            &stop_tx,
+            membership.as_mut(),
+            &mut loaded.workers,
+            Signals::install(ignore_term),
+            false,
+        )
+        .await);
+    }
+
+    let socket = match early_socket {
+        Some(s) => s,
+        None => bind(&cfg)?,
+    };
+    if vllm {
+        log_vllm_routes(&cfg, log, model.spec.is_embedding());
+    }
+    let listener = listen(socket)?;
+    // Python's default SIGTERM action applies until the server runs; only
+    // now do the engines install their handlers.
+    let signals = Signals::install(ignore_term);
+    serve_api(&state, listener, stop_rx);
+    Ok(wait_for_end(
+        &state,
+        &stop_tx,
+        membership.as_mut(),
+        &mut loaded.workers,
+        signals,
+        true,
+    )
+    .await)
+}
+
+/// The arguments as each engine echoes them at start, with the warnings
+/// its release's parser gave.
+fn log_arguments(cfg: &ServeConfig, log: &Logger) {
+    if cfg.persona.engine == Engine::Vllm {
         log.api(
             "INFO",
             "api_server.py:1839",
-            &format!("vLLM API server version {v}"),
+            &format!("vLLM API server version {}", cfg.persona.version_string()),
         );
         let args: Vec<String> = cfg
             .given
@@ -68,29 +152,41 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
         for warning in &cfg.parse_warnings {
             log.api("WARNING", "argparse_utils.py:206", warning);
         }
-    } else {
-        // SGLang warns through logging before any handler exists: Python's
-        // last-resort handler prints the bare message.
-        for warning in &cfg.parse_warnings {
-            log.raw_err(&format!("{warning}\n"));
-        }
-        if cfg.persona.at_least((0, 5, 10)) {
-            log.raw_err("/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:26: UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n  warnings.warn(\n");
-        }
-        let args: Vec<String> = cfg
-            .given
-            .iter()
-            .map(|(k, val)| format!("{k}={val}"))
-            .collect();
-        log.sglang(
-            None,
-            &format!("server_args=ServerArgs({})", args.join(", ")),
-        );
+        return;
     }
-    tokio::time::sleep(share(&cfg, 0.05)).await;
+    // SGLang warns through logging before any handler exists: Python's
+    // last-resort handler prints the bare message.
+    for warning in &cfg.parse_warnings {
+        log.raw_err(&format!("{warning}\n"));
+    }
+    if cfg.persona.at_least((0, 5, 10)) {
+        log.raw_err("/usr/local/lib/python3.12/dist-packages/sglang/launch_server.py:26: UserWarning: 'python -m sglang.launch_server' is still supported, but 'sglang serve' is the recommended entrypoint.\n  warnings.warn(\n");
+    }
+    let args: Vec<String> = cfg
+        .given
+        .iter()
+        .map(|(k, val)| format!("{k}={val}"))
+        .collect();
+    log.sglang(
+        None,
+        &format!("server_args=ServerArgs({})", args.join(", ")),
+    );
+}
 
+/// The model as the engine resolved it.
+struct ResolvedModel {
+    spec: ModelSpec,
+    /// The architecture the config names (a fault can rename it).
+    arch: String,
+    max_model_len: u64,
+}
+
+/// The model checks an engine makes before loading: known, of a supported
+/// architecture, its heads divisible by the tensor-parallel size.
+fn check_model(cfg: &ServeConfig, log: &Logger) -> Result<ResolvedModel, Failure> {
+    let vllm = cfg.persona.engine == Engine::Vllm;
     let spec = models::find(&cfg.model).ok_or_else(|| Failure::ModelNotFound(cfg.model.clone()))?;
-    let arch = if crash_at(&cfg, LoadCrash::Arch) {
+    let arch = if crash_at(cfg, LoadCrash::Arch) {
         format!("{}Sim", spec.architecture)
     } else {
         spec.architecture.clone()
@@ -119,156 +215,139 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
             tp: cfg.tp,
         });
     }
-    if cfg.nnodes > 1 {
-        if cfg.node_rank >= cfg.nnodes {
-            return Err(Failure::NodeRankOutOfRange {
-                rank: cfg.node_rank,
-                nnodes: cfg.nnodes,
-            });
-        }
-        if !cfg.world_size().is_multiple_of(cfg.nnodes) {
-            return Err(Failure::NnodesDoesNotDivide {
-                world: cfg.world_size(),
-                nnodes: cfg.nnodes,
-            });
-        }
+    Ok(ResolvedModel {
+        spec,
+        arch,
+        max_model_len,
+    })
+}
+
+/// A multi-node replica's rank and node count fit its world.
+fn check_topology(cfg: &ServeConfig) -> Result<(), Failure> {
+    if cfg.nnodes <= 1 {
+        return Ok(());
     }
-    let local = cfg.local_world();
-    let use_ray = vllm
-        && (cfg.backend == Some(Backend::Ray)
-            || (cfg.nnodes == 1
-                && local > cfg.visible_gpus
-                && !cfg.persona.refuses_oversized_world()));
-    if vllm && !use_ray && cfg.nnodes == 1 && local > cfg.visible_gpus && cfg.visible_gpus > 0 {
+    if cfg.node_rank >= cfg.nnodes {
+        return Err(Failure::NodeRankOutOfRange {
+            rank: cfg.node_rank,
+            nnodes: cfg.nnodes,
+        });
+    }
+    if !cfg.world_size().is_multiple_of(cfg.nnodes) {
+        return Err(Failure::NnodesDoesNotDivide {
+            world: cfg.world_size(),
+            nnodes: cfg.nnodes,
+        });
+    }
+    Ok(())
+}
+
+/// Whether vLLM runs its workers on Ray: asked for, or (in releases that
+/// allow it) a one-node world larger than the GPUs this node sees.
+fn uses_ray(cfg: &ServeConfig) -> Result<bool, Failure> {
+    if cfg.persona.engine != Engine::Vllm {
+        return Ok(false);
+    }
+    let oversized = cfg.nnodes == 1 && cfg.local_world() > cfg.visible_gpus;
+    let use_ray =
+        cfg.backend == Some(Backend::Ray) || (oversized && !cfg.persona.refuses_oversized_world());
+    if !use_ray && oversized && cfg.visible_gpus > 0 {
         return Err(Failure::WorldTooLarge {
             world: cfg.world_size(),
             gpus: cfg.visible_gpus,
         });
     }
-    // vLLM binds its port before the engine starts so no one can take it
-    // during the load, but listens only when ready: connections are refused.
-    let early_socket = if vllm && !cfg.headless {
-        Some(bind(&cfg)?)
-    } else {
-        None
-    };
+    Ok(use_ray)
+}
 
-    let mut loaded = load(&cfg, log, &spec, &arch, max_model_len, use_ray).await?;
-    let kv_capacity = loaded.kv_tokens;
-    let facts = ServingFacts {
-        kv_capacity,
-        max_model_len,
-        eos_token_id: spec.eos_token_id,
-        embedding_dim: spec.is_embedding().then_some(spec.hidden_size),
+/// SGLang's non-zero ranks answer `/health` and nothing else.
+fn serve_health_only(state: &Arc<EngineState>, stop: watch::Receiver<bool>) -> Result<(), Failure> {
+    let cfg = &state.cfg;
+    let listener = listen(bind(cfg)?)?;
+    state.log.uvicorn(&format!(
+        "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
+        cfg.shown_host, cfg.port
+    ));
+    state.set_phase(Phase::Serving);
+    tokio::spawn(crate::http::serve(
+        listener,
+        Arc::new(DummyHealthApp {
+            state: state.clone(),
+        }),
+        stop,
+    ));
+    Ok(())
+}
+
+/// vLLM's lines between the load and the listening socket: the tasks, the
+/// server's address and every route.
+fn log_vllm_routes(cfg: &ServeConfig, log: &Logger, embedding: bool) {
+    let tasks = if embedding {
+        "['embed']"
+    } else {
+        "['generate']"
     };
-    if vllm {
-        log.core(
-            "INFO",
-            "core.py:216",
-            &format!(
-                "init engine (profile, create kv cache, warmup model) took {:.2} seconds",
-                started.elapsed().as_secs_f64()
+    let (label, start) = if cfg.persona.at_least((0, 12, 0)) {
+        (
+            "Supported tasks",
+            format!(
+                "Starting vLLM server on http://{}:{}",
+                cfg.shown_host, cfg.port
             ),
+        )
+    } else {
+        (
+            "Supported_tasks",
+            format!(
+                "Starting vLLM API server 0 on http://{}:{}",
+                cfg.shown_host, cfg.port
+            ),
+        )
+    };
+    log.api("INFO", "api_server.py:1634", &format!("{label}: {tasks}"));
+    log.api("INFO", "api_server.py:1912", &start);
+    log.api("INFO", "launcher.py:34", "Available routes are:");
+    for (route, methods) in [
+        ("/openapi.json", "GET, HEAD"),
+        ("/docs", "GET, HEAD"),
+        ("/health", "GET"),
+        ("/load", "GET"),
+        ("/ping", "POST"),
+        ("/ping", "GET"),
+        ("/version", "GET"),
+        ("/v1/models", "GET"),
+        ("/v1/chat/completions", "POST"),
+        ("/v1/completions", "POST"),
+        ("/v1/embeddings", "POST"),
+        ("/metrics", "GET"),
+    ] {
+        log.api(
+            "INFO",
+            "launcher.py:42",
+            &format!("Route: {route}, Methods: {methods}"),
         );
     }
-    let state = EngineState::new(cfg.clone(), *log, facts);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut membership = loaded.membership.take();
+}
 
-    // Ranks that serve no API: vLLM headless and SGLang's non-zero ranks.
-    if (vllm && cfg.headless) || (!vllm && cfg.node_rank > 0) {
-        if !vllm {
-            let listener = listen(bind(&cfg)?)?;
-            log.uvicorn(&format!(
-                "Uvicorn running on http://{}:{} (Press CTRL+C to quit)",
-                cfg.shown_host, cfg.port
-            ));
-            state.set_phase(Phase::Serving);
-            tokio::spawn(crate::http::serve(
-                listener,
-                Arc::new(DummyHealthApp {
-                    state: state.clone(),
-                }),
-                stop_rx.clone(),
-            ));
-        }
-        return Ok(wait_for_end(
-            &state,
-            &stop_tx,
-            membership.as_mut(),
-            &mut loaded.workers,
-            Signals::install(ignore_term),
-            false,
-        )
-        .await);
-    }
-
-    let socket = match early_socket {
-        Some(s) => s,
-        None => bind(&cfg)?,
-    };
-    if vllm {
-        let tasks = if spec.is_embedding() {
-            "['embed']"
-        } else {
-            "['generate']"
-        };
-        let (label, start) = if cfg.persona.at_least((0, 12, 0)) {
-            (
-                "Supported tasks",
-                format!(
-                    "Starting vLLM server on http://{}:{}",
-                    cfg.shown_host, cfg.port
-                ),
-            )
-        } else {
-            (
-                "Supported_tasks",
-                format!(
-                    "Starting vLLM API server 0 on http://{}:{}",
-                    cfg.shown_host, cfg.port
-                ),
-            )
-        };
-        log.api("INFO", "api_server.py:1634", &format!("{label}: {tasks}"));
-        log.api("INFO", "api_server.py:1912", &start);
-        log.api("INFO", "launcher.py:34", "Available routes are:");
-        for (route, methods) in [
-            ("/openapi.json", "GET, HEAD"),
-            ("/docs", "GET, HEAD"),
-            ("/health", "GET"),
-            ("/load", "GET"),
-            ("/ping", "POST"),
-            ("/ping", "GET"),
-            ("/version", "GET"),
-            ("/v1/models", "GET"),
-            ("/v1/chat/completions", "POST"),
-            ("/v1/completions", "POST"),
-            ("/v1/embeddings", "POST"),
-            ("/metrics", "GET"),
-        ] {
-            log.api(
-                "INFO",
-                "launcher.py:42",
-                &format!("Route: {route}, Methods: {methods}"),
-            );
-        }
-    }
-    let listener = listen(socket)?;
-    // Python's default SIGTERM action applies until the server runs; only
-    // now do the engines install their handlers.
-    let signals = Signals::install(ignore_term);
+/// Starts the API server: vLLM serves at once, SGLang after its warm-up.
+fn serve_api(
+    state: &Arc<EngineState>,
+    listener: tokio::net::TcpListener,
+    stop: watch::Receiver<bool>,
+) {
+    let cfg = &state.cfg;
+    let log = state.log;
     log.uvicorn(&format!("Started server process [{}]", std::process::id()));
     log.uvicorn("Waiting for application startup.");
     log.uvicorn("Application startup complete.");
     let app = Arc::new(EngineApp {
         state: state.clone(),
     });
-    tokio::spawn(crate::http::serve(listener, app, stop_rx));
+    tokio::spawn(crate::http::serve(listener, app, stop));
     if cfg.log_stats {
         tokio::spawn(crate::stats_log::run(state.clone()));
     }
-    if vllm {
+    if cfg.persona.engine == Engine::Vllm {
         state.set_phase(Phase::Serving);
     } else {
         log.uvicorn(&format!(
@@ -278,15 +357,6 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
         let warm = state.clone();
         tokio::spawn(async move { sglang_warmup(&warm).await });
     }
-    Ok(wait_for_end(
-        &state,
-        &stop_tx,
-        membership.as_mut(),
-        &mut loaded.workers,
-        signals,
-        true,
-    )
-    .await)
 }
 
 /// SGLang's warm-up: `/health` 503 until one generation succeeds.
