@@ -266,7 +266,11 @@ impl StreamClient {
             .map_err(|e| format!("connect {addr}: {}", error_chain(&e)))
     }
 
-    async fn session(&mut self, addr: &str) -> SessionEnd {
+    /// Connects, sends the registration and opens the stream.
+    async fn open_stream(
+        &mut self,
+        addr: &str,
+    ) -> Result<(mpsc::Sender<AgentMessage>, tonic::Streaming<ControlMessage>), SessionEnd> {
         let lost = |why: String| SessionEnd::Lost {
             why,
             was_registered: false,
@@ -276,11 +280,11 @@ impl StreamClient {
         let setup_limit = self.leader_timeout();
         let channel = match tokio::time::timeout(setup_limit, self.channel(addr)).await {
             Ok(Ok(c)) => c,
-            Ok(Err(why)) => return lost(why),
+            Ok(Err(why)) => return Err(lost(why)),
             Err(_) => {
-                return SessionEnd::Silent {
+                return Err(SessionEnd::Silent {
                     why: format!("{addr} did not complete a connection within {setup_limit:?}"),
-                };
+                });
             }
         };
         let (tx, rx) = mpsc::channel::<AgentMessage>(1024);
@@ -297,20 +301,30 @@ impl StreamClient {
         // Registration may wait for a Raft write; give it the same bound
         // plus the time a commit can take on a busy leader.
         let register_limit = setup_limit + REGISTER_SLACK;
-        let mut inbound =
+        let inbound =
             match tokio::time::timeout(register_limit, client.connect(ReceiverStream::new(rx)))
                 .await
             {
                 Ok(Ok(r)) => r.into_inner(),
-                Ok(Err(status)) => return lost(format!("{addr} refused the stream: {status}")),
+                Ok(Err(status)) => {
+                    return Err(lost(format!("{addr} refused the stream: {status}")));
+                }
                 Err(_) => {
-                    return SessionEnd::Silent {
+                    return Err(SessionEnd::Silent {
                         why: format!(
                             "{addr} did not answer the registration within {register_limit:?}"
                         ),
-                    };
+                    });
                 }
             };
+        Ok((tx, inbound))
+    }
+
+    async fn session(&mut self, addr: &str) -> SessionEnd {
+        let (tx, mut inbound) = match self.open_stream(addr).await {
+            Ok(stream) => stream,
+            Err(end) => return end,
+        };
         tracing::info!(peer = %addr, node = %self.config.node_id, "stream open; registered");
         let mut seq = 0u64;
         let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
@@ -400,48 +414,9 @@ impl StreamClient {
             };
         }
         let id = message.command_id;
-        let ack = |accepted: bool, text: String| {
-            let _ = tx.try_send(AgentMessage {
-                body: Some(Up::Ack(CommandAck {
-                    command_id: id,
-                    accepted,
-                    message: text,
-                })),
-            });
-        };
-        match self.terms.check(message.term, message.leader_id) {
-            Ok(TermCheck::Current) => {}
-            Ok(TermCheck::Stale { command, highest }) => {
-                self.refused_stale += 1;
-                self.witness
-                    .record(command, body_kind(&body), body_shard(&body), false);
-                let text = format!(
-                    "refused: command {id} carries leader {command}, but this agent has already seen {highest}"
-                );
-                tracing::warn!(
-                    command_id = id,
-                    term = command.term,
-                    leader = command.leader,
-                    highest_term = highest.term,
-                    highest_leader = highest.leader,
-                    refused_total = self.refused_stale,
-                    "{text}"
-                );
-                ack(false, text);
-                // A deposed leader has nothing more to say to this node.
-                return Some(SessionEnd::Lost {
-                    why: format!(
-                        "the peer sent a command as leader {command}, deposed by {highest}; leaving it"
-                    ),
-                    was_registered: true,
-                });
-            }
-            Err(e) => {
-                let text = format!("refused: cannot persist leader term {}: {e}", message.term);
-                tracing::error!("{text}");
-                ack(false, text);
-                return None;
-            }
+        let ack = |accepted: bool, text: String| send_ack(tx, id, accepted, text);
+        if let Err(end) = self.fence(id, message.term, message.leader_id, &body, &ack) {
+            return end;
         }
         let term = message.term;
         let leadership = Leadership {
@@ -484,6 +459,53 @@ impl StreamClient {
             }
         }
         None
+    }
+
+    /// Fences a command on the leadership it carries: `Ok` when it is the
+    /// newest seen (persisted first), else `Err` with whether the session
+    /// ends. A refused command is acked as refused and witnessed.
+    fn fence(
+        &mut self,
+        id: u64,
+        term: u64,
+        leader_id: u64,
+        body: &Down,
+        ack: &impl Fn(bool, String),
+    ) -> Result<(), Option<SessionEnd>> {
+        match self.terms.check(term, leader_id) {
+            Ok(TermCheck::Current) => Ok(()),
+            Ok(TermCheck::Stale { command, highest }) => {
+                self.refused_stale += 1;
+                self.witness
+                    .record(command, body_kind(body), body_shard(body), false);
+                let text = format!(
+                    "refused: command {id} carries leader {command}, but this agent has already seen {highest}"
+                );
+                tracing::warn!(
+                    command_id = id,
+                    term = command.term,
+                    leader = command.leader,
+                    highest_term = highest.term,
+                    highest_leader = highest.leader,
+                    refused_total = self.refused_stale,
+                    "{text}"
+                );
+                ack(false, text);
+                // A deposed leader has nothing more to say to this node.
+                Err(Some(SessionEnd::Lost {
+                    why: format!(
+                        "the peer sent a command as leader {command}, deposed by {highest}; leaving it"
+                    ),
+                    was_registered: true,
+                }))
+            }
+            Err(e) => {
+                let text = format!("refused: cannot persist leader term {term}: {e}");
+                tracing::error!("{text}");
+                ack(false, text);
+                Err(None)
+            }
+        }
     }
 
     /// `Registered` names every shard this node should run: start what is
@@ -573,6 +595,18 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Answers command `command_id`; a full or closed stream drops the ack
+/// (the leader re-sends what it still wants).
+fn send_ack(tx: &mpsc::Sender<AgentMessage>, command_id: u64, accepted: bool, message: String) {
+    let _ = tx.try_send(AgentMessage {
+        body: Some(Up::Ack(CommandAck {
+            command_id,
+            accepted,
+            message,
+        })),
+    });
 }
 
 fn up_status(status: ShardStatus) -> AgentMessage {

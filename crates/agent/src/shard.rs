@@ -226,99 +226,103 @@ impl Run {
             }
         }
         match self.phase {
-            Phase::Starting | Phase::Loading => {
-                match self.check().await {
-                    Ok(()) => {
-                        self.phase = Phase::Ready { healthy: true };
-                        let how = match &self.task.record.readiness {
-                            ReadyRule::ProcessAlive => {
-                                "ready (processes alive; this rank has no health endpoint)"
-                                    .to_string()
-                            }
-                            rule => {
-                                format!("ready: {} answered 200", rule.health_url().unwrap_or(""))
-                            }
-                        };
-                        let how = if self.task.adopted {
-                            format!("adopted, {how}")
-                        } else {
-                            how
-                        };
-                        self.task.reporter.send(ShardState::Ready, how);
-                    }
-                    Err(why) => {
-                        if self.phase == Phase::Starting || why != self.last_wait {
-                            self.phase = Phase::Loading;
-                            let msg = if self.task.adopted {
-                                format!("adopted, {why}")
-                            } else {
-                                why.clone()
-                            };
-                            self.task.reporter.send(ShardState::Loading, msg);
-                            self.last_wait = why.clone();
-                        }
-                        let timeout = self.task.settings.startup_timeout;
-                        if self.since.elapsed() >= timeout {
-                            let killed = self.terminate().await;
-                            let msg = format!(
-                                "not ready within startup_timeout {timeout:?} (last check: {why}); stopped it{}",
-                                if killed {
-                                    " with SIGKILL after SIGTERM was ignored"
-                                } else {
-                                    ""
-                                }
-                            );
-                            self.finish(ShardState::Failed, msg, true);
-                            return true;
-                        }
-                    }
-                }
-                false
-            }
+            Phase::Starting | Phase::Loading => self.tick_loading().await,
             Phase::Ready { healthy } => {
-                match self.check().await {
-                    Ok(()) => {
-                        self.failed_checks = 0;
-                        if !healthy {
-                            self.phase = Phase::Ready { healthy: true };
-                            self.task.reporter.send(ShardState::Ready, "healthy again");
-                        }
-                    }
-                    Err(why) => {
-                        self.failed_checks += 1;
-                        // Reported, not acted on: the router ejects the
-                        // endpoint and the leader decides what to do.
-                        if healthy && self.failed_checks >= UNHEALTHY_AFTER {
-                            self.phase = Phase::Ready { healthy: false };
-                            self.task.reporter.send(
-                                ShardState::Ready,
-                                format!(
-                                    "unhealthy: {why} ({} checks in a row)",
-                                    self.failed_checks
-                                ),
-                            );
-                        }
-                    }
-                }
+                self.tick_ready(healthy).await;
                 false
             }
-            Phase::Draining { until } => {
-                let in_flight = self.in_flight().await;
-                let done = matches!(in_flight, Some(n) if n <= 0.0) || in_flight.is_none();
-                if done || Instant::now() >= until {
-                    let why = match in_flight {
-                        Some(n) if n > 0.0 => {
-                            format!("drain deadline passed with {n} request(s) in flight")
-                        }
-                        Some(_) => "drained: no requests in flight".to_string(),
-                        None => "drained: the engine reports no request metrics".to_string(),
-                    };
-                    self.stop(why).await;
-                    return true;
+            Phase::Draining { until } => self.tick_draining(until).await,
+        }
+    }
+
+    /// Until ready: reports each new reason it is not yet, and stops the
+    /// engine once `startup_timeout` passes. True when the shard has ended.
+    async fn tick_loading(&mut self) -> bool {
+        let why = match self.check().await {
+            Ok(()) => {
+                self.phase = Phase::Ready { healthy: true };
+                let how = match &self.task.record.readiness {
+                    ReadyRule::ProcessAlive => {
+                        "ready (processes alive; this rank has no health endpoint)".to_string()
+                    }
+                    rule => format!("ready: {} answered 200", rule.health_url().unwrap_or("")),
+                };
+                let how = if self.task.adopted {
+                    format!("adopted, {how}")
+                } else {
+                    how
+                };
+                self.task.reporter.send(ShardState::Ready, how);
+                return false;
+            }
+            Err(why) => why,
+        };
+        if self.phase == Phase::Starting || why != self.last_wait {
+            self.phase = Phase::Loading;
+            let msg = if self.task.adopted {
+                format!("adopted, {why}")
+            } else {
+                why.clone()
+            };
+            self.task.reporter.send(ShardState::Loading, msg);
+            self.last_wait = why.clone();
+        }
+        let timeout = self.task.settings.startup_timeout;
+        if self.since.elapsed() < timeout {
+            return false;
+        }
+        let killed = self.terminate().await;
+        let msg = format!(
+            "not ready within startup_timeout {timeout:?} (last check: {why}); stopped it{}",
+            if killed {
+                " with SIGKILL after SIGTERM was ignored"
+            } else {
+                ""
+            }
+        );
+        self.finish(ShardState::Failed, msg, true);
+        true
+    }
+
+    /// While ready: health is reported, not acted on; the router ejects
+    /// the endpoint and the leader decides what to do.
+    async fn tick_ready(&mut self, healthy: bool) {
+        match self.check().await {
+            Ok(()) => {
+                self.failed_checks = 0;
+                if !healthy {
+                    self.phase = Phase::Ready { healthy: true };
+                    self.task.reporter.send(ShardState::Ready, "healthy again");
                 }
-                false
+            }
+            Err(why) => {
+                self.failed_checks += 1;
+                if healthy && self.failed_checks >= UNHEALTHY_AFTER {
+                    self.phase = Phase::Ready { healthy: false };
+                    self.task.reporter.send(
+                        ShardState::Ready,
+                        format!("unhealthy: {why} ({} checks in a row)", self.failed_checks),
+                    );
+                }
             }
         }
+    }
+
+    /// While draining: stops the engine once no request is in flight (or
+    /// it reports none) or the deadline passes. True when it has ended.
+    async fn tick_draining(&mut self, until: Instant) -> bool {
+        let in_flight = self.in_flight().await;
+        let done = matches!(in_flight, Some(n) if n <= 0.0) || in_flight.is_none();
+        if !done && Instant::now() < until {
+            return false;
+        }
+        let why = match in_flight {
+            Some(n) if n > 0.0 => format!("drain deadline passed with {n} request(s) in flight"),
+            Some(_) => "drained: no requests in flight".to_string(),
+            None => "drained: the engine reports no request metrics".to_string(),
+        };
+        self.stop(why).await;
+        true
     }
 
     /// The readiness rule, once.

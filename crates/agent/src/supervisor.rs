@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmgw_config::SupervisorConfig;
+use llmgw_engines::{LaunchPlan, ProcessRole};
 use llmgw_proto::agent::{RunningShard, ShardState, ShardStatus};
 use tokio::sync::mpsc;
 
@@ -16,7 +17,7 @@ use crate::procfs;
 use crate::report::{Reporter, is_terminal, unix_ms};
 use crate::shard::{self, Control, Deferred, Launch, ShardTask};
 use crate::spec::LaunchSpec;
-use crate::statefile::{self, ReadyRule, ShardRecord};
+use crate::statefile::{self, ProcessRecord, ReadyRule, ShardRecord};
 use crate::validate::{self, Held, NodeFacts};
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,35 @@ pub struct Supervisor {
     inner: Arc<Inner>,
 }
 
+/// The answer to a start for a shard that already runs: accepted (its
+/// status sent again) when the spec is the same, refused when it differs.
+fn already_running(entry: &Entry, shard_id: &str, hash: &str) -> Outcome {
+    if entry.spec_hash == hash {
+        entry.reporter.resend();
+        return Outcome::accepted(format!(
+            "shard {shard_id} already runs with this spec ({})",
+            entry.reporter.state().as_str_name()
+        ));
+    }
+    Outcome::refused(format!(
+        "shard {shard_id} already runs with a different spec (hash {} here, {hash} asked); stop it first",
+        entry.spec_hash
+    ))
+}
+
+/// What the other live shards hold: GPUs and ports a new one must not take.
+fn held_by_others(shards: &BTreeMap<String, Entry>, shard_id: &str) -> Vec<Held> {
+    shards
+        .values()
+        .filter(|e| e.live() && e.spec.shard_id != shard_id)
+        .map(|e| Held {
+            shard_id: e.spec.shard_id.clone(),
+            gpus: e.spec.gpus.clone(),
+            ports: e.ports.clone(),
+        })
+        .collect()
+}
+
 impl Supervisor {
     /// Creates the supervisor and adopts the engines an earlier agent left
     /// running (state files whose processes are alive with the recorded
@@ -132,28 +162,9 @@ impl Supervisor {
         let hash = spec.hash();
         let mut shards = self.shards();
         if let Some(entry) = shards.get(&spec.shard_id).filter(|e| e.live()) {
-            if entry.spec_hash == hash {
-                entry.reporter.resend();
-                return Outcome::accepted(format!(
-                    "shard {} already runs with this spec ({})",
-                    spec.shard_id,
-                    entry.reporter.state().as_str_name()
-                ));
-            }
-            return Outcome::refused(format!(
-                "shard {} already runs with a different spec (hash {} here, {hash} asked); stop it first",
-                spec.shard_id, entry.spec_hash
-            ));
+            return already_running(entry, &spec.shard_id, &hash);
         }
-        let held: Vec<Held> = shards
-            .values()
-            .filter(|e| e.live() && e.spec.shard_id != spec.shard_id)
-            .map(|e| Held {
-                shard_id: e.spec.shard_id.clone(),
-                gpus: e.spec.gpus.clone(),
-                ports: e.ports.clone(),
-            })
-            .collect();
+        let held = held_by_others(&shards, &spec.shard_id);
         let reporter = Reporter::new(
             &spec.shard_id,
             &spec.replica_id,
@@ -170,59 +181,16 @@ impl Supervisor {
         };
         let ports = validate::ports_of(&spec, &plan);
         let (exit_tx, exit_rx) = mpsc::unbounded_channel::<ExitNotice>();
-        let logs = logs_dir(&self.inner.settings.work_dir);
-        let launches: Vec<Launch> = plan
-            .processes
-            .iter()
-            .map(|process| Launch {
-                log: logs.join(format!(
-                    "{}.{}.log",
-                    spec.shard_id,
-                    process::role_name(process.role)
-                )),
-                spec: process.clone(),
-            })
-            .collect();
-        // Processes after a Ray head start once the head listens (a vLLM
-        // that finds no cluster starts a local one of its own), and a Ray
-        // worker once the head it joins listens (it gives up at once).
-        let (split, gate) = match plan.processes.iter().map(|p| p.role).collect::<Vec<_>>()[..] {
-            [llmgw_engines::ProcessRole::RayWorker, ..] => {
-                (0, format!("{}:{}", spec.master_addr, spec.master_port))
-            }
-            _ => match plan
-                .processes
-                .iter()
-                .position(|p| p.role == llmgw_engines::ProcessRole::RayHead)
-            {
-                Some(i) => (
-                    i + 1,
-                    format!("{}:{}", self.inner.node.context.mgmt_addr, spec.master_port),
-                ),
-                None => (launches.len(), String::new()),
-            },
-        };
+        let launches = self.launches(&spec, &plan);
+        let (split, gate) = self.deferral(&spec, &plan);
         let (now, deferred) = launches.split_at(split);
-        let mut records = Vec::new();
-        for (index, launch) in now.iter().enumerate() {
-            match process::spawn(
-                &statefile::path_for(&self.inner.settings.work_dir, &spec.shard_id),
-                &launch.spec,
-                &launch.log,
-                index,
-                exit_tx.clone(),
-            ) {
-                Ok(record) => records.push(record),
-                Err(e) => {
-                    for r in &records {
-                        procfs::signal_group(r.pgid, libc::SIGKILL);
-                    }
-                    let msg = format!("could not start {}: {e}", launch.spec.program.display());
-                    reporter.send(ShardState::Failed, msg.clone());
-                    return Outcome::refused(msg);
-                }
+        let records = match self.spawn_all(&spec.shard_id, now, &exit_tx) {
+            Ok(records) => records,
+            Err(msg) => {
+                reporter.send(ShardState::Failed, msg.clone());
+                return Outcome::refused(msg);
             }
-        }
+        };
         let gate = (!deferred.is_empty()).then_some(gate);
         let readiness = ReadyRule::from(&plan.readiness);
         let record = ShardRecord {
@@ -271,6 +239,67 @@ impl Supervisor {
             },
         );
         Outcome::accepted(format!("shard {shard_id} launched"))
+    }
+
+    /// Each process of the plan with the log file it writes to.
+    fn launches(&self, spec: &LaunchSpec, plan: &LaunchPlan) -> Vec<Launch> {
+        let logs = logs_dir(&self.inner.settings.work_dir);
+        plan.processes
+            .iter()
+            .map(|process| Launch {
+                log: logs.join(format!(
+                    "{}.{}.log",
+                    spec.shard_id,
+                    process::role_name(process.role)
+                )),
+                spec: process.clone(),
+            })
+            .collect()
+    }
+
+    /// How many processes start at once, and the address the rest wait
+    /// for. Processes after a Ray head start once the head listens (a vLLM
+    /// that finds no cluster starts a local one of its own), and a Ray
+    /// worker once the head it joins listens (it gives up at once).
+    fn deferral(&self, spec: &LaunchSpec, plan: &LaunchPlan) -> (usize, String) {
+        let roles: Vec<ProcessRole> = plan.processes.iter().map(|p| p.role).collect();
+        if roles.first() == Some(&ProcessRole::RayWorker) {
+            return (0, format!("{}:{}", spec.master_addr, spec.master_port));
+        }
+        match roles.iter().position(|role| *role == ProcessRole::RayHead) {
+            Some(i) => (
+                i + 1,
+                format!("{}:{}", self.inner.node.context.mgmt_addr, spec.master_port),
+            ),
+            None => (roles.len(), String::new()),
+        }
+    }
+
+    /// Starts `launches` in order; when one cannot start, kills those that
+    /// did and says why.
+    fn spawn_all(
+        &self,
+        shard_id: &str,
+        launches: &[Launch],
+        exits: &mpsc::UnboundedSender<ExitNotice>,
+    ) -> Result<Vec<ProcessRecord>, String> {
+        let state_file = statefile::path_for(&self.inner.settings.work_dir, shard_id);
+        let mut records = Vec::new();
+        for (index, launch) in launches.iter().enumerate() {
+            match process::spawn(&state_file, &launch.spec, &launch.log, index, exits.clone()) {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    for r in &records {
+                        procfs::signal_group(r.pgid, libc::SIGKILL);
+                    }
+                    return Err(format!(
+                        "could not start {}: {e}",
+                        launch.spec.program.display()
+                    ));
+                }
+            }
+        }
+        Ok(records)
     }
 
     /// SIGTERM, then SIGKILL after `stop_timeout`; `Stopped` follows.
