@@ -36,6 +36,8 @@ mod upstream;
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use error::RouterError;
+/// Public for `examples/metrics-cost.rs`, which measures its hot path.
+pub use metrics::Metrics;
 pub use peek::{PeekError, Peeked, peek, prefix};
 pub use resume::ResumeSettings;
 pub use serve::{Router, RunningRouter};

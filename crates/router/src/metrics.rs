@@ -164,32 +164,7 @@ impl Metrics {
             .iter()
             .map(|(name, series)| (esc(name), Arc::clone(series)))
             .collect();
-        header(
-            &mut out,
-            "llmgw_router_requests_total",
-            "counter",
-            "Requests answered, by model, endpoint and HTTP status.",
-        );
-        for (model, series) in &models {
-            let requests: BTreeMap<String, Arc<StatusCounts>> = series
-                .requests
-                .read()
-                .expect("metrics lock")
-                .iter()
-                .map(|(endpoint, counts)| (esc(endpoint), Arc::clone(counts)))
-                .collect();
-            for (endpoint, counts) in &requests {
-                for (status, count) in counts.0.iter().enumerate() {
-                    let count = count.load(Ordering::Relaxed);
-                    if count > 0 {
-                        let _ = writeln!(
-                            out,
-                            "llmgw_router_requests_total{{model=\"{model}\",endpoint=\"{endpoint}\",status=\"{status}\"}} {count}"
-                        );
-                    }
-                }
-            }
-        }
+        render_requests(&mut out, &models);
         histogram(
             &mut out,
             "llmgw_router_request_duration_seconds",
@@ -217,47 +192,7 @@ impl Metrics {
                 series.in_flight.load(Ordering::Relaxed)
             );
         }
-        header(
-            &mut out,
-            "llmgw_router_retries_total",
-            "counter",
-            "Attempts moved to another endpoint, by reason.",
-        );
-        for (model, series) in &models {
-            for (reason, v) in series.retries.lock().expect("metrics lock").iter() {
-                let _ = writeln!(
-                    out,
-                    "llmgw_router_retries_total{{model=\"{model}\",reason=\"{reason}\"}} {v}"
-                );
-            }
-        }
-        header(
-            &mut out,
-            "llmgw_router_stream_resumptions_total",
-            "counter",
-            "Mid-stream failover by outcome: resumed, failed (no replica could continue), or why a stream could not be resumed (memory_cap also counts streams left unprotected at their start).",
-        );
-        for (model, series) in &models {
-            for (outcome, v) in series.resumptions.lock().expect("metrics lock").iter() {
-                let _ = writeln!(
-                    out,
-                    "llmgw_router_stream_resumptions_total{{model=\"{model}\",outcome=\"{outcome}\"}} {v}"
-                );
-            }
-        }
-        header(
-            &mut out,
-            "llmgw_router_ejections_total",
-            "counter",
-            "Times an endpoint was taken out of rotation after consecutive failures.",
-        );
-        for (endpoint, v) in self.ejections.lock().expect("metrics lock").iter() {
-            let _ = writeln!(
-                out,
-                "llmgw_router_ejections_total{{endpoint=\"{}\"}} {v}",
-                esc(endpoint)
-            );
-        }
+        render_rare_events(&mut out, &models, &self.ejections);
         header(
             &mut out,
             "llmgw_router_resume_bytes_held",
@@ -269,67 +204,152 @@ impl Metrics {
             "llmgw_router_resume_bytes_held {}",
             resume_memory.used()
         );
-        let mut endpoints = registry.all();
-        endpoints.sort_by(|a, b| a.url.cmp(&b.url));
-        header(
-            &mut out,
-            "llmgw_router_endpoint_outstanding_requests",
-            "gauge",
-            "Requests this router has in flight at the endpoint.",
-        );
-        for e in &endpoints {
-            let _ = writeln!(
-                out,
-                "llmgw_router_endpoint_outstanding_requests{{endpoint=\"{}\"}} {}",
-                esc(&e.url),
-                e.outstanding()
-            );
-        }
-        header(
-            &mut out,
-            "llmgw_router_endpoint_ejected",
-            "gauge",
-            "1 while the endpoint is ejected and waiting for a passing health probe.",
-        );
-        for e in &endpoints {
-            let _ = writeln!(
-                out,
-                "llmgw_router_endpoint_ejected{{endpoint=\"{}\"}} {}",
-                esc(&e.url),
-                u8::from(e.is_ejected())
-            );
-        }
-        header(
-            &mut out,
-            "llmgw_router_engine_requests_waiting",
-            "gauge",
-            "The engine's queue as last read from its /metrics.",
-        );
-        for e in &endpoints {
-            if let Some(w) = e.engine_load().waiting {
-                let _ = writeln!(
-                    out,
-                    "llmgw_router_engine_requests_waiting{{endpoint=\"{}\"}} {w}",
-                    esc(&e.url)
-                );
-            }
-        }
-        header(
-            &mut out,
-            "llmgw_router_engine_kv_cache_usage",
-            "gauge",
-            "The engine's KV cache usage (0..1) as last read from its /metrics.",
-        );
-        for e in &endpoints {
-            if let Some(kv) = e.engine_load().kv_usage {
-                let _ = writeln!(
-                    out,
-                    "llmgw_router_engine_kv_cache_usage{{endpoint=\"{}\"}} {kv}",
-                    esc(&e.url)
-                );
-            }
-        }
+        render_endpoints(&mut out, registry);
         out
+    }
+}
+
+/// `llmgw_router_requests_total`: one series per model, endpoint and
+/// status that answered at least once.
+fn render_requests(out: &mut String, models: &BTreeMap<String, Arc<ModelSeries>>) {
+    header(
+        out,
+        "llmgw_router_requests_total",
+        "counter",
+        "Requests answered, by model, endpoint and HTTP status.",
+    );
+    for (model, series) in models {
+        let requests: BTreeMap<String, Arc<StatusCounts>> = series
+            .requests
+            .read()
+            .expect("metrics lock")
+            .iter()
+            .map(|(endpoint, counts)| (esc(endpoint), Arc::clone(counts)))
+            .collect();
+        for (endpoint, counts) in &requests {
+            for (status, count) in counts.0.iter().enumerate() {
+                let count = count.load(Ordering::Relaxed);
+                if count > 0 {
+                    let _ = writeln!(
+                        out,
+                        "llmgw_router_requests_total{{model=\"{model}\",endpoint=\"{endpoint}\",status=\"{status}\"}} {count}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The counters kept under short locks: retries, resumptions, ejections.
+fn render_rare_events(
+    out: &mut String,
+    models: &BTreeMap<String, Arc<ModelSeries>>,
+    ejections: &Mutex<BTreeMap<String, u64>>,
+) {
+    header(
+        out,
+        "llmgw_router_retries_total",
+        "counter",
+        "Attempts moved to another endpoint, by reason.",
+    );
+    for (model, series) in models {
+        for (reason, v) in series.retries.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "llmgw_router_retries_total{{model=\"{model}\",reason=\"{reason}\"}} {v}"
+            );
+        }
+    }
+    header(
+        out,
+        "llmgw_router_stream_resumptions_total",
+        "counter",
+        "Mid-stream failover by outcome: resumed, failed (no replica could continue), or why a stream could not be resumed (memory_cap also counts streams left unprotected at their start).",
+    );
+    for (model, series) in models {
+        for (outcome, v) in series.resumptions.lock().expect("metrics lock").iter() {
+            let _ = writeln!(
+                out,
+                "llmgw_router_stream_resumptions_total{{model=\"{model}\",outcome=\"{outcome}\"}} {v}"
+            );
+        }
+    }
+    header(
+        out,
+        "llmgw_router_ejections_total",
+        "counter",
+        "Times an endpoint was taken out of rotation after consecutive failures.",
+    );
+    for (endpoint, v) in ejections.lock().expect("metrics lock").iter() {
+        let _ = writeln!(
+            out,
+            "llmgw_router_ejections_total{{endpoint=\"{}\"}} {v}",
+            esc(endpoint)
+        );
+    }
+}
+
+/// The per-endpoint gauges, read from the endpoint registry at scrape time.
+fn render_endpoints(out: &mut String, registry: &Registry) {
+    let mut endpoints = registry.all();
+    endpoints.sort_by(|a, b| a.url.cmp(&b.url));
+    header(
+        out,
+        "llmgw_router_endpoint_outstanding_requests",
+        "gauge",
+        "Requests this router has in flight at the endpoint.",
+    );
+    for e in &endpoints {
+        let _ = writeln!(
+            out,
+            "llmgw_router_endpoint_outstanding_requests{{endpoint=\"{}\"}} {}",
+            esc(&e.url),
+            e.outstanding()
+        );
+    }
+    header(
+        out,
+        "llmgw_router_endpoint_ejected",
+        "gauge",
+        "1 while the endpoint is ejected and waiting for a passing health probe.",
+    );
+    for e in &endpoints {
+        let _ = writeln!(
+            out,
+            "llmgw_router_endpoint_ejected{{endpoint=\"{}\"}} {}",
+            esc(&e.url),
+            u8::from(e.is_ejected())
+        );
+    }
+    header(
+        out,
+        "llmgw_router_engine_requests_waiting",
+        "gauge",
+        "The engine's queue as last read from its /metrics.",
+    );
+    for e in &endpoints {
+        if let Some(w) = e.engine_load().waiting {
+            let _ = writeln!(
+                out,
+                "llmgw_router_engine_requests_waiting{{endpoint=\"{}\"}} {w}",
+                esc(&e.url)
+            );
+        }
+    }
+    header(
+        out,
+        "llmgw_router_engine_kv_cache_usage",
+        "gauge",
+        "The engine's KV cache usage (0..1) as last read from its /metrics.",
+    );
+    for e in &endpoints {
+        if let Some(kv) = e.engine_load().kv_usage {
+            let _ = writeln!(
+                out,
+                "llmgw_router_engine_kv_cache_usage{{endpoint=\"{}\"}} {kv}",
+                esc(&e.url)
+            );
+        }
     }
 }
 

@@ -105,17 +105,13 @@ fn main() -> anyhow::Result<()> {
             o.sim.display()
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = llmgw_runtime::multi_thread_runtime()?;
     runtime.block_on(run(o))
 }
 
 /// The router alone in this process, so its RSS is its own.
 fn serve_router(port: u16, upstream: String) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = llmgw_runtime::multi_thread_runtime()?;
     runtime.block_on(async move {
         let table = RoutingTable {
             models: vec![RoutedModel {
@@ -289,28 +285,7 @@ async fn load(url: &str, workers: usize, seconds: f64, stream: bool) -> Figures 
 async fn run(o: Options) -> anyhow::Result<()> {
     let sim_url = format!("http://127.0.0.1:{}", o.sim_port);
     let router_url = format!("http://127.0.0.1:{}", o.router_port);
-    let max_seqs = (o.streams + o.concurrency.iter().max().copied().unwrap_or(0) + 64).to_string();
-    let sim = Guard(
-        Command::new(&o.sim)
-            .args([
-                "serve",
-                MODEL,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &o.sim_port.to_string(),
-                "--max-num-seqs",
-                &max_seqs,
-            ])
-            .env("LLMGW_SIM_LOAD_TIME", "100ms")
-            .env("LLMGW_SIM_TTFT", "0")
-            .env("LLMGW_SIM_ITL", "0")
-            .env("LLMGW_SIM_SEED", "1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("start {}", o.sim.display()))?,
-    );
+    let sim = start_simulator(&o)?;
     let router = Guard(
         Command::new(std::env::current_exe()?)
             .args(["--serve-router", &o.router_port.to_string(), &sim_url])
@@ -330,8 +305,16 @@ async fn run(o: Options) -> anyhow::Result<()> {
     println!("router RSS idle: {} KiB", rss_kib(router_pid).unwrap_or(0));
 
     let mut targets = vec![
-        ("direct".to_string(), sim_url.clone(), vec![]),
-        ("llmgw".to_string(), router_url.clone(), vec![router_pid]),
+        Target {
+            name: "direct".to_string(),
+            url: sim_url.clone(),
+            pids: vec![],
+        },
+        Target {
+            name: "llmgw".to_string(),
+            url: router_url.clone(),
+            pids: vec![router_pid],
+        },
     ];
     // Routers that wait for their worker to pass a health check (vllm-router
     // checks every 10 s or so) are measured only once they serve.
@@ -347,7 +330,11 @@ async fn run(o: Options) -> anyhow::Result<()> {
             .find(|(n, _)| n == name)
             .map(|(_, pids)| pids.clone())
             .unwrap_or_default();
-        targets.push((name.clone(), url.clone(), pids));
+        targets.push(Target {
+            name: name.clone(),
+            url: url.clone(),
+            pids,
+        });
     }
     let mut phases: Vec<(String, usize, bool)> = o
         .concurrency
@@ -376,56 +363,123 @@ async fn run(o: Options) -> anyhow::Result<()> {
             "proxy CPU/req"
         );
         let mut direct: Option<(u64, u64)> = None;
-        for (name, url, pids) in &targets {
-            let peak = Arc::new(AtomicU64::new(0));
-            let sampler = {
-                let peak = Arc::clone(&peak);
-                let pids = pids.clone();
-                tokio::spawn(async move {
-                    loop {
-                        let rss: u64 = pids.iter().filter_map(|&pid| rss_kib(pid)).sum();
-                        peak.fetch_max(rss, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                })
-            };
-            let cpu = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
-            let cpu_before = cpu();
-            let f = load(url, workers, o.seconds, stream).await;
-            let cpu_used = cpu() - cpu_before;
-            sampler.abort();
-            let peak_rss = (!pids.is_empty()).then(|| peak.load(Ordering::Relaxed));
-            let (p50, p99) = (f.percentile(0.5), f.percentile(0.99));
-            let added = match direct {
-                Some((d50, d99)) => (
-                    format!("{}", p50 as i64 - d50 as i64),
-                    format!("{}", p99 as i64 - d99 as i64),
-                ),
-                None => ("-".into(), "-".into()),
-            };
-            if name == "direct" {
-                direct = Some((p50, p99));
+        for target in &targets {
+            let measured = measure(target, workers, o.seconds, stream).await;
+            if target.name == "direct" {
+                direct = Some(measured.percentiles());
             }
-            println!(
-                "  {:<14} {:>10.0} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
-                name,
-                f.requests as f64 / f.seconds,
-                f.errors,
-                p50,
-                p99,
-                added.0,
-                added.1,
-                peak_rss.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
-                // The CPU window includes the warm-up, so divide by every answer.
-                if !pids.is_empty() && f.answered > 0 {
-                    format!("{:.0} us", cpu_used * 1e6 / f.answered as f64)
-                } else {
-                    "-".to_string()
-                },
-            );
+            print_row(&target.name, &measured, direct);
         }
     }
     drop(router);
     drop(sim);
     Ok(())
+}
+
+/// The simulator at zero token delay, with room for every connection.
+fn start_simulator(o: &Options) -> anyhow::Result<Guard> {
+    let max_seqs = (o.streams + o.concurrency.iter().max().copied().unwrap_or(0) + 64).to_string();
+    let child = Command::new(&o.sim)
+        .args([
+            "serve",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &o.sim_port.to_string(),
+            "--max-num-seqs",
+            &max_seqs,
+        ])
+        .env("LLMGW_SIM_LOAD_TIME", "100ms")
+        .env("LLMGW_SIM_TTFT", "0")
+        .env("LLMGW_SIM_ITL", "0")
+        .env("LLMGW_SIM_SEED", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("start {}", o.sim.display()))?;
+    Ok(Guard(child))
+}
+
+/// What is measured: the engine directly, the llmgw router or a
+/// reference proxy, whose processes' CPU and memory are read.
+struct Target {
+    name: String,
+    url: String,
+    pids: Vec<u32>,
+}
+
+/// One phase against one target.
+struct Measured {
+    figures: Figures,
+    /// The proxy's peak RSS in KiB; `None` without proxy processes.
+    peak_rss_kib: Option<u64>,
+    /// The proxy's CPU per answer; `None` without proxy processes.
+    cpu_per_answer_us: Option<f64>,
+}
+
+impl Measured {
+    fn percentiles(&self) -> (u64, u64) {
+        (self.figures.percentile(0.5), self.figures.percentile(0.99))
+    }
+}
+
+/// Runs the load against `target`, sampling its processes' RSS every
+/// 50 ms and their CPU time before and after.
+async fn measure(target: &Target, workers: usize, seconds: f64, stream: bool) -> Measured {
+    let pids = &target.pids;
+    let peak = Arc::new(AtomicU64::new(0));
+    let sampler = {
+        let peak = Arc::clone(&peak);
+        let pids = pids.clone();
+        tokio::spawn(async move {
+            loop {
+                let rss: u64 = pids.iter().filter_map(|&pid| rss_kib(pid)).sum();
+                peak.fetch_max(rss, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let cpu = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
+    let cpu_before = cpu();
+    let figures = load(&target.url, workers, seconds, stream).await;
+    let cpu_used = cpu() - cpu_before;
+    sampler.abort();
+    let measured_proxy = !pids.is_empty();
+    Measured {
+        peak_rss_kib: measured_proxy.then(|| peak.load(Ordering::Relaxed)),
+        // The CPU window includes the warm-up, so divide by every answer.
+        cpu_per_answer_us: (measured_proxy && figures.answered > 0)
+            .then(|| cpu_used * 1e6 / figures.answered as f64),
+        figures,
+    }
+}
+
+/// One table row; `direct` (p50, p99) gives what the target adds.
+fn print_row(name: &str, measured: &Measured, direct: Option<(u64, u64)>) {
+    let f = &measured.figures;
+    let (p50, p99) = measured.percentiles();
+    let added = match direct {
+        Some((d50, d99)) if name != "direct" => (
+            format!("{}", p50 as i64 - d50 as i64),
+            format!("{}", p99 as i64 - d99 as i64),
+        ),
+        _ => ("-".into(), "-".into()),
+    };
+    println!(
+        "  {:<14} {:>10.0} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
+        name,
+        f.requests as f64 / f.seconds,
+        f.errors,
+        p50,
+        p99,
+        added.0,
+        added.1,
+        measured
+            .peak_rss_kib
+            .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
+        measured
+            .cpu_per_answer_us
+            .map_or("-".into(), |us| format!("{us:.0} us")),
+    );
 }
