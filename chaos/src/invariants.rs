@@ -2,6 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
 use crate::fleet::{FleetSample, RouterOp, Subject, Window, nodes_of};
 use crate::history::{OpRecord, Outcome};
 use crate::linearizability::{self, RegOp, RegRet};
@@ -290,30 +293,8 @@ fn node_fault_at(windows: &[Window], node: &str, at_us: u64) -> bool {
 /// ...`) as microseconds since the Unix epoch.
 pub fn log_time_us(line: &str) -> Option<u64> {
     let stamp = line.split_whitespace().next()?;
-    let stamp = stamp.strip_suffix('Z')?;
-    let (date, time) = stamp.split_once('T')?;
-    let mut date = date.splitn(3, '-').map(str::parse::<i64>);
-    let (y, m, d) = (date.next()?.ok()?, date.next()?.ok()?, date.next()?.ok()?);
-    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
-    let mut hms = hms.splitn(3, ':').map(str::parse::<i64>);
-    let (hh, mm, ss) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
-    let micros: i64 = if frac.is_empty() {
-        0
-    } else {
-        let digits: String = frac.chars().take(6).collect();
-        let n: i64 = digits.parse().ok()?;
-        n * 10_i64.pow(6 - digits.len() as u32)
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss;
-    u64::try_from(secs * 1_000_000 + micros).ok()
+    let at = OffsetDateTime::parse(stamp, &Rfc3339).ok()?;
+    u64::try_from(at.unix_timestamp_nanos() / 1000).ok()
 }
 
 /// A log line's time in run time (microseconds since the run's time
@@ -612,86 +593,18 @@ pub fn no_retirement_while_reachable(
     windows: &[Window],
     models: &[&str],
 ) -> Checked {
-    let mut tracks: BTreeMap<String, ReplicaTrack> = BTreeMap::new();
-    let mut draining_since: BTreeMap<String, u64> = BTreeMap::new();
-    let mut last_api_us = None;
-    for sample in samples {
-        for (node, (_, draining)) in sample.nodes.iter().flatten() {
-            if *draining {
-                draining_since.entry(node.clone()).or_insert(sample.at_us);
-            }
-        }
-        let Some(replicas) = &sample.replicas else {
-            continue;
-        };
-        last_api_us = Some(sample.at_us);
-        for r in replicas
-            .iter()
-            .filter(|r| models.contains(&r.model.as_str()))
-        {
-            let track = tracks.entry(r.id.clone()).or_default();
-            track.model.clone_from(&r.model);
-            track.last_listed_us = sample.at_us;
-            track.nodes.extend(r.shards.iter().map(|s| s.node.clone()));
-            track.failed |= r.state == "failed" || r.shards.iter().any(|s| s.state == "failed");
-            if matches!(r.state.as_str(), "draining" | "stopping" | "stopped") {
-                track.ordered_away_us.get_or_insert(sample.at_us);
-            }
-        }
-    }
-    // Agent files: per (node, replica), the last sample holding a file
-    // of it, and the first agent sample after that.
-    let mut files: BTreeMap<(String, String), (u64, Option<u64>)> = BTreeMap::new();
-    for sample in samples {
-        for agent in &sample.agents {
-            let held: BTreeSet<&str> = agent
-                .shards
-                .iter()
-                .map(|s| replica_of_shard(&s.shard_id))
-                .collect();
-            for replica in &held {
-                files.insert(
-                    (agent.node.clone(), (*replica).to_owned()),
-                    (sample.at_us, None),
-                );
-            }
-            for ((node, replica), (_, gone)) in files.iter_mut() {
-                if node == &agent.node && !held.contains(replica.as_str()) && gone.is_none() {
-                    *gone = Some(sample.at_us);
-                }
-            }
-        }
-    }
-    for ((node, replica), (_, gone)) in &files {
-        if let (Some(gone), Some(track)) = (gone, tracks.get_mut(replica)) {
-            track.nodes.insert(node.clone());
-            if track.files_gone_us.as_ref().is_none_or(|(_, at)| gone < at) {
-                track.files_gone_us = Some((node.clone(), *gone));
-            }
-        }
-    }
+    let mut tracks = replicas_listed(samples, models);
+    add_vanished_state_files(&mut tracks, samples);
+    let draining_since = nodes_draining_since(samples);
+    let api_samples: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.replicas.is_some())
+        .map(|s| s.at_us)
+        .collect();
     let mut violations = Vec::new();
     let mut retired = 0;
     for (id, track) in &tracks {
-        let removed_us = last_api_us
-            .filter(|last| *last > track.last_listed_us)
-            .and_then(|_| {
-                samples
-                    .iter()
-                    .filter(|s| s.replicas.is_some())
-                    .map(|s| s.at_us)
-                    .find(|at| *at > track.last_listed_us)
-            });
-        let mut how: Vec<(u64, String)> = Vec::new();
-        if let Some(at) = track.ordered_away_us {
-            how.push((at, "ordered away (draining/stopping/stopped)".into()));
-        }
-        if let Some(at) = removed_us {
-            how.push((at, "removed from GET /api/v1/replicas".into()));
-        }
-        if let Some((node, at)) = &track.files_gone_us {
-            how.push((*at, format!("its shard state file vanished from {node}")));
-        }
+        let how = retirement_evidence(track, &api_samples);
         let Some(at) = how.iter().map(|(at, _)| *at).min() else {
             continue;
         };
@@ -730,6 +643,105 @@ pub fn no_retirement_while_reachable(
         ),
         shown,
     )
+}
+
+/// The first sample in which each node was seen draining.
+fn nodes_draining_since(samples: &[FleetSample]) -> BTreeMap<String, u64> {
+    let mut draining_since = BTreeMap::new();
+    for sample in samples {
+        for (node, (_, draining)) in sample.nodes.iter().flatten() {
+            if *draining {
+                draining_since.entry(node.clone()).or_insert(sample.at_us);
+            }
+        }
+    }
+    draining_since
+}
+
+/// Every replica of `models` the sampled `GET /api/v1/replicas` listed.
+fn replicas_listed(samples: &[FleetSample], models: &[&str]) -> BTreeMap<String, ReplicaTrack> {
+    let mut tracks: BTreeMap<String, ReplicaTrack> = BTreeMap::new();
+    for sample in samples {
+        let Some(replicas) = &sample.replicas else {
+            continue;
+        };
+        for r in replicas
+            .iter()
+            .filter(|r| models.contains(&r.model.as_str()))
+        {
+            let track = tracks.entry(r.id.clone()).or_default();
+            track.model.clone_from(&r.model);
+            track.last_listed_us = sample.at_us;
+            track.nodes.extend(r.shards.iter().map(|s| s.node.clone()));
+            track.failed |= r.state == "failed" || r.shards.iter().any(|s| s.state == "failed");
+            if matches!(r.state.as_str(), "draining" | "stopping" | "stopped") {
+                track.ordered_away_us.get_or_insert(sample.at_us);
+            }
+        }
+    }
+    tracks
+}
+
+/// The agents' shard state files, seen from outside the control plane:
+/// per (node, replica), the last sample holding a file of it and the first
+/// agent sample after that; a replica whose files vanished for good gets
+/// the earliest such moment, and the node is counted as one of its own.
+fn add_vanished_state_files(tracks: &mut BTreeMap<String, ReplicaTrack>, samples: &[FleetSample]) {
+    let mut files: BTreeMap<(String, String), (u64, Option<u64>)> = BTreeMap::new();
+    for sample in samples {
+        for agent in &sample.agents {
+            let held: BTreeSet<&str> = agent
+                .shards
+                .iter()
+                .map(|s| replica_of_shard(&s.shard_id))
+                .collect();
+            for replica in &held {
+                files.insert(
+                    (agent.node.clone(), (*replica).to_owned()),
+                    (sample.at_us, None),
+                );
+            }
+            for ((node, replica), (_, gone)) in files.iter_mut() {
+                if node == &agent.node && !held.contains(replica.as_str()) && gone.is_none() {
+                    *gone = Some(sample.at_us);
+                }
+            }
+        }
+    }
+    for ((node, replica), (_, gone)) in &files {
+        if let (Some(gone), Some(track)) = (gone, tracks.get_mut(replica)) {
+            track.nodes.insert(node.clone());
+            if track.files_gone_us.as_ref().is_none_or(|(_, at)| gone < at) {
+                track.files_gone_us = Some((node.clone(), *gone));
+            }
+        }
+    }
+}
+
+/// Each sign that a replica was retired, with when it showed: ordered
+/// away, no longer listed by a later `GET /api/v1/replicas` sample
+/// (`api_samples`: their times), its state file gone.
+fn retirement_evidence(track: &ReplicaTrack, api_samples: &[u64]) -> Vec<(u64, String)> {
+    let removed_us = api_samples
+        .last()
+        .filter(|last| **last > track.last_listed_us)
+        .and_then(|_| {
+            api_samples
+                .iter()
+                .copied()
+                .find(|at| *at > track.last_listed_us)
+        });
+    let mut how: Vec<(u64, String)> = Vec::new();
+    if let Some(at) = track.ordered_away_us {
+        how.push((at, "ordered away (draining/stopping/stopped)".into()));
+    }
+    if let Some(at) = removed_us {
+        how.push((at, "removed from GET /api/v1/replicas".into()));
+    }
+    if let Some((node, at)) = &track.files_gone_us {
+        how.push((*at, format!("its shard state file vanished from {node}")));
+    }
+    how
 }
 
 /// While only follower `paused` was paused (`from_us` to `to_us`, which

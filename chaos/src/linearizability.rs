@@ -195,59 +195,66 @@ fn describe(event: &RegEvent) -> String {
     )
 }
 
-fn check_key(ops: &[&RegEvent], budget: usize) -> KeyVerdict {
-    // Events in time order; at equal times calls come first, which makes
-    // the operations concurrent: the permissive reading.
-    let last = ops
-        .iter()
-        .map(|e| e.complete.max(e.invoke))
-        .max()
-        .unwrap_or(0);
-    let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
-    for (i, event) in ops.iter().enumerate() {
-        events.push((event.invoke, true, i));
-        let complete = if event.ret == RegRet::Unknown {
-            // After every definite event.
-            last.saturating_add(1)
-        } else {
-            event.complete.max(event.invoke)
-        };
-        events.push((complete, false, i));
-    }
-    events.sort_by_key(|&(time, is_call, op)| (time, !is_call, op));
-
-    let mut list = EventList {
-        nodes: Vec::with_capacity(events.len() + 1),
-    };
-    list.nodes.push(Node {
-        op: usize::MAX,
-        is_call: false,
-        partner: NIL,
-        prev: NIL,
-        next: NIL,
-    });
-    let mut call_node = vec![NIL; ops.len()];
-    for (time_order, &(_, is_call, op)) in events.iter().enumerate() {
-        let n = time_order + 1;
-        list.nodes.push(Node {
-            op,
-            is_call,
-            partner: NIL,
-            prev: n - 1,
-            next: if time_order + 1 < events.len() {
-                n + 1
+impl EventList {
+    /// Every call and response of `ops` in time order, each call linked to
+    /// its response. At equal times calls come first, which makes the
+    /// operations concurrent: the permissive reading.
+    fn in_time_order(ops: &[&RegEvent]) -> Self {
+        let last = ops
+            .iter()
+            .map(|e| e.complete.max(e.invoke))
+            .max()
+            .unwrap_or(0);
+        let mut events: Vec<(u64, bool, usize)> = Vec::with_capacity(ops.len() * 2);
+        for (i, event) in ops.iter().enumerate() {
+            events.push((event.invoke, true, i));
+            let complete = if event.ret == RegRet::Unknown {
+                // After every definite event.
+                last.saturating_add(1)
             } else {
-                NIL
-            },
-        });
-        if is_call {
-            call_node[op] = n;
-        } else {
-            list.nodes[call_node[op]].partner = n;
+                event.complete.max(event.invoke)
+            };
+            events.push((complete, false, i));
         }
-    }
-    list.nodes[EventList::HEAD].next = if events.is_empty() { NIL } else { 1 };
+        events.sort_by_key(|&(time, is_call, op)| (time, !is_call, op));
 
+        let mut list = EventList {
+            nodes: Vec::with_capacity(events.len() + 1),
+        };
+        list.nodes.push(Node {
+            op: usize::MAX,
+            is_call: false,
+            partner: NIL,
+            prev: NIL,
+            next: NIL,
+        });
+        let mut call_node = vec![NIL; ops.len()];
+        for (time_order, &(_, is_call, op)) in events.iter().enumerate() {
+            let n = time_order + 1;
+            list.nodes.push(Node {
+                op,
+                is_call,
+                partner: NIL,
+                prev: n - 1,
+                next: if time_order + 1 < events.len() {
+                    n + 1
+                } else {
+                    NIL
+                },
+            });
+            if is_call {
+                call_node[op] = n;
+            } else {
+                list.nodes[call_node[op]].partner = n;
+            }
+        }
+        list.nodes[EventList::HEAD].next = if events.is_empty() { NIL } else { 1 };
+        list
+    }
+}
+
+fn check_key(ops: &[&RegEvent], budget: usize) -> KeyVerdict {
+    let mut list = EventList::in_time_order(ops);
     let words = ops.len().div_ceil(64);
     let mut linearized = vec![0u64; words];
     let mut state: State = None;

@@ -202,6 +202,71 @@ pub async fn soak(
     }
     Ok(report)
 }
+/// A power cut (torn or not) or a SIGKILL of peer `victim`, chosen by
+/// `rng` and counted in `report`; returns what was done, for the log.
+fn crash(
+    cluster: &mut Cluster,
+    victim: u64,
+    rng: &mut StdRng,
+    report: &mut SoakReport,
+) -> Result<String, String> {
+    let power = rng.random_bool(0.5);
+    let tear = power && rng.random_bool(0.5);
+    if !power {
+        cluster.kill(victim);
+        report.sigkills += 1;
+        return Ok(format!("SIGKILL peer {victim}"));
+    }
+    report.power_cuts += 1;
+    let cut = cluster.power_cut(victim, if tear { Some(rng) } else { None })?;
+    report.bytes_dropped += cut.bytes_dropped;
+    if tear {
+        report.torn_cuts += 1;
+    }
+    Ok(super::describe(victim, &cut))
+}
+
+/// Acknowledged writes that some peer's consistent read no longer has
+/// (or peers that never answered one within 60 s).
+async fn lost_writes(cluster: &Cluster, acknowledged: &BTreeMap<String, String>) -> Vec<String> {
+    let mut lost = Vec::new();
+    for id in 1..=3 {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match missing_on(cluster, id, acknowledged).await {
+                Ok(missing) => {
+                    lost.extend(missing.into_iter().map(|k| format!("{k} on peer {id}")));
+                    break;
+                }
+                Err(why) if Instant::now() > deadline => {
+                    lost.push(format!("peer {id} never answered a consistent read: {why}"));
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+    lost
+}
+
+/// Whether the three peers report the same state hash, waiting up to 60 s
+/// for them to converge.
+async fn state_hashes_agree(cluster: &Cluster) -> bool {
+    let mut hashes = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        hashes.clear();
+        for id in 1..=3 {
+            hashes.push(cluster.own_state(id).await);
+        }
+        let equal = hashes.iter().all(|h| h.is_some() && *h == hashes[0]);
+        if equal || Instant::now() > deadline {
+            return equal;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 
 async fn cycles_on(
     cluster: &mut Cluster,
@@ -237,21 +302,7 @@ async fn cycles_on(
             .collect();
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
         let victim = rng.random_range(1..=3u64);
-        let power = rng.random_bool(0.5);
-        let tear = power && rng.random_bool(0.5);
-        let what = if power {
-            report.power_cuts += 1;
-            let cut = cluster.power_cut(victim, if tear { Some(&mut rng) } else { None })?;
-            report.bytes_dropped += cut.bytes_dropped;
-            if tear {
-                report.torn_cuts += 1;
-            }
-            super::describe(victim, &cut)
-        } else {
-            cluster.kill(victim);
-            report.sigkills += 1;
-            format!("SIGKILL peer {victim}")
-        };
+        let what = crash(cluster, victim, &mut rng, &mut report)?;
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1000))).await;
         cluster.spawn(victim).map_err(|e| e.to_string())?;
         tokio::time::sleep(Duration::from_millis(800)).await;
@@ -272,38 +323,8 @@ async fn cycles_on(
             return Ok(report);
         }
         let snapshot = acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut lost = Vec::new();
-        for id in 1..=3 {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                match missing_on(cluster, id, &snapshot).await {
-                    Ok(missing) => {
-                        if !missing.is_empty() {
-                            lost.extend(missing.into_iter().map(|k| format!("{k} on peer {id}")));
-                        }
-                        break;
-                    }
-                    Err(why) if Instant::now() > deadline => {
-                        lost.push(format!("peer {id} never answered a consistent read: {why}"));
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            }
-        }
-        let mut hashes = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            hashes.clear();
-            for id in 1..=3 {
-                hashes.push(cluster.own_state(id).await);
-            }
-            if hashes.iter().all(|h| h.is_some() && *h == hashes[0]) || Instant::now() > deadline {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let equal = hashes.iter().all(|h| h.is_some() && *h == hashes[0]);
+        let lost = lost_writes(cluster, &snapshot).await;
+        let equal = state_hashes_agree(cluster).await;
         if !equal {
             report.diverged += 1;
         }
