@@ -237,19 +237,107 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetSt
     Ok(fleet)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     let args = Args::parse();
     let fleet_state = decide_in_process(args.nodes, args.replicas)?;
     snapshot_in_process(&fleet_state)?;
     drop(fleet_state);
-    let bin = llmgw_bin()?;
+    llmgw_runtime::multi_thread_runtime()?.block_on(bench_cluster(&args))
+}
+
+/// The three peers as processes, and how to reach them.
+struct Cluster {
+    bin: PathBuf,
+    layouts: Vec<llmgw_dev::PeerLayout>,
+    peers: Vec<Peer>,
+    http: reqwest::Client,
+}
+
+impl Cluster {
+    fn peer(&self, id: u64) -> &Peer {
+        &self.peers[(id - 1) as usize]
+    }
+
+    fn admin(&self, id: u64) -> String {
+        self.peer(id).admin.clone()
+    }
+
+    fn kill(&mut self, id: u64) -> Result<()> {
+        if let Some(mut child) = self.peers[(id - 1) as usize].child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, id: u64) -> Result<()> {
+        let index = (id - 1) as usize;
+        self.peers[index].child = Some(start_peer(&self.bin, &self.layouts[index])?);
+        Ok(())
+    }
+}
+
+/// Every measurement against a real cluster, in order: registration,
+/// steady state, placement, failover, catch-up by snapshot, whole-cluster
+/// restart.
+async fn bench_cluster(args: &Args) -> Result<()> {
     let mut dir = tempfile::tempdir()?;
     if args.keep {
         dir.disable_cleanup(true);
         println!("peer configs, data and logs: {}", dir.path().display());
     }
-    let layouts = llmgw_dev::plan_peers(dir.path(), 3, false)?;
+    let mut cluster = start_cluster(args, dir.path())?;
+    let first = wait_for("a leader", Duration::from_secs(60), || {
+        leader(&cluster.http, &cluster.peers)
+    })
+    .await?;
+    let servers: Vec<String> = cluster.layouts.iter().map(|l| l.grpc.to_string()).collect();
+    println!(
+        "fleet-bench: {} nodes, heartbeat {} ms, 3 peers, leader {first}",
+        args.nodes, args.heartbeat_ms
+    );
+
+    let started = Instant::now();
+    let fleet = Fleet::spawn(
+        "sim",
+        args.nodes,
+        &servers,
+        Duration::from_millis(args.heartbeat_ms),
+    );
+    let first = fleet_back(
+        &cluster.http,
+        &cluster.peers,
+        args.nodes,
+        "the whole fleet registered",
+    )
+    .await?;
+    let admin = cluster.admin(first);
+    let changes = metric(&cluster.http, &admin, "llmgw_raft_leader_changes_total").await;
+    println!(
+        "register: {} nodes ready with open streams in {:.2} s (leader {first}, leader changes seen: {})",
+        args.nodes,
+        started.elapsed().as_secs_f64(),
+        changes.map_or("?".to_owned(), |c| c.to_string())
+    );
+
+    measure_steady_state(&cluster, first, args).await?;
+    measure_placement(&cluster.http, &admin, args.replicas).await?;
+    let next = measure_failover(&mut cluster, first, args.nodes).await?;
+    measure_catch_up(&mut cluster, first, next, args).await?;
+    measure_whole_restart(&mut cluster, args.nodes).await?;
+    let stats = fleet.stats();
+    println!(
+        "fleet: {} registered, {} reconnects, {} commands, {} refused",
+        stats.registered, stats.reconnects, stats.commands, stats.refused
+    );
+    fleet.stop();
+    Ok(())
+}
+
+/// Writes the peers' configs under `dir` and starts them.
+fn start_cluster(args: &Args, dir: &std::path::Path) -> Result<Cluster> {
+    let bin = llmgw_bin()?;
+    let layouts = llmgw_dev::plan_peers(dir, 3, false)?;
     let raft = format!(
         "raft:\n  snapshot_after_logs: {}\n  keep_logs_after_snapshot: {}\n",
         args.snapshot_after_logs, args.keep_logs_after_snapshot
@@ -269,34 +357,18 @@ async fn main() -> Result<()> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()?;
-    let first = wait_for("a leader", Duration::from_secs(60), || {
-        leader(&http, &peers)
+    Ok(Cluster {
+        bin,
+        layouts,
+        peers,
+        http,
     })
-    .await?;
-    let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
-    println!(
-        "fleet-bench: {} nodes, heartbeat {} ms, 3 peers, leader {first}",
-        args.nodes, args.heartbeat_ms
-    );
+}
 
-    let started = Instant::now();
-    let fleet = Fleet::spawn(
-        "sim",
-        args.nodes,
-        &servers,
-        Duration::from_millis(args.heartbeat_ms),
-    );
-    let first = fleet_back(&http, &peers, args.nodes, "the whole fleet registered").await?;
-    let admin = peers[(first - 1) as usize].admin.clone();
-    let changes = metric(&http, &admin, "llmgw_raft_leader_changes_total").await;
-    println!(
-        "register: {} nodes ready with open streams in {:.2} s (leader {first}, leader changes seen: {})",
-        args.nodes,
-        started.elapsed().as_secs_f64(),
-        changes.map_or("?".to_owned(), |c| c.to_string())
-    );
-
-    let pid = peers[(first - 1) as usize]
+/// The leader's CPU and memory with the whole fleet heartbeating.
+async fn measure_steady_state(cluster: &Cluster, leader: u64, args: &Args) -> Result<()> {
+    let pid = cluster
+        .peer(leader)
         .child
         .as_ref()
         .map(Child::id)
@@ -306,73 +378,79 @@ async fn main() -> Result<()> {
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
     let (cpu1, rss) = usage(pid).context("leader /proc")?;
-    let want = args.nodes as f64;
     println!(
         "steady state: leader CPU {:.1}% of one core, RSS {:.0} MiB ({} heartbeats/s)",
         100.0 * (cpu1 - cpu0) / t0.elapsed().as_secs_f64(),
         rss,
-        (want * 1000.0 / args.heartbeat_ms as f64) as u64
+        (args.nodes as f64 * 1000.0 / args.heartbeat_ms as f64) as u64
     );
+    Ok(())
+}
 
-    measure_placement(&http, &admin, args.replicas).await?;
-
-    // Failover: SIGKILL the leader with the whole fleet connected.
+/// SIGKILLs the leader with the whole fleet connected; returns the new
+/// leader once every stream is back on it.
+async fn measure_failover(cluster: &mut Cluster, killed: u64, nodes: usize) -> Result<u64> {
     let killed_at = Instant::now();
-    let killed = first;
-    if let Some(mut child) = peers[(killed - 1) as usize].child.take() {
-        child.kill()?;
-        child.wait()?;
-    }
+    cluster.kill(killed)?;
     let next = wait_for("a new leader", Duration::from_secs(60), || {
-        leader(&http, &peers)
+        leader(&cluster.http, &cluster.peers)
     })
     .await?;
     let elected = killed_at.elapsed().as_secs_f64();
-    let admin = peers[(next - 1) as usize].admin.clone();
+    let admin = cluster.admin(next);
+    let http = &cluster.http;
     wait_for("the fleet re-homed", Duration::from_secs(120), || async {
-        let streams = metric(&http, &admin, "llmgw_agent_streams").await?;
-        (streams >= want).then_some(())
+        let streams = metric(http, &admin, "llmgw_agent_streams").await?;
+        (streams >= nodes as f64).then_some(())
     })
     .await?;
     let rehomed = killed_at.elapsed().as_secs_f64();
-    let worst = watch_unhealthy(&http, &admin, Duration::from_secs(35)).await;
+    let worst = watch_unhealthy(http, &admin, Duration::from_secs(35)).await;
     println!(
-        "failover: new leader {next} after {elected:.2} s, all {} streams re-homed after {rehomed:.2} s, \
-         nodes marked not ready during the next 35 s: {worst}",
-        args.nodes
+        "failover: new leader {next} after {elected:.2} s, all {nodes} streams re-homed after {rehomed:.2} s, \
+         nodes marked not ready during the next 35 s: {worst}"
     );
+    Ok(next)
+}
 
-    // The killed peer missed more entries than the leader keeps after a
-    // snapshot: it comes back by snapshot.
+/// The killed peer missed more entries than the leader keeps after a
+/// snapshot: it comes back by snapshot.
+async fn measure_catch_up(
+    cluster: &mut Cluster,
+    killed: u64,
+    leader: u64,
+    args: &Args,
+) -> Result<()> {
+    let admin = cluster.admin(leader);
     let writes = args.snapshot_after_logs + args.keep_logs_after_snapshot + 50;
-    write_entries(&http, &admin, writes).await?;
-    let layout = &layouts[(killed - 1) as usize];
+    write_entries(&cluster.http, &admin, writes).await?;
     let restarted = Instant::now();
-    peers[(killed - 1) as usize].child = Some(start_peer(&bin, layout)?);
-    let target = metric(&http, &admin, "llmgw_raft_commit_index")
+    cluster.restart(killed)?;
+    let http = &cluster.http;
+    let target = metric(http, &admin, "llmgw_raft_commit_index")
         .await
         .context("leader commit index")?;
-    let back = peers[(killed - 1) as usize].admin.clone();
+    let back = cluster.admin(killed);
     wait_for(
         "the restarted peer caught up",
         Duration::from_secs(300),
         || async {
-            let applied = metric(&http, &back, "llmgw_raft_apply_index").await?;
+            let applied = metric(http, &back, "llmgw_raft_apply_index").await?;
             (applied >= target).then_some(())
         },
     )
     .await?;
-    let installed = metric(&http, &back, "llmgw_raft_snapshots_installed_total")
+    let installed = metric(http, &back, "llmgw_raft_snapshots_installed_total")
         .await
         .unwrap_or(0.0);
     let caught_up = restarted.elapsed().as_secs_f64();
-    let built = metric(&http, &admin, "llmgw_raft_snapshot_build_seconds")
+    let built = metric(http, &admin, "llmgw_raft_snapshot_build_seconds")
         .await
         .unwrap_or(0.0);
-    let installed_in = metric(&http, &back, "llmgw_raft_snapshot_install_seconds")
+    let installed_in = metric(http, &back, "llmgw_raft_snapshot_install_seconds")
         .await
         .unwrap_or(0.0);
-    let bytes = metric(&http, &back, "llmgw_raft_snapshot_bytes")
+    let bytes = metric(http, &back, "llmgw_raft_snapshot_bytes")
         .await
         .unwrap_or(0.0);
     println!(
@@ -383,45 +461,38 @@ async fn main() -> Result<()> {
         built * 1000.0,
         installed_in * 1000.0
     );
+    Ok(())
+}
 
-    // Every peer SIGKILLed at once, then all restarted.
-    for peer in &mut peers {
-        if let Some(mut child) = peer.child.take() {
-            child.kill()?;
-            child.wait()?;
-        }
+/// Every peer SIGKILLed at once, then all restarted.
+async fn measure_whole_restart(cluster: &mut Cluster, nodes: usize) -> Result<()> {
+    let ids: Vec<u64> = cluster.peers.iter().map(|p| p.id).collect();
+    for &id in &ids {
+        cluster.kill(id)?;
     }
     let down_at = Instant::now();
-    for (peer, layout) in peers.iter_mut().zip(&layouts) {
-        peer.child = Some(start_peer(&bin, layout)?);
+    for &id in &ids {
+        cluster.restart(id)?;
     }
+    let http = &cluster.http;
     let leader_now = fleet_back(
-        &http,
-        &peers,
-        args.nodes,
+        http,
+        &cluster.peers,
+        nodes,
         "the fleet back after a whole-cluster restart",
     )
     .await?;
     let back_after = down_at.elapsed().as_secs_f64();
-    let admin = peers[(leader_now - 1) as usize].admin.clone();
-    let term = metric(&http, &admin, "llmgw_raft_term")
+    let admin = cluster.admin(leader_now);
+    let term = metric(http, &admin, "llmgw_raft_term").await.unwrap_or(0.0);
+    let lost = metric(http, &admin, "llmgw_nodes{status=\"lost\"}")
         .await
         .unwrap_or(0.0);
-    let lost = metric(&http, &admin, "llmgw_nodes{status=\"lost\"}")
-        .await
-        .unwrap_or(0.0);
-    let worst = watch_unhealthy(&http, &admin, Duration::from_secs(20)).await;
+    let worst = watch_unhealthy(http, &admin, Duration::from_secs(20)).await;
     println!(
-        "whole-cluster restart: all {} nodes ready with open streams {back_after:.2} s after all three \
-         peers were killed (leader {leader_now}, term {term}), lost: {lost}, not ready during the next 20 s: {worst}",
-        args.nodes
+        "whole-cluster restart: all {nodes} nodes ready with open streams {back_after:.2} s after all three \
+         peers were killed (leader {leader_now}, term {term}), lost: {lost}, not ready during the next 20 s: {worst}"
     );
-    let stats = fleet.stats();
-    println!(
-        "fleet: {} registered, {} reconnects, {} commands, {} refused",
-        stats.registered, stats.reconnects, stats.commands, stats.refused
-    );
-    fleet.stop();
     Ok(())
 }
 
