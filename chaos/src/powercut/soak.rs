@@ -202,6 +202,7 @@ pub async fn soak(
     }
     Ok(report)
 }
+
 /// A power cut (torn or not) or a SIGKILL of peer `victim`, chosen by
 /// `rng` and counted in `report`; returns what was done, for the log.
 fn crash(
@@ -266,7 +267,6 @@ async fn state_hashes_agree(cluster: &Cluster) -> bool {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
-
 
 async fn cycles_on(
     cluster: &mut Cluster,
