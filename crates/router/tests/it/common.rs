@@ -1,11 +1,10 @@
 //! Harness: simulated engines as real processes, the router in-process on a
-//! free port, a small HTTP client, and polling with generous deadlines.
+//! free port, and a small HTTP client; ports, waiting and metric reading
+//! come from llmgw-test-kit.
 
-use std::net::TcpListener as StdListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -14,32 +13,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, RunningRouter, Settings};
+use llmgw_test_kit::engine_sim_bin;
+pub use llmgw_test_kit::{free_port, metric, wait_until};
 use tokio::sync::watch;
 
 pub const SMALL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
 pub const EMBED: &str = "BAAI/bge-small-en-v1.5";
-
-/// The simulator binary next to this test's target directory; built by
-/// `cargo build -p llmgw-engine-sim` (scripts/test builds every binary first).
-pub fn sim_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("llmgw-engine-sim");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `cargo build -p llmgw-engine-sim` first",
-        bin.display()
-    );
-    bin
-}
-
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local addr")
-        .port()
-}
 
 pub struct Sim {
     child: Child,
@@ -57,7 +36,7 @@ impl Sim {
     pub fn start_on(port: u16, model: &str, names: &[&str], env: &[(&str, &str)]) -> Sim {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = std::fs::File::create(dir.path().join("log")).expect("log file");
-        let mut cmd = Command::new(sim_binary());
+        let mut cmd = Command::new(engine_sim_bin());
         cmd.args([
             "serve",
             model,
@@ -99,7 +78,7 @@ impl Sim {
 
     pub async fn wait_ready(&self) {
         let url = format!("{}/health", self.url());
-        let ok = wait_for(Duration::from_secs(60), || async {
+        let ok = wait_until(Duration::from_secs(60), || async {
             matches!(get(&url).await, Some((200, _)))
         })
         .await;
@@ -212,28 +191,6 @@ pub fn chat_body(model: &str, stream: bool, max_tokens: u32) -> String {
     format!(
         r#"{{"model":"{model}","stream":{stream},"max_tokens":{max_tokens},"messages":[{{"role":"user","content":"hello"}}]}}"#
     )
-}
-
-/// Polls `check` every 25 ms until it holds or `limit` passes.
-pub async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
-}
-
-/// A value of a metric line (exact label set) in Prometheus text.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
 }
 
 /// A chat request whose prompt names `tag`, so that every answer differs.

@@ -152,7 +152,7 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
         live.url()
     );
     assert!(
-        wait_for(Duration::from_secs(20), || async {
+        wait_until(Duration::from_secs(20), || async {
             get(&metrics_url)
                 .await
                 .is_some_and(|(_, m)| metric(&m, &kv).is_some())
@@ -165,7 +165,7 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
     let revived = Sim::start_on(dead_port, SMALL, &["m"], &[]);
     revived.wait_ready().await;
     assert!(
-        wait_for(Duration::from_secs(30), || async {
+        wait_until(Duration::from_secs(30), || async {
             get(&metrics_url)
                 .await
                 .is_some_and(|(_, m)| metric(&m, &dead_ejected) == Some(0.0))

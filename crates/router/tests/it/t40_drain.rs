@@ -31,7 +31,7 @@ async fn draining_endpoint_gets_nothing_new_and_finishes_its_streams() {
         old.url()
     );
     assert!(
-        wait_for(Duration::from_secs(20), || async {
+        wait_until(Duration::from_secs(20), || async {
             get(&metrics_url)
                 .await
                 .is_some_and(|(_, m)| metric(&m, &outstanding_old) == Some(1.0))

@@ -10,20 +10,75 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
+use llmgw_api::{
+    Model, ModelExplanation, Replica, ReplicaState, ReplicaView, Shard, ShardState, paths,
+};
 use llmgw_router::{ControlPlaneAccess, ControlPlaneWatcher, Router, RoutingTable};
 
 use crate::common::*;
 
-/// A peer's admin API as section 12 of the design fixes it: model `m` has
-/// one ready replica whose head shard is on node `n1` (address from
-/// `/api/v1/nodes`); model `idle` has none and an explanation.
+/// A peer's admin API, answered with the contract's own types: model `m`
+/// has one ready replica whose head shard serves on `engine_port`; model
+/// `idle` has none and an explanation.
 fn admin_answer(path: &str, engine_port: u16) -> (u16, String) {
-    match path {
-        "/api/v1/models" => (200, r#"[{"name":"m","aliases":["m-alias"],"source":"Qwen/Qwen2.5-0.5B-Instruct","replicas":1,"profiles":[]},{"name":"idle","source":"x","replicas":1,"profiles":[]}]"#.into()),
-        "/api/v1/replicas" => (200, format!(r#"[{{"id":"r1","model":"m","state":"ready","shards":[{{"node":"n1","gpus":[0],"port":{engine_port},"state":"ready","pid":1}}]}}]"#)),
-        "/api/v1/nodes" => (200, r#"[{"id":"n1","status":"ready","addr":"127.0.0.1:7443"}]"#.into()),
-        "/api/v1/models/idle/explain" => (200, r#"{"explanation":"0/1 nodes fit idle profile tp8: 1 has 1 free GPU (need 8)"}"#.into()),
-        _ => (404, "{}".into()),
+    let body = if path == paths::MODELS {
+        serde_json::to_string(&[catalog_entry("m", &["m-alias"]), catalog_entry("idle", &[])])
+    } else if path == paths::REPLICAS {
+        serde_json::to_string(&[ready_replica("m", engine_port)])
+    } else if path == paths::explain("idle") {
+        serde_json::to_string(&ModelExplanation {
+            model: "idle".into(),
+            desired: 1,
+            replicas: Vec::new(),
+            pending: 1,
+            explanation: Some("0/1 nodes fit idle profile tp8: 1 has 1 free GPU (need 8)".into()),
+            detail: None,
+            last_failure: None,
+        })
+    } else {
+        return (404, "{}".into());
+    };
+    (200, body.expect("the contract's types serialize"))
+}
+
+/// A catalog entry as `GET /api/v1/models` lists it.
+fn catalog_entry(name: &str, aliases: &[&str]) -> Model {
+    serde_json::from_value(serde_json::json!({
+        "name": name,
+        "aliases": aliases,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": 1,
+        "profiles": [],
+    }))
+    .expect("a catalog entry")
+}
+
+/// One ready single-shard replica of `model` on node `n1`.
+fn ready_replica(model: &str, engine_port: u16) -> ReplicaView {
+    ReplicaView {
+        state: ReplicaState::Ready,
+        endpoint: Some(format!("http://127.0.0.1:{engine_port}")),
+        replica: Replica {
+            id: "r1".into(),
+            model: model.into(),
+            profile: "tp1".into(),
+            shards: vec![Shard {
+                node: "n1".into(),
+                gpus: vec![0],
+                port: engine_port,
+                rank: 0,
+                state: ShardState::Ready,
+                pid: Some(1),
+                last_failure: None,
+                state_changed_at_ms: 0,
+                report_seq: 1,
+            }],
+            created_at_ms: 0,
+            fabric: None,
+            rendezvous_port: None,
+            replaces: None,
+            stop: None,
+        },
     }
 }
 
@@ -71,7 +126,7 @@ async fn endpoints_come_from_the_admin_api_and_outlive_the_peer() {
     let url = format!("http://{}/v1/chat/completions", router.local_addr());
     let c = client();
 
-    let learnt = wait_for(Duration::from_secs(30), || async {
+    let learnt = wait_until(Duration::from_secs(30), || async {
         matches!(
             post(&c, &url, chat_body("m-alias", false, 2), &[]).await,
             Ok((200, _))

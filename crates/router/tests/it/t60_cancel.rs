@@ -56,7 +56,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     );
 
     drop(body);
-    let cancelled = wait_for(Duration::from_secs(5), || async {
+    let cancelled = wait_until(Duration::from_secs(5), || async {
         engine_gauge(&sim, "vllm:num_requests_running").await == Some(0.0)
     })
     .await;
@@ -70,7 +70,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
         sim.url()
     );
     assert!(
-        wait_for(Duration::from_secs(5), || async {
+        wait_until(Duration::from_secs(5), || async {
             get(&metrics_url)
                 .await
                 .is_some_and(|(_, m)| metric(&m, &outstanding) == Some(0.0))
