@@ -2,11 +2,13 @@
 //! talk raw HTTP/1.1 to it, and wait for conditions with generous deadlines.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub use llmgw_test_kit::{free_port, metric, wait_until_blocking};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_llmgw-engine-sim");
 pub const SMALL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
@@ -21,11 +23,6 @@ pub const PERSONAS: &[&str] = &[
 
 pub fn is_vllm(persona: &str) -> bool {
     persona.starts_with("vllm")
-}
-
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
 }
 
 /// A running simulator process with its output captured in files.
@@ -113,7 +110,7 @@ impl Sim {
 
     pub fn wait_healthy(&mut self) {
         let port = self.port;
-        let ok = wait_until(
+        let ok = wait_until_blocking(
             Duration::from_secs(30),
             || matches!(get(port, "/health"), Some(r) if r.status == 200),
         );
@@ -156,15 +153,14 @@ impl Sim {
         if self.status.is_some() {
             return self.status;
         }
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.status = Some(status);
-                return self.status;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        let child = &mut self.child;
+        let mut status = None;
+        wait_until_blocking(limit, || {
+            status = child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        self.status = status;
+        status
     }
 
     pub fn metric(&self, name: &str) -> Option<f64> {
@@ -191,18 +187,6 @@ pub fn describe(status: ExitStatus) -> String {
         (None, Some(s)) => format!("signal {s}"),
         _ => "unknown".into(),
     }
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-pub fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
 }
 
 /// A response read to the end of its body (or until the server cut it).
@@ -338,18 +322,7 @@ pub fn post(port: u16, path: &str, body: &str) -> Option<Reply> {
 }
 
 pub fn metric_value(port: u16, name: &str) -> Option<f64> {
-    let reply = get(port, "/metrics")?;
-    reply
-        .body
-        .lines()
-        .find(|l| {
-            !l.starts_with('#')
-                && (l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        })?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
+    metric(&get(port, "/metrics")?.body, name)
 }
 
 /// True when nothing listens on the port (connection refused).

@@ -12,7 +12,7 @@ fn connections_are_refused_while_loading_then_health_is_200() {
         // for a poll on a busy machine to land inside it.
         let load = if is_vllm(persona) { "2s" } else { "5s" };
         let mut sim = Sim::start(persona, SMALL, &[], &[("LLMGW_SIM_LOAD_TIME", load)]);
-        assert!(wait_until(Duration::from_secs(10), || sim
+        assert!(wait_until_blocking(Duration::from_secs(10), || sim
             .output()
             .contains("Load")
             || sim.output().contains("load")));
@@ -23,7 +23,7 @@ fn connections_are_refused_while_loading_then_health_is_200() {
         if persona.starts_with("sglang") {
             // SGLang listens, then answers 503 until warm-up has generated.
             let mut first = None;
-            assert!(wait_until(Duration::from_secs(30), || {
+            assert!(wait_until_blocking(Duration::from_secs(30), || {
                 first = get(sim.port, "/health").map(|r| r.status);
                 first.is_some()
             }));
@@ -54,7 +54,7 @@ fn connections_are_refused_while_loading_then_health_is_200() {
             assert!(out.contains("(EngineCore_DP0 pid="), "{persona}");
             assert!(out.contains("GPU KV cache size: "), "{persona}");
         } else {
-            assert!(wait_until(Duration::from_secs(5), || sim
+            assert!(wait_until_blocking(Duration::from_secs(5), || sim
                 .output()
                 .contains("The server is fired up and ready to roll!")));
             assert!(
@@ -88,7 +88,7 @@ fn workers_are_real_processes_that_die_with_their_parent() {
     sim.signal("KILL");
     for (pid, _) in &kids {
         assert!(
-            wait_until(Duration::from_secs(10), || !alive(*pid)),
+            wait_until_blocking(Duration::from_secs(10), || !alive(*pid)),
             "worker {pid} outlived its parent"
         );
     }

@@ -285,7 +285,7 @@ fn batch_limit_queues_and_metrics_follow_state() {
             ("sglang:num_running_reqs", "sglang:num_queue_reqs")
         };
         assert!(
-            wait_until(Duration::from_secs(20), || sim.metric(running) == Some(1.0)
+            wait_until_blocking(Duration::from_secs(20), || sim.metric(running) == Some(1.0)
                 && sim.metric(waiting) == Some(1.0)),
             "{persona}: expected one running and one waiting; metrics:\n{}",
             get(port, "/metrics").unwrap().body
@@ -300,7 +300,9 @@ fn batch_limit_queues_and_metrics_follow_state() {
             "{persona}: KV usage follows tokens in flight"
         );
         assert!(slow.join().unwrap().unwrap().complete && slow2.join().unwrap().unwrap().complete);
-        assert!(wait_until(Duration::from_secs(10), || sim.metric(running) == Some(0.0)));
+        assert!(wait_until_blocking(Duration::from_secs(10), || sim
+            .metric(running)
+            == Some(0.0)));
         let body = get(port, "/metrics").unwrap().body;
         if is_vllm(persona) {
             assert!(
@@ -338,12 +340,12 @@ fn client_disconnect_cancels_the_request() {
         let n = stream.read(&mut buf).unwrap();
         assert!(n > 0);
         assert!(
-            wait_until(Duration::from_secs(10), || sim.metric(running) == Some(1.0)),
+            wait_until_blocking(Duration::from_secs(10), || sim.metric(running) == Some(1.0)),
             "{persona}"
         );
         drop(stream);
         assert!(
-            wait_until(Duration::from_secs(10), || sim.metric(running) == Some(0.0)),
+            wait_until_blocking(Duration::from_secs(10), || sim.metric(running) == Some(0.0)),
             "{persona}: cancelled request still running"
         );
     }

@@ -136,7 +136,7 @@ fn hang_on_load_never_listens_nor_exits() {
             &[],
             &[("LLMGW_SIM_FAULT", "hang_on_load:weights")],
         );
-        assert!(wait_until(Duration::from_secs(10), || sim
+        assert!(wait_until_blocking(Duration::from_secs(10), || sim
             .output()
             .contains("oad")));
         assert!(
@@ -245,7 +245,7 @@ fn oom_after_tokens_kills_the_engine() {
 fn unhealthy_and_stalled_engines_fail_health() {
     for persona in PERSONAS {
         let mut sim = Sim::start(persona, SMALL, &[], &[("LLMGW_SIM_FAULT", "unhealthy")]);
-        assert!(wait_until(Duration::from_secs(20), || sim
+        assert!(wait_until_blocking(Duration::from_secs(20), || sim
             .output()
             .contains("Application startup complete.")));
         std::thread::sleep(Duration::from_millis(300));
@@ -261,7 +261,7 @@ fn unhealthy_and_stalled_engines_fail_health() {
             ("SGLANG_HEALTH_CHECK_TIMEOUT", "1"),
         ],
     );
-    assert!(wait_until(Duration::from_secs(20), || sim
+    assert!(wait_until_blocking(Duration::from_secs(20), || sim
         .output()
         .contains("fired up")));
     assert_eq!(get(sim.port, "/health").unwrap().status, 503);

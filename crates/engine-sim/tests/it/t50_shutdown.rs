@@ -17,7 +17,7 @@ fn slow_stream(sim: &Sim, running_metric: &str) -> JoinHandle<Option<Reply>> {
         )
     });
     assert!(
-        wait_until(Duration::from_secs(10), || sim.metric(running_metric)
+        wait_until_blocking(Duration::from_secs(10), || sim.metric(running_metric)
             == Some(1.0)),
         "stream never ran"
     );
@@ -53,7 +53,7 @@ fn vllm_current_drains_with_shutdown_timeout_and_aborts_without() {
     let stream = slow_stream(&sim, "vllm:num_requests_running");
     sim.signal("TERM");
     assert!(
-        wait_until(Duration::from_secs(5), || refused(sim.port)),
+        wait_until_blocking(Duration::from_secs(5), || refused(sim.port)),
         "listener stays open while draining"
     );
     let reply = stream.join().unwrap().unwrap();
@@ -94,7 +94,7 @@ fn sglang_turns_unhealthy_drains_then_kills_itself() {
     );
     let stream = slow_stream(&sim, "sglang:num_running_reqs");
     sim.signal("TERM");
-    assert!(wait_until(Duration::from_secs(5), || get(
+    assert!(wait_until_blocking(Duration::from_secs(5), || get(
         sim.port, "/health"
     )
     .is_some_and(|r| r.status == 503)));
@@ -125,7 +125,7 @@ fn sglang_turns_unhealthy_drains_then_kills_itself() {
 fn sigterm_during_load_ends_the_process() {
     for persona in PERSONAS {
         let mut sim = Sim::start(persona, SMALL, &[], &[("LLMGW_SIM_LOAD_TIME", "20s")]);
-        assert!(wait_until(Duration::from_secs(10), || sim
+        assert!(wait_until_blocking(Duration::from_secs(10), || sim
             .output()
             .contains("oad")));
         let kids = children(sim.pid());
@@ -136,7 +136,7 @@ fn sigterm_during_load_ends_the_process() {
         assert_eq!(describe(status), "signal 15", "{persona}");
         for (pid, _) in kids {
             assert!(
-                wait_until(Duration::from_secs(10), || !alive(pid)),
+                wait_until_blocking(Duration::from_secs(10), || !alive(pid)),
                 "{persona}: worker {pid} survived"
             );
         }

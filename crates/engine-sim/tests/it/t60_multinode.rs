@@ -39,7 +39,7 @@ fn vllm_mp_head_waits_for_its_headless_rank_and_dies_with_it() {
     let head_port = free_port();
     let gpus = [("CUDA_VISIBLE_DEVICES", "0,1,2,3")];
     let mut head = Sim::spawn(&vllm_rank(0, master, head_port), &gpus, head_port);
-    assert!(wait_until(Duration::from_secs(10), || head
+    assert!(wait_until_blocking(Duration::from_secs(10), || head
         .stdout()
         .contains("distributed_init_method=tcp://127.0.0.1")));
     std::thread::sleep(Duration::from_millis(800));
@@ -138,7 +138,7 @@ fn a_rank_joining_twice_is_refused_by_the_head() {
     };
     let head = start(0);
     let first = start(1);
-    assert!(wait_until(Duration::from_secs(10), || head
+    assert!(wait_until_blocking(Duration::from_secs(10), || head
         .stderr()
         .contains("Init torch distributed begin.")));
     std::thread::sleep(Duration::from_millis(500));

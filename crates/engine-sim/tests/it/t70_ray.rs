@@ -65,7 +65,7 @@ fn ray_cluster_places_a_two_node_vllm_replica() {
         port,
     );
     assert!(
-        wait_until(Duration::from_secs(10), || head
+        wait_until_blocking(Duration::from_secs(10), || head
             .stdout()
             .contains("Waiting for creating a placement group")),
         "{}",
