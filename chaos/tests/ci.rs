@@ -7,35 +7,12 @@
 //! a missing binary fails the test with that instruction.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::sync::Mutex;
 
 use llmgw_chaos::history::{OpRecord, Outcome};
 use llmgw_chaos::invariants;
 use llmgw_chaos::linearizability::{RegOp, RegRet};
 use llmgw_chaos::{RunOptions, RunReport, scenario};
-
-/// One cluster at a time: three peers with fsync each on a 2-core machine.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn llmgw_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("LLMGW_BIN") {
-        return PathBuf::from(path);
-    }
-    let test_exe = std::env::current_exe().expect("test binary path");
-    let profile_dir = test_exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = profile_dir.join("llmgw");
-    assert!(
-        bin.exists(),
-        "{} does not exist: build it first with `cargo build -p llmgw-cli` (same profile and \
-         CARGO_TARGET_DIR as the tests), or point LLMGW_BIN at an llmgw binary",
-        bin.display()
-    );
-    bin
-}
+use llmgw_test_kit::{llmgw_bin, one_cluster_at_a_time};
 
 fn options(forge: bool) -> RunOptions {
     options_with(forge, false)
@@ -60,7 +37,8 @@ fn run(name: &str, seed: u64, forge: bool) -> Option<RunReport> {
 }
 
 fn run_with(name: &str, seed: u64, options: RunOptions) -> Option<RunReport> {
-    let _serial = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // One cluster at a time: three peers with fsync each on a 2-core machine.
+    let _serial = one_cluster_at_a_time();
     if let Err(why) = llmgw_chaos::preflight() {
         println!("SKIPPED: {why}");
         return None;
