@@ -13,12 +13,9 @@
 //! 20) counts elections and lapsed leases while a neighbour saturates the
 //! disk with synced writes.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::Cluster;
+use llmgw_test_kit::Cluster;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
