@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use llmgw_catalog::{Engine, EngineRelease, LaunchMode};
 use llmgw_proto::agent::ShardState;
+use llmgw_test_kit::free_port;
 use support::*;
 
 const LONG: Duration = Duration::from_secs(90);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use llmgw_agent::{Adoption, group_members};
 use llmgw_catalog::Engine;
 use llmgw_proto::agent::ShardState;
+use llmgw_test_kit::{free_port, wait_until};
 use support::*;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -32,10 +33,10 @@ async fn an_empty_state_file_never_leaves_an_engine_nobody_tracks() {
     if !adopted {
         // Not adopted: then the engine must not be left holding its GPU
         // and port behind the agent's back.
-        eventually("the untracked engine is stopped", LONG, || {
-            group_members(pids[0]).is_empty()
-        })
-        .await;
+        assert!(
+            wait_until(LONG, || async { group_members(pids[0]).is_empty() }).await,
+            "the untracked engine was not stopped"
+        );
         let why = adoptions
             .iter()
             .find_map(|a| match a {

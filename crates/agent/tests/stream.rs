@@ -7,7 +7,7 @@
 mod support;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -17,6 +17,8 @@ use llmgw_catalog::Engine;
 use llmgw_proto::agent::agent_message::Body as Up;
 use llmgw_proto::agent::control_message::Body as Down;
 use llmgw_proto::agent::{Registered, ShardState, StartShard, StopShard};
+use llmgw_test_kit::process::signal_pid;
+use llmgw_test_kit::{engine_sim_bin, free_port, llmgw_bin, wait_until};
 use support::control_plane::FakePeer;
 use support::*;
 
@@ -72,7 +74,7 @@ fn agent_config(work_dir: &Path, servers: &[String]) -> llmgw_config::AgentConfi
 }
 
 fn agent_yaml(work_dir: &Path, servers: &[String]) -> String {
-    let sim = sim_bin();
+    let sim = engine_sim_bin();
     let fixture = repo_root().join("deploy/fixtures/nodes/h100-sxm-8x-ib-a.yaml");
     let servers: Vec<String> = servers.iter().map(|s| format!("\"{s}\"")).collect();
     format!(
@@ -185,12 +187,10 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         supervisor.status("st-0").unwrap().state,
         ShardState::Ready as i32
     );
-    support::eventually(
-        "the agent left the deposed leader and came back",
-        LONG,
-        || leader.connections() > connections,
-    )
-    .await;
+    assert!(
+        wait_until(LONG, || async { leader.connections() > connections }).await,
+        "the agent did not leave the deposed leader and come back"
+    );
     // Nor drain it.
     let connections = leader.connections();
     let stale_drain = Down::Drain(llmgw_proto::agent::DrainShard {
@@ -205,10 +205,10 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         supervisor.status("st-0").unwrap().state,
         ShardState::Ready as i32
     );
-    support::eventually("the agent left again", LONG, || {
-        leader.connections() > connections
-    })
-    .await;
+    assert!(
+        wait_until(LONG, || async { leader.connections() > connections }).await,
+        "the agent did not leave again"
+    );
     // The witness holds all three: the start executed, the stop and the
     // drain refused.
     let witness = std::fs::read_to_string(dir.path().join(llmgw_agent::Witness::FILE)).unwrap();
@@ -363,19 +363,6 @@ async fn agent_leaves_a_silent_leader_and_registers_elsewhere() {
     task.abort();
 }
 
-/// The `llmgw` binary, next to the simulator.
-fn llmgw_bin() -> PathBuf {
-    let bin = std::env::var_os("LLMGW_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| sim_bin().with_file_name("llmgw"));
-    assert!(
-        bin.is_file(),
-        "no llmgw binary at {}: run `cargo build -p llmgw-cli` first (scripts/test does), or set LLMGW_BIN",
-        bin.display()
-    );
-    bin
-}
-
 fn spawn_agent(config: &Path, log: &Path) -> std::process::Child {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
@@ -451,15 +438,21 @@ async fn engines_survive_a_killed_agent_and_are_adopted_by_the_next() {
             })
         })
         .collect();
-    eventually("load flowing", LONG, || ok.load(Ordering::SeqCst) >= 10).await;
+    assert!(
+        wait_until(LONG, || async { ok.load(Ordering::SeqCst) >= 10 }).await,
+        "no load flowing"
+    );
 
-    kill_pid(first.id() as i32, libc::SIGKILL);
+    signal_pid(first.id() as i32, libc::SIGKILL);
     let _ = first.wait();
     let at_kill = ok.load(Ordering::SeqCst);
-    eventually("requests served with no agent", LONG, || {
-        ok.load(Ordering::SeqCst) >= at_kill + 100
-    })
-    .await;
+    assert!(
+        wait_until(LONG, || async {
+            ok.load(Ordering::SeqCst) >= at_kill + 100
+        })
+        .await,
+        "requests were not served with no agent"
+    );
     for pid in &pids {
         assert!(
             llmgw_agent::proc_stat(*pid as i32).is_some(),
@@ -494,10 +487,13 @@ async fn engines_survive_a_killed_agent_and_are_adopted_by_the_next() {
         assert!(ready.message.contains("adopted"), "{}", ready.message);
     }
     let at_adopt = ok.load(Ordering::SeqCst);
-    eventually("requests after adoption", LONG, || {
-        ok.load(Ordering::SeqCst) >= at_adopt + 10
-    })
-    .await;
+    assert!(
+        wait_until(LONG, || async {
+            ok.load(Ordering::SeqCst) >= at_adopt + 10
+        })
+        .await,
+        "no requests after adoption"
+    );
     stop.store(true, Ordering::SeqCst);
     for l in loaders {
         l.join().unwrap();
@@ -515,6 +511,6 @@ async fn engines_survive_a_killed_agent_and_are_adopted_by_the_next() {
     for pid in &pids {
         assert!(group_members(*pid as i32).is_empty());
     }
-    kill_pid(second.id() as i32, libc::SIGKILL);
+    signal_pid(second.id() as i32, libc::SIGKILL);
     let _ = second.wait();
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use llmgw_agent::group_members;
 use llmgw_catalog::Engine;
 use llmgw_proto::agent::ShardState;
+use llmgw_test_kit::process::signal_group;
+use llmgw_test_kit::{free_port, wait_until};
 use support::*;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -149,7 +151,10 @@ async fn hang_while_loading_fails_after_the_startup_timeout_and_leaves_nothing()
     assert!(h.start(s).accepted);
     let pids = h.supervisor.pids("hang");
     // The engine and its two workers, one process group.
-    eventually("engine workers", LONG, || group_members(pids[0]).len() >= 3).await;
+    assert!(
+        wait_until(LONG, || async { group_members(pids[0]).len() >= 3 }).await,
+        "the engine's workers did not start"
+    );
     let failed = h.wait_for("hang", ShardState::Failed, LONG).await;
     assert!(started.elapsed() >= Duration::from_secs(3));
     assert!(
@@ -251,7 +256,10 @@ async fn drain_waits_for_requests_in_flight_then_stops() {
             .and_then(|(_, b)| llmgw_agent::requests_in_flight(&b))
             .is_some_and(|n| n >= 1.0)
     };
-    eventually("a request in flight", LONG, metrics_busy).await;
+    assert!(
+        wait_until(LONG, || async { metrics_busy() }).await,
+        "no request in flight"
+    );
     let asked = Instant::now();
     assert!(
         h.supervisor
@@ -461,7 +469,7 @@ async fn a_restarted_supervisor_adopts_live_engines_and_removes_stale_files() {
     );
 
     // Not a child any more: its death is noticed through /proc.
-    kill_group(pids[0], libc::SIGKILL);
+    signal_group(pids[0], libc::SIGKILL);
     let failed = h.wait_for("keep", ShardState::Failed, LONG).await;
     assert!(
         failed.message.contains("while serving"),

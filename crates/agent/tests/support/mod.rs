@@ -9,9 +9,8 @@ pub mod control_plane;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use llmgw_agent::{LaunchSpec, NodeFacts, Supervisor};
@@ -21,46 +20,13 @@ use llmgw_engines::{EnginesConfig, NodeContext, SglangConfig, VllmConfig};
 use llmgw_proto::agent::{ShardState, ShardStatus};
 use tokio::sync::mpsc;
 
+use llmgw_test_kit::engine_sim_bin;
+use llmgw_test_kit::process::signal_group;
+
 pub const SMALL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The simulator binary (another package of the workspace, so cargo does
-/// not build it for these tests): `LLMGW_ENGINE_SIM`, or next to the test
-/// executable's target directory.
-pub fn sim_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let bin = match std::env::var_os("LLMGW_ENGINE_SIM") {
-            Some(p) => PathBuf::from(p),
-            None => {
-                let exe = std::env::current_exe().expect("test exe");
-                // target/<profile>/deps/<test> -> target/<profile>/llmgw-engine-sim
-                exe.parent()
-                    .and_then(Path::parent)
-                    .expect("target dir")
-                    .join("llmgw-engine-sim")
-            }
-        };
-        assert!(
-            bin.is_file(),
-            "no simulator at {}: run `cargo build -p llmgw-engine-sim` first (scripts/test does), \
-             or point LLMGW_ENGINE_SIM at it",
-            bin.display()
-        );
-        bin
-    })
-    .clone()
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind an ephemeral port")
-        .local_addr()
-        .expect("local addr")
-        .port()
 }
 
 /// How the simulated node is set up.
@@ -100,7 +66,7 @@ pub fn supervisor_config(work_dir: &Path, setup: &NodeSetup) -> SupervisorConfig
 
 /// The H100 fixture node with fabric `ib-a`, engines pointing at the sim.
 pub fn node_facts(work_dir: &Path, setup: &NodeSetup) -> NodeFacts {
-    let sim = sim_bin();
+    let sim = engine_sim_bin();
     let mut env = BTreeMap::new();
     env.insert(
         "LLMGW_SIM_LOAD_TIME".to_string(),
@@ -212,27 +178,7 @@ impl GroupGuard {
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         for pgid in self.pgids.lock().unwrap().iter() {
-            kill_group(*pgid, libc::SIGKILL);
-        }
-    }
-}
-
-#[allow(unsafe_code)]
-pub fn kill_group(pgid: i32, signal: i32) {
-    if pgid > 1 {
-        // SAFETY: kill(2) with plain integers.
-        unsafe {
-            libc::kill(-pgid, signal);
-        }
-    }
-}
-
-#[allow(unsafe_code)]
-pub fn kill_pid(pid: i32, signal: i32) {
-    if pid > 1 {
-        // SAFETY: kill(2) with plain integers.
-        unsafe {
-            libc::kill(pid, signal);
+            signal_group(*pgid, libc::SIGKILL);
         }
     }
 }
@@ -337,15 +283,6 @@ impl Harness {
         std::fs::read_dir(self.dir.path().join("logs"))
             .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default()
-    }
-}
-
-/// Waits for `cond` with a generous deadline.
-pub async fn eventually(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
