@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
+pub use llmgw_test_kit::process::alive;
 pub use llmgw_test_kit::{free_port, metric, wait_until_blocking};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_llmgw-engine-sim");
@@ -435,13 +436,4 @@ pub fn children(pid: i32) -> Vec<(i32, String)> {
         }
     }
     out
-}
-
-pub fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit_once(')')
-                .is_some_and(|(_, a)| a.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
