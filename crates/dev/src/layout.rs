@@ -117,7 +117,8 @@ pub fn plan_peers(work_dir: &Path, count: u64, https: bool) -> std::io::Result<V
 }
 
 /// The server.yaml of one local peer, plaintext (`insecure: true`). `extra`
-/// is appended verbatim (tests use it for small snapshot thresholds).
+/// is appended verbatim (`llmgw dev` adds the admin tokens and the demo
+/// catalog; fleet-bench and tests add Raft and liveness settings).
 pub fn server_yaml(peer: &PeerLayout, all: &[PeerLayout], extra: &str) -> String {
     server_yaml_with(peer, all, "insecure: true\n", extra)
 }

@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use llmgw_api::{
+    ClusterView, Model, ModelExplanation, NodeStatus, NodeView, ReplicaState, ReplicaView, Shard,
+    paths,
+};
+use serde::de::DeserializeOwned;
 
 use crate::access::AdminAccess;
 use crate::run::{DevError, Phase, Running, check_children};
@@ -35,8 +39,8 @@ impl Progress {
         }
     }
 
-    /// GET from the first peer that answers.
-    async fn get(&self, path: &str) -> Option<Value> {
+    /// GET from the first peer that answers, as the admin API's `T`.
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Option<T> {
         for api in &self.apis {
             if let Ok(response) = self.http.get(format!("{api}{path}")).send().await
                 && response.status().is_success()
@@ -58,12 +62,12 @@ impl Progress {
         let started = Instant::now();
         loop {
             check_children(running, Phase::Forming)?;
-            if let Some(cluster) = self.get("/api/v1/cluster").await
-                && let Some(leader) = cluster["leader_id"].as_u64()
+            if let Some(cluster) = self.get::<ClusterView>(paths::CLUSTER).await
+                && let Some(leader) = cluster.leader_id
             {
                 self.show(
                     "control plane",
-                    format!("peer {leader} leads (term {})", cluster["term"]),
+                    format!("peer {leader} leads (term {})", cluster.term),
                 );
                 return Ok(());
             }
@@ -94,30 +98,21 @@ impl Progress {
         let started = Instant::now();
         loop {
             check_children(running, Phase::Formed)?;
-            let nodes = self.get("/api/v1/nodes").await.unwrap_or(Value::Null);
+            let nodes: Vec<NodeView> = self.get(paths::NODES).await.unwrap_or_default();
             let mut ready = 0;
-            for node in nodes.as_array().into_iter().flatten() {
-                let id = node["id"].as_str().unwrap_or("?").to_owned();
-                let gpus = node["inventory"]["gpus"].as_array().map_or(0, Vec::len);
-                let fabrics: Vec<&str> = node["fabrics"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                let fabric = if fabrics.is_empty() {
+            for node in &nodes {
+                let node = &node.record;
+                let gpus = node.inventory.gpus.len();
+                let fabric = if node.fabrics.is_empty() {
                     "no fabric".to_owned()
                 } else {
-                    fabrics.join(",")
+                    node.fabrics.join(",")
                 };
                 self.show(
-                    &format!("node {id}"),
-                    format!(
-                        "{} ({gpus} GPUs, {fabric})",
-                        node["status"].as_str().unwrap_or("?")
-                    ),
+                    &format!("node {}", node.id),
+                    format!("{} ({gpus} GPUs, {fabric})", node.status.as_str()),
                 );
-                if node["status"] == "ready" {
+                if node.status == NodeStatus::Ready {
                     ready += 1;
                 }
             }
@@ -160,45 +155,33 @@ pub(crate) async fn wait_serving(
     let started = Instant::now();
     loop {
         check_children(running, Phase::Formed)?;
-        let models = progress.get("/api/v1/models").await.unwrap_or(Value::Null);
-        let replicas = progress
-            .get("/api/v1/replicas")
-            .await
-            .unwrap_or(Value::Null);
+        let models: Vec<Model> = progress.get(paths::MODELS).await.unwrap_or_default();
+        let replicas: Vec<ReplicaView> = progress.get(paths::REPLICAS).await.unwrap_or_default();
         let mut missing = Vec::new();
-        for model in models.as_array().into_iter().flatten() {
-            let name = model["name"].as_str().unwrap_or("?").to_owned();
-            let desired = model["replicas"].as_u64().unwrap_or(0);
+        for model in &models {
+            let name = &model.name;
             let mut ready = 0;
-            for replica in replicas
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|r| r["model"] == name.as_str())
-            {
-                let nodes: Vec<String> = replica["shards"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|s| format!("{}{}", s["node"].as_str().unwrap_or("?"), s["gpus"]))
-                    .collect();
-                let state = replica["state"].as_str().unwrap_or("?");
+            for replica in replicas.iter().filter(|r| &r.replica.model == name) {
                 progress.show(
-                    &format!("replica {}", replica["id"].as_str().unwrap_or("?")),
-                    format!("{state} on {}", nodes.join(" + ")),
+                    &format!("replica {}", replica.replica.id),
+                    format!(
+                        "{} on {}",
+                        replica.state.as_str(),
+                        placement(&replica.replica.shards)
+                    ),
                 );
-                if state == "ready" {
+                if replica.state == ReplicaState::Ready {
                     ready += 1;
                 }
             }
-            if ready < desired {
+            if ready < model.desired_replicas() {
                 missing.push(name.clone());
                 if ready == 0
                     && started.elapsed() > Duration::from_secs(5)
                     && let Some(why) = progress
-                        .get(&format!("/api/v1/models/{name}/explain"))
+                        .get::<ModelExplanation>(&paths::explain(name))
                         .await
-                    && let Some(text) = why["explanation"].as_str()
+                    && let Some(text) = why.explanation
                 {
                     progress.show(&format!("model {name}"), format!("waiting: {text}"));
                 }
@@ -220,6 +203,18 @@ pub(crate) async fn wait_serving(
     }
 }
 
+/// Where a replica's shards run: `node[gpu,gpu] + node[gpu]`.
+fn placement(shards: &[Shard]) -> String {
+    shards
+        .iter()
+        .map(|shard| {
+            let gpus: Vec<String> = shard.gpus.iter().map(u32::to_string).collect();
+            format!("{}[{}]", shard.node, gpus.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
 async fn chat_works(http: &reqwest::Client, router: &str) -> bool {
     let body = serde_json::json!({
         "model": "qwen-0.5b",
@@ -236,55 +231,39 @@ async fn chat_works(http: &reqwest::Client, router: &str) -> bool {
 pub(crate) async fn fleet_tables(apis: &[String], access: &AdminAccess) -> String {
     let progress = Progress::new(apis.to_vec(), access);
     let mut out = String::new();
-    if let Some(nodes) = progress.get("/api/v1/nodes").await {
+    if let Some(nodes) = progress.get::<Vec<NodeView>>(paths::NODES).await {
         out.push_str(&format!(
             "\n{:<10} {:<12} {:<6} {:<10} {}\n",
             "NODE", "STATUS", "GPUS", "FABRIC", "SHARDS"
         ));
-        for node in nodes.as_array().into_iter().flatten() {
-            let fabrics: Vec<&str> = node["fabrics"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
+        for node in &nodes {
             out.push_str(&format!(
                 "{:<10} {:<12} {:<6} {:<10} {}\n",
-                node["id"].as_str().unwrap_or("?"),
-                node["status"].as_str().unwrap_or("?"),
-                format!(
-                    "{}/{}",
-                    node["gpus_used"].as_u64().unwrap_or(0),
-                    node["gpus_total"].as_u64().unwrap_or(0)
-                ),
-                if fabrics.is_empty() {
+                node.record.id,
+                node.record.status.as_str(),
+                format!("{}/{}", node.gpus_used, node.gpus_total),
+                if node.record.fabrics.is_empty() {
                     "-".to_owned()
                 } else {
-                    fabrics.join(",")
+                    node.record.fabrics.join(",")
                 },
-                node["shards"].as_array().map_or(0, Vec::len),
+                node.shards.len(),
             ));
         }
     }
-    if let Some(replicas) = progress.get("/api/v1/replicas").await {
+    if let Some(replicas) = progress.get::<Vec<ReplicaView>>(paths::REPLICAS).await {
         out.push_str(&format!(
             "\n{:<26} {:<10} {:<8} {:<26} {}\n",
             "REPLICA", "MODEL", "STATE", "ENDPOINT", "SHARDS"
         ));
-        for replica in replicas.as_array().into_iter().flatten() {
-            let shards: Vec<String> = replica["shards"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| format!("{}{}", s["node"].as_str().unwrap_or("?"), s["gpus"]))
-                .collect();
+        for replica in &replicas {
             out.push_str(&format!(
                 "{:<26} {:<10} {:<8} {:<26} {}\n",
-                replica["id"].as_str().unwrap_or("?"),
-                replica["model"].as_str().unwrap_or("?"),
-                replica["state"].as_str().unwrap_or("?"),
-                replica["endpoint"].as_str().unwrap_or("-"),
-                shards.join(" + "),
+                replica.replica.id,
+                replica.replica.model,
+                replica.state.as_str(),
+                replica.endpoint.as_deref().unwrap_or("-"),
+                placement(&replica.replica.shards),
             ));
         }
     }
