@@ -9,10 +9,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{ClusterView, Membership, paths};
 use llmgw_dev::{AdminAccess, PeerLayout, server_yaml_tls};
 use llmgw_tls::certs::{self, IssueRequest};
 use llmgw_tls::{Identity, TlsFiles};
-use serde_json::Value;
+use serde::de::DeserializeOwned;
 
 use crate::netns::{Net, NetError};
 
@@ -408,16 +409,15 @@ impl Cluster {
         peer.stopped = false;
     }
 
-    pub async fn get(&self, id: u64, path: &str) -> Result<(u16, Value), String> {
-        get_json(&self.http, &self.admin(id), path).await
+    /// `GET path` on peer `id`, decoded as the admin API's answer `T`.
+    pub async fn get<T: DeserializeOwned>(&self, id: u64, path: &str) -> Result<T, String> {
+        get_view(&self.http, &self.admin(id), path).await
     }
 
     /// This peer's view: (term, leader_id).
     pub async fn leader_view(&self, id: u64) -> Option<(u64, Option<u64>)> {
-        match self.get(id, "/api/v1/cluster").await {
-            Ok((200, view)) => Some((view["term"].as_u64()?, view["leader_id"].as_u64())),
-            _ => None,
-        }
+        let view: ClusterView = self.get(id, paths::CLUSTER).await.ok()?;
+        Some((view.term, view.leader_id))
     }
 
     /// Waits until every live member names the same live leader.
@@ -457,18 +457,16 @@ impl Cluster {
         None
     }
 
-    /// Peer `id`'s membership (`voter`, `learner`, or `None` when it is not
-    /// a member) as the first live member that answers sees it; `Err` when
-    /// none answers.
-    pub async fn membership_of(&self, id: u64) -> Result<Option<String>, String> {
+    /// Peer `id`'s membership (`None` when it is not a member) as the
+    /// first live member that answers sees it; `Err` when none answers.
+    pub async fn membership_of(&self, id: u64) -> Result<Option<Membership>, String> {
         for member in self.live_members() {
-            if let Ok((200, view)) = self.get(member, "/api/v1/cluster").await {
-                return Ok(view["peers"].as_array().and_then(|peers| {
-                    peers
-                        .iter()
-                        .find(|p| p["id"].as_u64() == Some(id))
-                        .and_then(|p| p["membership"].as_str().map(str::to_owned))
-                }));
+            if let Ok(view) = self.get::<ClusterView>(member, paths::CLUSTER).await {
+                return Ok(view
+                    .peers
+                    .iter()
+                    .find(|peer| peer.id == id)
+                    .map(|peer| peer.membership));
             }
         }
         Err("no live member answered GET /api/v1/cluster".into())
@@ -476,19 +474,9 @@ impl Cluster {
 
     /// (last_applied_index, state_hash) as peer `id` reports itself.
     pub async fn own_state(&self, id: u64) -> Option<(u64, String)> {
-        let (status, view) = self.get(id, "/api/v1/cluster").await.ok()?;
-        if status != 200 {
-            return None;
-        }
-        let me = view["peers"]
-            .as_array()?
-            .iter()
-            .find(|p| p["id"].as_u64() == Some(id))?
-            .clone();
-        Some((
-            me["last_applied_index"].as_u64()?,
-            me["state_hash"].as_str()?.to_owned(),
-        ))
+        let view: ClusterView = self.get(id, paths::CLUSTER).await.ok()?;
+        let me = view.peers.into_iter().find(|peer| peer.id == id)?;
+        Some((me.last_applied_index?, me.state_hash?))
     }
 
     /// A Prometheus gauge or counter from peer `id`.
@@ -567,15 +555,21 @@ fn admin_client(access: &AdminAccess, timeout: Duration) -> reqwest::Client {
     access.http_client(timeout, access.write_token().ok().as_deref())
 }
 
-pub async fn get_json(
+/// `GET base+path`, decoded as the admin API's answer `T`; `Err` says what
+/// came instead: no answer, another status than 200 (with its body), or a
+/// body that is not a `T`.
+pub async fn get_view<T: DeserializeOwned>(
     http: &reqwest::Client,
     base: &str,
     path: &str,
-) -> Result<(u16, Value), String> {
+) -> Result<T, String> {
     let url = format!("{base}{path}");
     let response = http.get(&url).send().await.map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
     let text = response.text().await.map_err(|e| e.to_string())?;
-    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Ok((status, value))
+    if status != 200 {
+        return Err(format!("HTTP {status}: {text}"));
+    }
+    serde_json::from_str(&text)
+        .map_err(|e| format!("HTTP 200, not the admin API's answer ({e}): {text}"))
 }

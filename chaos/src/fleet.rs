@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{Model, NodeView, ReplicaView, paths};
 use llmgw_dev::{
     A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml_tls,
 };
@@ -22,7 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, ClusterError, Members, get_json, is_alive, signal_group, snapshot};
+use crate::cluster::{Cluster, ClusterError, Members, get_view, is_alive, signal_group, snapshot};
 use crate::history::History;
 
 /// The peers' gRPC port, which carries the agents' control streams.
@@ -51,12 +52,17 @@ pub const LARGE: &str = "llama-70b";
 /// The model whose engine crashes while loading (engine-crash-loop).
 pub const CRASHING: &str = "crashy";
 
+/// One catalog entry, written here as models.yaml would hold it.
+fn entry(json: Value) -> Model {
+    serde_json::from_value(json).expect("the suite's catalog entries are well formed")
+}
+
 /// Every model of the catalog with its desired replica count, in the
 /// order they are written.
-pub fn catalog() -> Vec<(Value, u64)> {
+pub fn catalog() -> Vec<(Model, u64)> {
     vec![
         (
-            json!({
+            entry(json!({
                 "name": LARGE,
                 "source": "meta-llama/Llama-3.1-70B-Instruct",
                 "replicas": 1,
@@ -65,32 +71,34 @@ pub fn catalog() -> Vec<(Value, u64)> {
                     "tensor_parallel": 8, "pipeline_parallel": 2, "launch_mode": "mp",
                     "min_gpu_memory_gb": 40
                 }]
-            }),
+            })),
             1,
         ),
-        (
-            json!({
-                "name": SMALL,
-                "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 2,
-                "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
-                              "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-            }),
-            2,
-        ),
+        (small_model(2), 2),
     ]
 }
 
+/// The single-node model with `replicas` replicas.
+pub fn small_model(replicas: u32) -> Model {
+    entry(json!({
+        "name": SMALL,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": replicas,
+        "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
+    }))
+}
+
 /// A model whose engine fails every start with the KV-cache error.
-pub fn crashing_model() -> Value {
-    json!({
+pub fn crashing_model() -> Model {
+    entry(json!({
         "name": CRASHING,
         "source": "Qwen/Qwen3-0.6B",
         "replicas": 1,
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                       "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16,
                       "env": {"LLMGW_SIM_FAULT": "crash_on_load:kv_cache"}}]
-    })
+    }))
 }
 
 pub fn fixtures_dir() -> PathBuf {
@@ -297,30 +305,25 @@ pub struct ReplicaObs {
     pub shards: Vec<ShardObs>,
 }
 
-fn replica_obs(v: &Value) -> Option<ReplicaObs> {
-    Some(ReplicaObs {
-        id: v["id"].as_str()?.to_owned(),
-        model: v["model"].as_str()?.to_owned(),
-        state: v["state"].as_str().unwrap_or("?").to_owned(),
-        replaces: v["replaces"].as_str().map(str::to_owned),
-        shards: v["shards"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| {
-                Some(ShardObs {
-                    node: s["node"].as_str()?.to_owned(),
-                    gpus: s["gpus"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|g| g.as_u64().and_then(|g| u32::try_from(g).ok()))
-                        .collect(),
-                    state: s["state"].as_str().unwrap_or("?").to_owned(),
+impl From<&ReplicaView> for ReplicaObs {
+    fn from(view: &ReplicaView) -> Self {
+        ReplicaObs {
+            id: view.replica.id.clone(),
+            model: view.replica.model.clone(),
+            state: view.state.as_str().to_owned(),
+            replaces: view.replica.replaces.clone(),
+            shards: view
+                .replica
+                .shards
+                .iter()
+                .map(|shard| ShardObs {
+                    node: shard.node.clone(),
+                    gpus: shard.gpus.clone(),
+                    state: shard.state.as_str().to_owned(),
                 })
-            })
-            .collect(),
-    })
+                .collect(),
+        }
+    }
 }
 
 /// One shard state file on an agent's disk.
@@ -430,26 +433,20 @@ pub async fn sample_once(
         ..FleetSample::default()
     };
     for (id, base) in peers {
-        let Ok((200, Value::Array(replicas))) = get_json(http, &base, "/api/v1/replicas").await
-        else {
+        let Ok(replicas) = get_view::<Vec<ReplicaView>>(http, &base, paths::REPLICAS).await else {
             continue;
         };
-        let Ok((200, Value::Array(nodes))) = get_json(http, &base, "/api/v1/nodes").await else {
+        let Ok(nodes) = get_view::<Vec<NodeView>>(http, &base, paths::NODES).await else {
             continue;
         };
         sample.peer = Some(id);
-        sample.replicas = Some(replicas.iter().filter_map(replica_obs).collect());
+        sample.replicas = Some(replicas.iter().map(ReplicaObs::from).collect());
         sample.nodes = Some(
             nodes
-                .iter()
-                .filter_map(|n| {
-                    Some((
-                        n["id"].as_str()?.to_owned(),
-                        (
-                            n["status"].as_str().unwrap_or("?").to_owned(),
-                            n["draining"].as_bool().unwrap_or(false),
-                        ),
-                    ))
+                .into_iter()
+                .map(|node| {
+                    let status = node.record.status.as_str().to_owned();
+                    (node.record.id, (status, node.record.draining))
                 })
                 .collect(),
         );
@@ -643,7 +640,7 @@ pub async fn send_to_leader(
     cluster: &Cluster,
     method: reqwest::Method,
     path: &str,
-    body: Option<&Value>,
+    body: Option<&Model>,
     within: Duration,
 ) -> Result<(u16, String), String> {
     let started = Instant::now();
@@ -657,9 +654,7 @@ pub async fn send_to_leader(
             .http
             .request(method.clone(), format!("{}{path}", cluster.admin(leader)));
         if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body.to_string());
+            request = request.json(body);
         }
         match request.send().await {
             Ok(response) => {
@@ -700,4 +695,42 @@ pub fn nodes_of(sample: &FleetSample, model: &str) -> Vec<String> {
     nodes.sort();
     nodes.dedup();
     nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_catalog_entries_are_models() {
+        let names: Vec<String> = catalog().into_iter().map(|(m, _)| m.name).collect();
+        assert_eq!(names, [LARGE, SMALL]);
+        assert_eq!(small_model(3).managed().map(|m| m.replicas), Some(3));
+        assert_eq!(crashing_model().name, CRASHING);
+    }
+
+    #[test]
+    fn a_replica_as_the_server_sends_it_becomes_evidence() {
+        let answer = r#"[{"state": "draining", "endpoint": "http://10.0.0.11:8000",
+            "id": "r1", "model": "qwen", "profile": "tp1", "created_at_ms": 1,
+            "replaces": "r0",
+            "shards": [{"node": "h100-1", "gpus": [3], "port": 8000, "rank": 0,
+                        "state": "draining", "pid": 7, "last_failure": null,
+                        "state_changed_at_ms": 2, "report_seq": 1}]}]"#;
+        let views: Vec<ReplicaView> = serde_json::from_str(answer).unwrap();
+        assert_eq!(
+            ReplicaObs::from(&views[0]),
+            ReplicaObs {
+                id: "r1".into(),
+                model: "qwen".into(),
+                state: "draining".into(),
+                replaces: Some("r0".into()),
+                shards: vec![ShardObs {
+                    node: "h100-1".into(),
+                    gpus: vec![3],
+                    state: "draining".into(),
+                }],
+            }
+        );
+    }
 }

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use llmgw_api::{ClusterView, Model, paths};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
 
-use crate::cluster::{Members, get_json, snapshot};
+use crate::cluster::{Members, get_view, snapshot};
 use crate::history::{History, OpRecord, Outcome};
 use crate::linearizability::{RegOp, RegRet};
 
@@ -37,13 +37,12 @@ pub fn unique_key_prefix() -> &'static str {
 }
 
 /// The value a model entry carries, if it is one of ours.
-pub fn value_of(model: &Value) -> Option<String> {
-    match model {
-        Value::String(s) => s.strip_prefix(VALUE_PREFIX).map(str::to_owned),
-        Value::Array(items) => items.iter().find_map(value_of),
-        Value::Object(map) => map.values().find_map(value_of),
-        _ => None,
-    }
+pub fn value_of(model: &Model) -> Option<String> {
+    model
+        .static_endpoints()
+        .iter()
+        .find_map(|endpoint| endpoint.strip_prefix(VALUE_PREFIX))
+        .map(str::to_owned)
 }
 
 pub fn model_body(key: &str, value: &str) -> String {
@@ -69,7 +68,7 @@ fn classify_error(error: &reqwest::Error) -> Outcome {
 
 /// Sends one operation to `base` and classifies the answer.
 pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) -> Outcome {
-    let path = format!("{base}/api/v1/models/{key}");
+    let path = format!("{base}{}", paths::model(key));
     let request = match op {
         RegOp::Write(value) => http
             .put(&path)
@@ -99,7 +98,7 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
         // peer that answered: it happened.
         (RegOp::Write(_) | RegOp::Delete, 202) => Outcome::Ok(RegRet::Ok),
         (RegOp::Delete, 404) => Outcome::Ok(RegRet::NotFound),
-        (RegOp::Read, 200) => match serde_json::from_str::<Value>(&body)
+        (RegOp::Read, 200) => match serde_json::from_str::<Model>(&body)
             .ok()
             .as_ref()
             .and_then(value_of)
@@ -208,9 +207,7 @@ pub async fn sampler(
             let (samples, busy) = (samples.clone(), busy.clone());
             asks.push(tokio::spawn(async move {
                 let at_us = history.now_us();
-                if let Ok((200, view)) = get_json(&http, &base, "/api/v1/cluster").await
-                    && let Some(term) = view["term"].as_u64()
-                {
+                if let Ok(view) = get_view::<ClusterView>(&http, &base, paths::CLUSTER).await {
                     samples
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -218,8 +215,8 @@ pub async fn sampler(
                             at_us,
                             answered_us: history.now_us(),
                             peer: id,
-                            term,
-                            leader: view["leader_id"].as_u64(),
+                            term: view.term,
+                            leader: view.leader_id,
                         });
                 }
                 busy.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{Model, paths};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -72,7 +73,7 @@ async fn writer(
         let key = format!("soak-{cycle}-{worker}-{i}");
         let value = format!("{cycle}.{worker}.{i}");
         let answer = http
-            .put(format!("{base}/api/v1/models/{key}"))
+            .put(format!("{base}{}", paths::model(&key)))
             .header("content-type", "application/json")
             .body(load::model_body(&key, &value))
             .send()
@@ -93,14 +94,12 @@ async fn missing_on(
     id: u64,
     acked: &BTreeMap<String, String>,
 ) -> Result<Vec<String>, String> {
-    let (status, models) = cluster.get(id, "/api/v1/models?consistent=true").await?;
-    let models = match (status, models) {
-        (200, serde_json::Value::Array(models)) => models,
-        (status, body) => return Err(format!("HTTP {status}: {body}")),
-    };
+    let models: Vec<Model> = cluster
+        .get(id, &format!("{}?consistent=true", paths::MODELS))
+        .await?;
     let have: BTreeMap<String, Option<String>> = models
         .iter()
-        .filter_map(|m| Some((m["name"].as_str()?.to_owned(), load::value_of(m))))
+        .map(|m| (m.name.clone(), load::value_of(m)))
         .collect();
     Ok(acked
         .iter()

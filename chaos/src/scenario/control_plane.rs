@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use llmgw_api::{AddPeer, Membership, paths};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
@@ -206,17 +207,17 @@ pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError>
     ctx.cluster.spawn(NEW)?;
     ctx.fault(format!("start new peer {NEW}"));
     let http = ctx.cluster.admin_client(Duration::from_secs(75));
-    let body = serde_json::json!({
-        "id": NEW,
-        "grpc": ctx.cluster.grpc(NEW),
-        "admin": ctx.cluster.admin(NEW),
+    let body = serde_json::to_string(&AddPeer {
+        id: NEW,
+        grpc: ctx.cluster.grpc(NEW),
+        admin: ctx.cluster.admin(NEW),
     })
-    .to_string();
+    .expect("a request of strings and numbers encodes");
     let via = ctx.cluster.admin(retiring);
     let add = {
         let http = http.clone();
         let body = body.clone();
-        let url = format!("{via}/api/v1/cluster/peers");
+        let url = format!("{via}{}", paths::CLUSTER_PEERS);
         tokio::spawn(async move {
             http.post(url)
                 .header("content-type", "application/json")
@@ -237,7 +238,7 @@ pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError>
     // have survived the crash).
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        if ctx.cluster.membership_of(NEW).await == Ok(Some("voter".to_owned())) {
+        if ctx.cluster.membership_of(NEW).await == Ok(Some(Membership::Voter)) {
             break;
         }
         if Instant::now() > deadline {
@@ -246,7 +247,7 @@ pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError>
             )));
         }
         let leader = ctx.leader().await?;
-        let url = format!("{}/api/v1/cluster/peers", ctx.cluster.admin(leader));
+        let url = format!("{}{}", ctx.cluster.admin(leader), paths::CLUSTER_PEERS);
         let answer = http
             .post(url)
             .header("content-type", "application/json")
@@ -262,10 +263,7 @@ pub(super) async fn peer_replacement(ctx: &mut Ctx) -> Result<(), ScenarioError>
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let leader = ctx.leader().await?;
-        let url = format!(
-            "{}/api/v1/cluster/peers/{retiring}",
-            ctx.cluster.admin(leader)
-        );
+        let url = format!("{}{}", ctx.cluster.admin(leader), paths::peer(retiring));
         let answer = http.delete(url).send().await.map(|r| r.status().as_u16());
         ctx.fault(format!(
             "ask leader {leader} to remove peer {retiring}: {answer:?}"

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{ModelExplanation, ReplicaFailure, paths};
 use rand::Rng;
 
 use super::ctx::{latest, node_addr, pick_small_node, promise};
@@ -263,7 +264,10 @@ pub(super) async fn drain_node(
     let answer = fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::POST,
-        &format!("/api/v1/nodes/{node}/drain?deadline_s={deadline_s}"),
+        &format!(
+            "{}?deadline_s={deadline_s}",
+            paths::node_action(node, "drain")
+        ),
         None,
         Duration::from_secs(30),
     )
@@ -384,7 +388,7 @@ pub(super) async fn drain_completes(ctx: &mut Ctx, node: &str, drained: &BTreeSe
     let _ = fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::POST,
-        &format!("/api/v1/nodes/{node}/uncordon"),
+        &paths::node_action(&node, "uncordon"),
         None,
         Duration::from_secs(20),
     )
@@ -397,7 +401,7 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
     fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::PUT,
-        &format!("/api/v1/models/{}", fleet::CRASHING),
+        &paths::model(fleet::CRASHING),
         Some(&fleet::crashing_model()),
         Duration::from_secs(30),
     )
@@ -438,15 +442,12 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
     let gaps: Vec<u64> = starts.windows(2).map(|w| (w[1] - w[0]) / 1000).collect();
     // With no backoff a round every 250 ms would try ~50 times.
     let max_attempts = 8;
-    let (_, explain) = ctx
+    let explained: ModelExplanation = ctx
         .cluster
-        .get(
-            ctx.leader().await?,
-            &format!("/api/v1/models/{}/explain", fleet::CRASHING),
-        )
+        .get(ctx.leader().await?, &paths::explain(fleet::CRASHING))
         .await
         .map_err(ScenarioError::Setup)?;
-    let failure = explain["last_failure"].to_string();
+    let failure = explained.last_failure;
     promise(
         ctx,
         "crash-loop-backed-off",
@@ -466,9 +467,12 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
                 fleet::CRASHING,
                 starts.len()
             ))
-        } else if !failure.contains("No available memory for the cache blocks") {
+        } else if !failure
+            .as_ref()
+            .is_some_and(|f| carries(f, "No available memory for the cache blocks"))
+        {
             Err(format!(
-                "explain does not carry the engine's failure: last_failure {failure}"
+                "explain does not carry the engine's failure: last_failure {failure:?}"
             ))
         } else if !failed_seen {
             Err("no sample showed the replica failed".into())
@@ -492,7 +496,7 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
     fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::DELETE,
-        &format!("/api/v1/models/{}", fleet::CRASHING),
+        &paths::model(fleet::CRASHING),
         None,
         Duration::from_secs(30),
     )
@@ -500,4 +504,15 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
     .map_err(|why| ScenarioError::Setup(format!("DELETE {}: {why}", fleet::CRASHING)))?;
     ctx.fault(format!("delete model {}", fleet::CRASHING));
     Ok(())
+}
+
+/// Whether a replica's recorded failure mentions `text`, in its message or
+/// in the engine's last lines.
+fn carries(failure: &ReplicaFailure, text: &str) -> bool {
+    failure.failure.message.contains(text)
+        || failure
+            .failure
+            .output_tail
+            .iter()
+            .any(|line| line.contains(text))
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use llmgw_api::{ReplicaState, ReplicaView, paths};
 use rand::Rng;
 use serde_json::Value;
 
@@ -49,9 +50,9 @@ pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), Scenario
     let endpoint = replicas(ctx)
         .await
         .map_err(ScenarioError::Setup)?
-        .iter()
-        .find(|r| r["id"].as_str().is_some_and(|id| drained.contains(id)))
-        .and_then(|r| r["endpoint"].as_str().map(str::to_owned))
+        .into_iter()
+        .find(|r| drained.contains(&r.replica.id))
+        .and_then(|r| r.endpoint)
         .ok_or_else(|| ScenarioError::Setup(format!("no endpoint for {drained:?}")))?;
     let long = tokio::spawn(long_request(endpoint.clone(), LONG_REQUEST_TOKENS));
     ctx.fault(format!(
@@ -171,12 +172,11 @@ async fn wait_draining(
     while started.elapsed() < within {
         match replicas(ctx).await {
             Ok(all) => {
-                let draining = all.iter().find(|r| {
-                    r["state"] == "draining"
-                        && r["id"].as_str().is_some_and(|id| drained.contains(id))
-                });
-                if let Some(replica) = draining {
-                    return Ok(replica["id"].as_str().unwrap_or_default().to_owned());
+                let draining = all
+                    .iter()
+                    .find(|r| r.state == ReplicaState::Draining && drained.contains(&r.replica.id));
+                if let Some(view) = draining {
+                    return Ok(view.replica.id.clone());
                 }
                 last = format!("{} replicas, none of {drained:?} draining", all.len());
             }
@@ -190,19 +190,16 @@ async fn wait_draining(
 }
 
 /// `GET /api/v1/replicas` from the leader.
-async fn replicas(ctx: &Ctx) -> Result<Vec<Value>, String> {
+async fn replicas(ctx: &Ctx) -> Result<Vec<ReplicaView>, String> {
     let (_, text) = fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::GET,
-        "/api/v1/replicas",
+        paths::REPLICAS,
         None,
         Duration::from_secs(5),
     )
     .await?;
-    match serde_json::from_str(&text) {
-        Ok(Value::Array(all)) => Ok(all),
-        _ => Err(format!("GET /api/v1/replicas: {text}")),
-    }
+    serde_json::from_str(&text).map_err(|e| format!("GET /api/v1/replicas ({e}): {text}"))
 }
 
 /// Scale the small model up by one; the moment the leader shows the new
@@ -218,18 +215,13 @@ pub(super) async fn leader_kill_after_placement(ctx: &mut Ctx) -> Result<(), Sce
         .map(|r| r.id.clone())
         .collect();
     let want = ctx.desired.get(fleet::SMALL).copied().unwrap_or(0) + 1;
-    let mut model = fleet::catalog()
-        .into_iter()
-        .map(|(model, _)| model)
-        .find(|m| m["name"] == fleet::SMALL)
-        .ok_or_else(|| ScenarioError::Setup("the catalog has no small model".into()))?;
-    model["replicas"] = want.into();
+    let model = fleet::small_model(u32::try_from(want).expect("a handful of replicas"));
     let leader = ctx.leader().await?;
     let followers = ctx.followers(leader);
     fleet::send_to_leader(
         &ctx.cluster,
         reqwest::Method::PUT,
-        &format!("/api/v1/models/{}", fleet::SMALL),
+        &paths::model(fleet::SMALL),
         Some(&model),
         Duration::from_secs(30),
     )
@@ -240,10 +232,11 @@ pub(super) async fn leader_kill_after_placement(ctx: &mut Ctx) -> Result<(), Sce
     let started = Instant::now();
     let placed = loop {
         let all = replicas(ctx).await.unwrap_or_default();
-        let new = all.iter().find_map(|r| {
-            let id = r["id"].as_str()?;
-            (r["model"] == fleet::SMALL && !before.contains(id)).then(|| id.to_owned())
-        });
+        let new = all
+            .iter()
+            .map(|view| &view.replica)
+            .find(|r| r.model == fleet::SMALL && !before.contains(&r.id))
+            .map(|r| r.id.clone());
         if let Some(id) = new {
             break id;
         }

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{Model, paths};
+
 use super::{Ctx, ScenarioError};
 use crate::cluster::Cluster;
 use crate::fleet::{self, Fleet};
@@ -28,11 +30,11 @@ pub(super) async fn setup_fleet(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     .await
     .map_err(|why| ScenarioError::Setup(format!("agents did not register within 90s: {why}")))?;
     for (model, replicas) in fleet::catalog() {
-        let name = model["name"].as_str().expect("named").to_owned();
+        let name = model.name.clone();
         fleet::send_to_leader(
             &ctx.cluster,
             reqwest::Method::PUT,
-            &format!("/api/v1/models/{name}"),
+            &paths::model(&name),
             Some(&model),
             Duration::from_secs(60),
         )
@@ -140,12 +142,11 @@ pub(super) type Catalog = BTreeMap<String, Option<String>>;
 pub(super) async fn catalogs(cluster: &Cluster) -> BTreeMap<u64, Result<Catalog, String>> {
     let mut out = BTreeMap::new();
     for id in cluster.member_ids() {
-        let result = match cluster.get(id, "/api/v1/models").await {
-            Ok((200, serde_json::Value::Array(models))) => Ok(models
+        let result = match cluster.get::<Vec<Model>>(id, paths::MODELS).await {
+            Ok(models) => Ok(models
                 .iter()
-                .filter_map(|m| Some((m["name"].as_str()?.to_owned(), load::value_of(m))))
+                .map(|m| (m.name.clone(), load::value_of(m)))
                 .collect()),
-            Ok((status, body)) => Err(format!("GET /api/v1/models: HTTP {status}: {body}")),
             Err(e) => Err(format!("GET /api/v1/models: {e}")),
         };
         out.insert(id, result);

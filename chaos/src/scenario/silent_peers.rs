@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use llmgw_api::{ClusterView, paths};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
@@ -210,13 +211,10 @@ async fn cut_leader_from_peers(
         hold.as_secs_f64(),
         fleet::LOST_AFTER * 2
     ));
-    match ctx.cluster.get(leader, "/api/v1/cluster").await {
-        Ok((200, _)) => {}
-        other => {
-            return Err(ScenarioError::Setup(format!(
-                "the harness cut clients off too: peer {leader} does not answer the host: {other:?}"
-            )));
-        }
+    if let Err(why) = ctx.cluster.get::<ClusterView>(leader, paths::CLUSTER).await {
+        return Err(ScenarioError::Setup(format!(
+            "the harness cut clients off too: peer {leader} does not answer the host: {why}"
+        )));
     }
     hold_cut_then_heal(ctx, leader, &followers, hold).await
 }
