@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use llmgw_api::{Model, NodeStatus, Readiness, ReplicaState, paths};
 use llmgw_fleet_sim::{Fleet, metric};
-use serde_json::Value;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -69,7 +69,9 @@ fn llmgw_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-async fn get(http: &reqwest::Client, url: &str) -> Result<Value> {
+/// `/readyz` answers its `Readiness` with 200 and with 503 alike.
+async fn readiness(http: &reqwest::Client, admin: &str) -> Result<Readiness> {
+    let url = format!("{admin}{}", paths::READYZ);
     Ok(http.get(url).send().await?.json().await?)
 }
 
@@ -77,8 +79,8 @@ async fn get(http: &reqwest::Client, url: &str) -> Result<Value> {
 /// view: it is cheap, and the bench asks many times a second.
 async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Option<u64> {
     for peer in peers.iter().filter(|p| p.child.is_some()) {
-        if let Ok(view) = get(http, &format!("{}/readyz", peer.admin)).await
-            && let Some(id) = view["leader_id"].as_u64()
+        if let Ok(readiness) = readiness(http, &peer.admin).await
+            && let Some(id) = readiness.leader_id
             && peers.iter().any(|p| p.id == id && p.child.is_some())
         {
             return Some(id);
@@ -134,8 +136,8 @@ fn usage(pid: u32) -> Option<(f64, f64)> {
 
 async fn unhealthy_nodes(http: &reqwest::Client, admin: &str) -> Option<usize> {
     let mut down = 0.0;
-    for status in ["unreachable", "lost"] {
-        let name = format!("llmgw_nodes{{status=\"{status}\"}}");
+    for status in [NodeStatus::Unreachable, NodeStatus::Lost] {
+        let name = format!("llmgw_nodes{{status=\"{}\"}}", status.as_str());
         down += metric(http, admin, &name).await.unwrap_or(0.0);
     }
     Some(down as usize)
@@ -154,20 +156,21 @@ fn bench_models(replicas: u32) -> Vec<(String, u32)> {
     out
 }
 
-fn bench_model(name: &str, replicas: u32) -> Value {
-    serde_json::json!({
+fn bench_model(name: &str, replicas: u32) -> Model {
+    let entry = serde_json::json!({
         "name": name,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
         "replicas": replicas,
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                       "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-    })
+    });
+    serde_json::from_value(entry).expect("the bench's catalog entry is well formed")
 }
 
 /// The leader's pure placement round on an in-memory fleet: how fast
 /// decisions are made, before any Raft write.
 fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetState> {
-    use llmgw_state::{Command, FleetState, Gpu, NodeInventory};
+    use llmgw_state::{Command, FleetState, Gpu, ModelSpec, NodeInventory};
     let mut fleet = FleetState::default();
     for i in 0..nodes {
         fleet.apply(&Command::RegisterNode {
@@ -555,7 +558,7 @@ async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -
         .into_iter()
         .map(|(name, count)| async move {
             let response = http
-                .put(format!("{admin}/api/v1/models/{name}"))
+                .put(format!("{admin}{}", paths::model(&name)))
                 .json(&bench_model(&name, count))
                 .send()
                 .await?;
@@ -574,8 +577,13 @@ async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -
         Duration::from_millis(20),
         || async {
             let mut placed = 0.0;
-            for state in ["placed", "starting", "loading", "ready"] {
-                let name = format!("llmgw_replicas{{state=\"{state}\"}}");
+            for state in [
+                ReplicaState::Placed,
+                ReplicaState::Starting,
+                ReplicaState::Loading,
+                ReplicaState::Ready,
+            ] {
+                let name = format!("llmgw_replicas{{state=\"{}\"}}", state.as_str());
                 placed += metric(http, admin, &name).await.unwrap_or(0.0);
             }
             (placed >= wanted).then_some(())
@@ -602,7 +610,7 @@ async fn write_entries(http: &reqwest::Client, admin: &str, count: u64) -> Resul
     for i in 0..count {
         let verb = if i % 2 == 0 { "cordon" } else { "uncordon" };
         let response = http
-            .post(format!("{admin}/api/v1/nodes/sim-00000/{verb}"))
+            .post(format!("{admin}{}", paths::node_action("sim-00000", verb)))
             .send()
             .await?;
         if !response.status().is_success() {
@@ -610,9 +618,12 @@ async fn write_entries(http: &reqwest::Client, admin: &str, count: u64) -> Resul
         }
     }
     if count % 2 == 1 {
-        http.post(format!("{admin}/api/v1/nodes/sim-00000/uncordon"))
-            .send()
-            .await?;
+        http.post(format!(
+            "{admin}{}",
+            paths::node_action("sim-00000", "uncordon")
+        ))
+        .send()
+        .await?;
     }
     Ok(())
 }
