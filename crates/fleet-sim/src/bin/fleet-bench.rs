@@ -198,7 +198,7 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetSt
     for (name, count) in bench_models(replicas) {
         fleet.apply(&Command::PutModel {
             name: name.clone(),
-            spec: bench_model(&name, count),
+            spec: ModelSpec::new(bench_model(&name, count)),
             replicas: count,
             at_ms: 1,
         });
