@@ -189,13 +189,25 @@ pub(super) async fn agent_cut_past_lost(ctx: &mut Ctx) -> Result<(), ScenarioErr
     );
     ctx.hold(500, 1500).await;
     ctx.heal()?;
+    returning_node_stops_old_shards(ctx, &node, &old_groups).await;
+    Ok(())
+}
+
+/// Once healed, a node that was lost comes back `ready` and stops the
+/// shards it ran before (their state files gone, their process groups
+/// dead): they were replaced elsewhere.
+async fn returning_node_stops_old_shards(
+    ctx: &mut Ctx,
+    node: &str,
+    old_groups: &BTreeMap<String, Vec<i32>>,
+) {
     let stopped = ctx
         .wait_fleet(Duration::from_secs(30), |s| {
-            let status = s.nodes.as_ref().and_then(|n| n.get(&node)).cloned();
+            let status = s.nodes.as_ref().and_then(|n| n.get(node)).cloned();
             if status.as_ref().map(|(st, _)| st.as_str()) != Some("ready") {
                 return Err(format!("node {node} is {status:?}"));
             }
-            let still = shard_groups(s, &node);
+            let still = shard_groups(s, node);
             let kept: Vec<&String> = old_groups
                 .keys()
                 .filter(|k| still.contains_key(*k))
@@ -227,7 +239,6 @@ pub(super) async fn agent_cut_past_lost(ctx: &mut Ctx) -> Result<(), ScenarioErr
             Ok(_) => Ok(()),
         },
     );
-    Ok(())
 }
 
 /// Drains a seeded node that holds the small model, through the leader;
@@ -396,26 +407,10 @@ pub(super) async fn drain_completes(ctx: &mut Ctx, node: &str, drained: &BTreeSe
     ctx.fault(format!("uncordon node {node}"));
 }
 
-pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError> {
-    let term_before = ctx.cluster.leader_view(ctx.leader().await?).await;
-    fleet::send_to_leader(
-        &ctx.cluster,
-        reqwest::Method::PUT,
-        &paths::model(fleet::CRASHING),
-        Some(&fleet::crashing_model()),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|why| ScenarioError::Setup(format!("PUT {}: {why}", fleet::CRASHING)))?;
-    let from_us = ctx.history.now_us();
-    ctx.fault(format!(
-        "add model {} whose engine crashes while loading",
-        fleet::CRASHING
-    ));
-    let watch_ms = ctx.rng.random_range(12_000..16_000);
-    tokio::time::sleep(Duration::from_millis(watch_ms)).await;
-    let to_us = ctx.history.now_us();
-    // Every replica of the crashing model, first seen when.
+/// When each replica of the crashing model was first sampled between
+/// `from_us` and `to_us` (one per attempt, in order), and whether any
+/// sample showed one failed.
+fn crashing_attempts(ctx: &Ctx, from_us: u64, to_us: u64) -> (Vec<u64>, bool) {
     let log = ctx
         .fleet_log
         .lock()
@@ -439,6 +434,29 @@ pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError
     }
     let mut starts: Vec<u64> = first_seen.values().copied().collect();
     starts.sort_unstable();
+    (starts, failed_seen)
+}
+
+pub(super) async fn engine_crash_loop(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let term_before = ctx.cluster.leader_view(ctx.leader().await?).await;
+    fleet::send_to_leader(
+        &ctx.cluster,
+        reqwest::Method::PUT,
+        &paths::model(fleet::CRASHING),
+        Some(&fleet::crashing_model()),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|why| ScenarioError::Setup(format!("PUT {}: {why}", fleet::CRASHING)))?;
+    let from_us = ctx.history.now_us();
+    ctx.fault(format!(
+        "add model {} whose engine crashes while loading",
+        fleet::CRASHING
+    ));
+    let watch_ms = ctx.rng.random_range(12_000..16_000);
+    tokio::time::sleep(Duration::from_millis(watch_ms)).await;
+    let to_us = ctx.history.now_us();
+    let (starts, failed_seen) = crashing_attempts(ctx, from_us, to_us);
     let gaps: Vec<u64> = starts.windows(2).map(|w| (w[1] - w[0]) / 1000).collect();
     // With no backoff a round every 250 ms would try ~50 times.
     let max_attempts = 8;

@@ -203,10 +203,10 @@ fn decide_in_process(nodes: usize, replicas: u32) -> Result<llmgw_state::FleetSt
             at_ms: 1,
         });
     }
-    let mut memory = llmgw_server::reconcile::Memory::default();
-    let settings = llmgw_server::reconcile::PlanSettings::default();
+    let mut memory = llmgw_reconcile::Memory::default();
+    let settings = llmgw_reconcile::PlanSettings::default();
     let started = Instant::now();
-    let commands = llmgw_server::reconcile::decide(&fleet, &mut memory, &settings, 2);
+    let commands = llmgw_reconcile::decide(&fleet, &mut memory, &settings, 2);
     let took = started.elapsed().as_secs_f64();
     if commands.len() != replicas as usize {
         bail!("decide placed {} of {replicas}", commands.len());
