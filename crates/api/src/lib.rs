@@ -26,6 +26,5 @@ pub use node_id::check_node_id;
 pub use llmgw_catalog::Model;
 pub use llmgw_scheduler::Explanation;
 pub use llmgw_state::{
-    LinkKind,
-    NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardState,
+    LinkKind, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardState,
 };

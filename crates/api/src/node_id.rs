@@ -50,9 +50,16 @@ mod tests {
         ];
         for (id, says) in cases {
             let error = check_node_id(id).expect_err(id);
-            assert!(error.contains("is not valid") && error.contains(says), "{id:?}: {error}");
+            assert!(
+                error.contains("is not valid") && error.contains(says),
+                "{id:?}: {error}"
+            );
         }
         let long = "a".repeat(64);
-        assert!(check_node_id(&long).unwrap_err().contains("it is 64 characters long"));
+        assert!(
+            check_node_id(&long)
+                .unwrap_err()
+                .contains("it is 64 characters long")
+        );
     }
 }

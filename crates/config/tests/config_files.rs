@@ -438,5 +438,8 @@ fn agent_node_id_and_mgmt_addr_can_come_from_the_command_line() {
     let error = AgentConfig::parse_with("agent.yaml", &with_file, &[("node_id", "gpu:1".into())])
         .unwrap_err()
         .to_string();
-    assert!(error.contains("node id \"gpu:1\" is not valid: it has ':'"), "{error}");
+    assert!(
+        error.contains("node id \"gpu:1\" is not valid: it has ':'"),
+        "{error}"
+    );
 }

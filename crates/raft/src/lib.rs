@@ -22,11 +22,11 @@ mod status;
 pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
 pub use disk::free_bytes;
 pub use error::ControlError;
+pub use llmgw_api::PeerView;
 /// What reads a `ControlPlane::raft().metrics()` receiver (`changed`, `borrow_watched`).
 pub use openraft::async_runtime::WatchReceiver;
 pub use service::{RaftGrpcService, raft_grpc_service};
 pub use settings::RaftSettings;
-pub use llmgw_api::PeerView;
 pub use status::PeerStatus;
 
 pub use llmgw_store::{PeerNode, TypeConfig};

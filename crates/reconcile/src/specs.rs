@@ -7,7 +7,6 @@ use llmgw_catalog::{Model, Profile};
 use llmgw_proto::agent::ShardSpec;
 use llmgw_state::{FleetState, Replica, ReplicaState, Shard, ShardState, mgmt_host};
 
-
 /// What the leader wants a node to do with one shard.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Order {

@@ -139,10 +139,12 @@ mod tests {
         });
         fleet.apply(&Command::PutModel {
             name: "big".into(),
-            spec: llmgw_state::ModelSpec::from_stored(serde_json::json!({"name": "big", "source": "org/big", "replicas": 1,
+            spec: llmgw_state::ModelSpec::from_stored(
+                serde_json::json!({"name": "big", "source": "org/big", "replicas": 1,
                 "profiles": [{"name": "p", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                               "tensor_parallel": 1, "pipeline_parallel": 1,
-                              "min_gpu_memory_gb": 0, "gpu_models": ["B200"]}]})),
+                              "min_gpu_memory_gb": 0, "gpu_models": ["B200"]}]}),
+            ),
             replicas: 1,
             at_ms: 1,
         });

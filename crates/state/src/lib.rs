@@ -20,6 +20,6 @@ pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, LinkKind, ModelRecord, NodeInventory,
-    NodeRecord,
-    NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,
+    NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState,
+    StopOrder,
 };

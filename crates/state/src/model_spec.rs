@@ -97,7 +97,8 @@ mod tests {
 
     #[test]
     fn an_entry_this_build_cannot_read_keeps_its_bytes_and_says_why() {
-        let stored = serde_json::json!({"name": "future", "aliases": ["f"], "serving": {"kind": "new"}});
+        let stored =
+            serde_json::json!({"name": "future", "aliases": ["f"], "serving": {"kind": "new"}});
         let spec: ModelSpec = serde_json::from_value(stored.clone()).expect("any JSON is stored");
         let why = spec.model().expect_err("not a model this build knows");
         assert!(!why.is_empty());

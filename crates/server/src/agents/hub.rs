@@ -9,11 +9,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use llmgw_api::{LinkView, Refusal};
 use llmgw_proto::agent::control_message::Body;
 use llmgw_proto::agent::{
     ControlMessage, DrainShard, HeartbeatAck, Registered, ShardSpec, StartShard, StopShard,
 };
-use llmgw_api::{LinkView, Refusal};
 use llmgw_reconcile::{Desired, Order};
 use prost::Message;
 use tokio::sync::mpsc;

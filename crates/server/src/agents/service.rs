@@ -18,11 +18,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::hub::Hub;
-use llmgw_api::Refusal;
 use super::rate::{AGENT_MESSAGE_BURST, AGENT_MESSAGES_PER_SECOND, RateLimit};
 use super::registrar::Registrar;
-use llmgw_reconcile::{desired_for_node, managed_models};
 use llmgw_agent_wire::node_facts;
+use llmgw_api::Refusal;
+use llmgw_reconcile::{desired_for_node, managed_models};
 
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
