@@ -1,0 +1,2 @@
+//! What llmgw reads from the kernel about processes, and the signals it
+//! sends them.

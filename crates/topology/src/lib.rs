@@ -1,0 +1,1 @@
+//! How two GPUs of a node reach each other.
