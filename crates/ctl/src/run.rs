@@ -55,27 +55,7 @@ fn chrono_free_now() -> String {
 async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> {
     let output = args.output;
     match args.command.clone() {
-        CtlCommand::Cluster { action: None } => {
-            let answer = client.call(Method::GET, paths::CLUSTER, None).await?;
-            show(output, &answer, render_cluster)
-        }
-        CtlCommand::Cluster {
-            action: Some(ClusterAction::Add { id, grpc, admin }),
-        } => {
-            let body = json_body(&AddPeer { id, grpc, admin })?;
-            let answer = client
-                .call(Method::POST, paths::CLUSTER_PEERS, Some(body))
-                .await?;
-            show(output, &answer, |_: &PeerAdded| "peer added\n".to_owned())
-        }
-        CtlCommand::Cluster {
-            action: Some(ClusterAction::Remove { id }),
-        } => {
-            let answer = client.call(Method::DELETE, &paths::peer(id), None).await?;
-            show(output, &answer, |_: &PeerRemoved| {
-                "peer removed\n".to_owned()
-            })
-        }
+        CtlCommand::Cluster { action } => cluster(client, output, action).await,
         CtlCommand::Nodes { node: None } => {
             let answer = client.get_from_leader(paths::NODES).await?;
             show(output, &answer, |nodes: &Vec<NodeView>| render_nodes(nodes))
@@ -96,13 +76,59 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
                 render_replicas(replicas)
             })
         }
-        CtlCommand::Models { action: None } => {
+        CtlCommand::Models { action } => models(client, output, action).await,
+        CtlCommand::Cordon { node } => node_flag(client, output, &node, "cordon").await,
+        CtlCommand::Uncordon { node } => node_flag(client, output, &node, "uncordon").await,
+        CtlCommand::Snapshot {
+            action: SnapshotAction::Save { file },
+        } => crate::snapshot::save(client, &file).await,
+        CtlCommand::Drain {
+            node,
+            deadline,
+            no_wait,
+        } => drain(client, output, &node, deadline, no_wait).await,
+    }
+}
+
+/// `llmgw ctl cluster`: the peers, or a membership change.
+async fn cluster(
+    client: &AdminClient,
+    output: OutputFormat,
+    action: Option<ClusterAction>,
+) -> Result<String, CtlError> {
+    match action {
+        None => {
+            let answer = client.call(Method::GET, paths::CLUSTER, None).await?;
+            show(output, &answer, render_cluster)
+        }
+        Some(ClusterAction::Add { id, grpc, admin }) => {
+            let body = json_body(&AddPeer { id, grpc, admin })?;
+            let answer = client
+                .call(Method::POST, paths::CLUSTER_PEERS, Some(body))
+                .await?;
+            show(output, &answer, |_: &PeerAdded| "peer added\n".to_owned())
+        }
+        Some(ClusterAction::Remove { id }) => {
+            let answer = client.call(Method::DELETE, &paths::peer(id), None).await?;
+            show(output, &answer, |_: &PeerRemoved| {
+                "peer removed\n".to_owned()
+            })
+        }
+    }
+}
+
+/// `llmgw ctl models`: the catalog, or one entry read, stored or deleted.
+async fn models(
+    client: &AdminClient,
+    output: OutputFormat,
+    action: Option<ModelAction>,
+) -> Result<String, CtlError> {
+    match action {
+        None => {
             let answer = client.call(Method::GET, paths::MODELS, None).await?;
             show(output, &answer, |models: &Vec<Model>| render_models(models))
         }
-        CtlCommand::Models {
-            action: Some(ModelAction::Get { name }),
-        } => {
+        Some(ModelAction::Get { name }) => {
             let answer = client.call(Method::GET, &paths::model(&name), None).await?;
             // The entry as the peer stores it, in the shape of models.yaml:
             // a table would only repeat it.
@@ -111,73 +137,81 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
                 OutputFormat::Json | OutputFormat::Table => pretty_json(&answer.body),
             })
         }
-        CtlCommand::Models {
-            action: Some(ModelAction::Put { file, name }),
-        } => {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| CtlError::Usage(format!("cannot read {}: {e}", file.display())))?;
-            let name = match name {
-                Some(name) => name,
-                None => name_in(&text).ok_or_else(|| {
-                    CtlError::Usage(format!(
-                        "{}: no `name:` found; pass --name NAME",
-                        file.display()
-                    ))
-                })?,
-            };
-            let body = ("application/yaml", text.into_bytes());
-            let answer = client
-                .call(Method::PUT, &paths::model(&name), Some(body))
-                .await?;
-            show(output, &answer, |model: &Model| {
-                format!("model {} stored\n", model.name)
-            })
-        }
-        CtlCommand::Models {
-            action: Some(ModelAction::Delete { name }),
-        } => {
+        Some(ModelAction::Put { file, name }) => put_model(client, output, &file, name).await,
+        Some(ModelAction::Delete { name }) => {
             // 204 No Content: the body is null.
             let answer = client
                 .call(Method::DELETE, &paths::model(&name), None)
                 .await?;
             show(output, &answer, |_: &()| "model deleted\n".to_owned())
         }
-        CtlCommand::Cordon { node } => {
-            let answer = client
-                .call(Method::POST, &paths::node_action(&node, "cordon"), None)
-                .await?;
-            show(output, &answer, render_node_record)
-        }
-        CtlCommand::Uncordon { node } => {
-            let answer = client
-                .call(Method::POST, &paths::node_action(&node, "uncordon"), None)
-                .await?;
-            show(output, &answer, render_node_record)
-        }
-        CtlCommand::Snapshot {
-            action: SnapshotAction::Save { file },
-        } => crate::snapshot::save(client, &file).await,
-        CtlCommand::Drain {
-            node,
-            deadline,
-            no_wait,
-        } => {
-            let query = DrainQuery {
-                deadline_s: deadline.as_secs().max(1),
-            };
-            let path = format!(
-                "{}?deadline_s={}",
-                paths::node_action(&node, "drain"),
-                query.deadline_s
-            );
-            let started = client.call(Method::POST, &path, None).await?;
-            if no_wait || output != OutputFormat::Table {
-                show(output, &started, render_node_record)
-            } else {
-                let forced = crate::drain::follow(client, &node).await?;
-                Ok(crate::drain::summary(&node, &forced))
-            }
-        }
+    }
+}
+
+/// `llmgw ctl models put FILE`: stores the entry under `--name`, or under
+/// the `name:` the file itself gives.
+async fn put_model(
+    client: &AdminClient,
+    output: OutputFormat,
+    file: &std::path::Path,
+    name: Option<String>,
+) -> Result<String, CtlError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CtlError::Usage(format!("cannot read {}: {e}", file.display())))?;
+    let name = match name {
+        Some(name) => name,
+        None => name_in(&text).ok_or_else(|| {
+            CtlError::Usage(format!(
+                "{}: no `name:` found; pass --name NAME",
+                file.display()
+            ))
+        })?,
+    };
+    let body = ("application/yaml", text.into_bytes());
+    let answer = client
+        .call(Method::PUT, &paths::model(&name), Some(body))
+        .await?;
+    show(output, &answer, |model: &Model| {
+        format!("model {} stored\n", model.name)
+    })
+}
+
+/// `llmgw ctl cordon` and `uncordon`: `action` is the admin API's verb.
+async fn node_flag(
+    client: &AdminClient,
+    output: OutputFormat,
+    node: &str,
+    action: &str,
+) -> Result<String, CtlError> {
+    let answer = client
+        .call(Method::POST, &paths::node_action(node, action), None)
+        .await?;
+    show(output, &answer, render_node_record)
+}
+
+/// `llmgw ctl drain`: starts the drain, then follows it to the end unless
+/// told not to or asked for machine-readable output.
+async fn drain(
+    client: &AdminClient,
+    output: OutputFormat,
+    node: &str,
+    deadline: std::time::Duration,
+    no_wait: bool,
+) -> Result<String, CtlError> {
+    let query = DrainQuery {
+        deadline_s: deadline.as_secs().max(1),
+    };
+    let path = format!(
+        "{}?deadline_s={}",
+        paths::node_action(node, "drain"),
+        query.deadline_s
+    );
+    let started = client.call(Method::POST, &path, None).await?;
+    if no_wait || output != OutputFormat::Table {
+        show(output, &started, render_node_record)
+    } else {
+        let forced = crate::drain::follow(client, node).await?;
+        Ok(crate::drain::summary(node, &forced))
     }
 }
 
