@@ -16,7 +16,6 @@ mod fencing;
 mod logfile;
 mod probe;
 mod process;
-mod procfs;
 mod register;
 mod report;
 mod run;
@@ -29,8 +28,8 @@ mod witness;
 
 pub use client::{StreamClient, backoff};
 pub use fencing::{Leadership, TermCheck, TermStore};
+pub use llmgw_procfs::{group_members, is_same_process, stat as proc_stat};
 pub use probe::requests_in_flight;
-pub use procfs::{group_members, is_same_process, stat as proc_stat};
 pub use register::register as registration;
 pub use run::{AgentArgs, AgentError, main, run};
 pub use spec::{LaunchSpec, SpecError, check_shard_id};

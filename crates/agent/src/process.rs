@@ -14,7 +14,6 @@ use llmgw_engines::{ProcessRole, ProcessSpec};
 use tokio::sync::mpsc;
 
 use crate::logfile;
-use crate::procfs;
 use crate::statefile::ProcessRecord;
 
 /// How a process ended, as far as the agent can know.
@@ -28,7 +27,7 @@ impl ExitInfo {
     pub fn describe(&self) -> String {
         match (self.code, self.signal) {
             (Some(code), _) => format!("exited with code {code}"),
-            (None, Some(sig)) => format!("was killed by {}", procfs::signal_name(sig)),
+            (None, Some(sig)) => format!("was killed by {}", llmgw_procfs::signal_name(sig)),
             // An adopted process is reaped by someone else.
             (None, None) => {
                 "is gone (adopted from an earlier agent, so its exit status is unknown)".to_string()
@@ -93,7 +92,7 @@ pub fn spawn(
         .ok_or_else(|| io::Error::other("the process ended before its pid was read"))?
         as i32;
     // Our own child: its /proc entry stays (at worst a zombie) until we reap it.
-    let start_time = procfs::stat(pid).map(|s| s.start_time).unwrap_or(0);
+    let start_time = llmgw_procfs::stat(pid).map(|s| s.start_time).unwrap_or(0);
     tokio::spawn(async move {
         let info = match child.wait().await {
             Ok(status) => {
@@ -139,7 +138,7 @@ pub fn watch_adopted(
 ) {
     let (pid, start_time) = (record.pid, record.start_time);
     tokio::spawn(async move {
-        while procfs::is_same_process(pid, start_time) {
+        while llmgw_procfs::is_same_process(pid, start_time) {
             if exits.is_closed() {
                 return;
             }

@@ -15,7 +15,6 @@ use tokio::sync::mpsc;
 use crate::logfile;
 use crate::probe::{self, Probe};
 use crate::process::{ExitInfo, ExitNotice};
-use crate::procfs;
 use crate::report::Reporter;
 use crate::statefile::{self, ReadyRule, ShardRecord};
 
@@ -420,14 +419,14 @@ impl Run {
     /// Ends every process group of the shard; true when SIGKILL was needed.
     async fn terminate(&mut self) -> bool {
         for record in self.task.record.processes.iter().rev() {
-            procfs::signal_group(record.pgid, libc::SIGTERM);
+            llmgw_procfs::signal_group(record.pgid, libc::SIGTERM);
         }
         let deadline = Instant::now() + self.task.settings.stop_timeout;
         if self.wait_groups_gone(deadline).await {
             return false;
         }
         for record in &self.task.record.processes {
-            let left = procfs::group_members(record.pgid);
+            let left = llmgw_procfs::group_members(record.pgid);
             if !left.is_empty() {
                 tracing::warn!(
                     shard = %self.task.reporter.shard_id,
@@ -435,7 +434,7 @@ impl Run {
                     ?left,
                     "still running after stop_timeout; sending SIGKILL"
                 );
-                procfs::signal_group(record.pgid, libc::SIGKILL);
+                llmgw_procfs::signal_group(record.pgid, libc::SIGKILL);
             }
         }
         if !self.wait_groups_gone(Instant::now() + KILL_GRACE).await {
@@ -456,7 +455,7 @@ impl Run {
                 .record
                 .processes
                 .iter()
-                .all(|r| procfs::group_members(r.pgid).is_empty());
+                .all(|r| llmgw_procfs::group_members(r.pgid).is_empty());
             if gone {
                 // A child's exit status arrives once it is reaped, just after
                 // it stopped counting as live.

@@ -13,7 +13,6 @@ use llmgw_proto::agent::{RunningShard, ShardState, ShardStatus};
 use tokio::sync::mpsc;
 
 use crate::process::{self, ExitNotice};
-use crate::procfs;
 use crate::report::{Reporter, is_terminal, unix_ms};
 use crate::shard::{self, Control, Deferred, Launch, ShardTask};
 use crate::spec::LaunchSpec;
@@ -290,7 +289,7 @@ impl Supervisor {
                 Ok(record) => records.push(record),
                 Err(e) => {
                     for r in &records {
-                        procfs::signal_group(r.pgid, libc::SIGKILL);
+                        llmgw_procfs::signal_group(r.pgid, libc::SIGKILL);
                     }
                     return Err(format!(
                         "could not start {}: {e}",
@@ -422,7 +421,7 @@ impl Supervisor {
             let alive = record
                 .processes
                 .iter()
-                .any(|p| procfs::is_same_process(p.pid, p.start_time));
+                .any(|p| llmgw_procfs::is_same_process(p.pid, p.start_time));
             if !alive {
                 let why = "no process of the shard is alive".to_string();
                 tracing::info!(%file, shard = %record.shard_id, "removing stale state file: {why}");
@@ -450,19 +449,19 @@ impl Supervisor {
     /// a port that the agent does not know about. The leader then sees the
     /// shard is not running and starts it again.
     fn stop_untracked(&self, path: &std::path::Path, why: &str) -> String {
-        let groups = procfs::groups_tagged(process::SHARD_ENV, &path.to_string_lossy());
+        let groups = llmgw_procfs::groups_tagged(process::SHARD_ENV, &path.to_string_lossy());
         if groups.is_empty() {
             return format!("{why}; no process of this shard runs");
         }
         for &pgid in &groups {
-            procfs::signal_group(pgid, libc::SIGTERM);
+            llmgw_procfs::signal_group(pgid, libc::SIGTERM);
         }
         let stop_timeout = self.inner.settings.stop_timeout;
         let kill = groups.clone();
         tokio::spawn(async move {
             tokio::time::sleep(stop_timeout).await;
             for pgid in kill {
-                procfs::signal_group(pgid, libc::SIGKILL);
+                llmgw_procfs::signal_group(pgid, libc::SIGKILL);
             }
         });
         format!(
