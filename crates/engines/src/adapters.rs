@@ -132,123 +132,166 @@ fn plan_vllm(
     node: &NodeContext,
     vllm: &VllmConfig,
 ) -> Result<LaunchPlan, PlanError> {
-    let profile = &shard.profile;
     let mut env = shard_env(shard, node, &vllm.env);
     env.insert("VLLM_HOST_IP".into(), node.mgmt_addr.clone());
-    let mode = profile.launch_mode.unwrap_or(vllm.launch_mode);
-
-    let mut serve = vec!["serve".to_string(), shard.source.clone()];
-    let head_http = |serve: &mut Vec<String>| {
-        serve.extend([
-            "--host".into(),
-            node.mgmt_addr.clone(),
-            "--port".into(),
-            shard.port.to_string(),
-        ]);
-        serve.push("--served-model-name".into());
-        serve.extend(served_names(shard));
-    };
-    let parallel = [
-        "--tensor-parallel-size".to_string(),
-        profile.tensor_parallel.to_string(),
-        "--pipeline-parallel-size".to_string(),
-        profile.pipeline_parallel.to_string(),
-    ];
-
-    if !profile.is_multi_node() {
-        head_http(&mut serve);
-        serve.extend(parallel);
-        serve.extend(profile.engine_args.iter().cloned());
-        return Ok(LaunchPlan {
-            processes: vec![engine_process(vllm.bin.clone(), serve, env)],
-            readiness: Readiness::VllmHealth {
-                url: health_url(node, shard.port),
-            },
-            port: Some(shard.port),
-        });
+    if !shard.profile.is_multi_node() {
+        return Ok(plan_vllm_single_node(shard, node, vllm, env));
     }
+    match shard.profile.launch_mode.unwrap_or(vllm.launch_mode) {
+        LaunchMode::Mp => plan_vllm_mp(shard, node, vllm, env),
+        LaunchMode::Ray => plan_vllm_ray(shard, node, vllm, env),
+    }
+}
 
-    match mode {
-        LaunchMode::Mp => {
-            if vllm.version < VLLM_MP_MIN_VERSION {
-                return Err(PlanError::MpNeedsNewerVllm(vllm.version));
-            }
-            let head = shard.rank == 0;
-            if head {
-                head_http(&mut serve);
-            }
-            serve.extend(parallel);
-            serve.extend([
-                "--nnodes".into(),
-                profile.nodes.to_string(),
-                "--node-rank".into(),
-                shard.rank.to_string(),
-                "--master-addr".into(),
-                shard.head_addr.clone(),
-                "--master-port".into(),
-                shard.rendezvous_port.to_string(),
-            ]);
-            if !head {
-                serve.push("--headless".into());
-            }
-            serve.extend(profile.engine_args.iter().cloned());
-            Ok(LaunchPlan {
-                processes: vec![engine_process(vllm.bin.clone(), serve, env)],
-                readiness: if head {
-                    Readiness::VllmHealth {
-                        url: health_url(node, shard.port),
-                    }
-                } else {
-                    Readiness::ProcessAlive
-                },
-                port: head.then_some(shard.port),
-            })
-        }
-        LaunchMode::Ray => {
-            let ray_bin = vllm.ray_bin.clone().ok_or(PlanError::RayBinMissing)?;
-            let node_ip = format!("--node-ip-address={}", node.mgmt_addr);
-            if shard.rank != 0 {
-                let args = vec![
-                    "start".into(),
-                    format!("--address={}:{}", shard.head_addr, shard.rendezvous_port),
-                    node_ip,
-                    "--block".into(),
-                ];
-                return Ok(LaunchPlan {
-                    processes: vec![ProcessSpec {
-                        role: ProcessRole::RayWorker,
-                        program: ray_bin,
-                        args,
-                        env,
-                    }],
-                    readiness: Readiness::ProcessAlive,
-                    port: None,
-                });
-            }
-            let ray_head = ProcessSpec {
-                role: ProcessRole::RayHead,
-                program: ray_bin,
-                args: vec![
-                    "start".into(),
-                    "--head".into(),
-                    format!("--port={}", shard.rendezvous_port),
-                    node_ip,
-                    "--block".into(),
-                ],
-                env: env.clone(),
-            };
-            head_http(&mut serve);
-            serve.extend(parallel);
-            serve.extend(["--distributed-executor-backend".into(), "ray".into()]);
-            serve.extend(profile.engine_args.iter().cloned());
-            Ok(LaunchPlan {
-                processes: vec![ray_head, engine_process(vllm.bin.clone(), serve, env)],
-                readiness: Readiness::VllmHealth {
-                    url: health_url(node, shard.port),
-                },
-                port: Some(shard.port),
-            })
-        }
+fn plan_vllm_single_node(
+    shard: &ShardAssignment,
+    node: &NodeContext,
+    vllm: &VllmConfig,
+    env: BTreeMap<String, String>,
+) -> LaunchPlan {
+    let mut serve = vllm_serve_args(shard);
+    push_vllm_http_args(&mut serve, shard, node);
+    serve.extend(vllm_parallel_args(shard));
+    serve.extend(shard.profile.engine_args.iter().cloned());
+    LaunchPlan {
+        processes: vec![engine_process(vllm.bin.clone(), serve, env)],
+        readiness: vllm_health(shard, node),
+        port: Some(shard.port),
+    }
+}
+
+/// vLLM's own multi-node launcher: every rank runs `vllm serve`, and only
+/// the head (rank 0) serves HTTP.
+fn plan_vllm_mp(
+    shard: &ShardAssignment,
+    node: &NodeContext,
+    vllm: &VllmConfig,
+    env: BTreeMap<String, String>,
+) -> Result<LaunchPlan, PlanError> {
+    if vllm.version < VLLM_MP_MIN_VERSION {
+        return Err(PlanError::MpNeedsNewerVllm(vllm.version));
+    }
+    let profile = &shard.profile;
+    let head = shard.rank == 0;
+    let mut serve = vllm_serve_args(shard);
+    if head {
+        push_vllm_http_args(&mut serve, shard, node);
+    }
+    serve.extend(vllm_parallel_args(shard));
+    serve.extend([
+        "--nnodes".into(),
+        profile.nodes.to_string(),
+        "--node-rank".into(),
+        shard.rank.to_string(),
+        "--master-addr".into(),
+        shard.head_addr.clone(),
+        "--master-port".into(),
+        shard.rendezvous_port.to_string(),
+    ]);
+    if !head {
+        serve.push("--headless".into());
+    }
+    serve.extend(profile.engine_args.iter().cloned());
+    Ok(LaunchPlan {
+        processes: vec![engine_process(vllm.bin.clone(), serve, env)],
+        readiness: if head {
+            vllm_health(shard, node)
+        } else {
+            Readiness::ProcessAlive
+        },
+        port: head.then_some(shard.port),
+    })
+}
+
+/// Multi-node vLLM over Ray: the head runs a Ray head beside `vllm serve`,
+/// the other ranks only join the Ray cluster.
+fn plan_vllm_ray(
+    shard: &ShardAssignment,
+    node: &NodeContext,
+    vllm: &VllmConfig,
+    env: BTreeMap<String, String>,
+) -> Result<LaunchPlan, PlanError> {
+    let ray_bin = vllm.ray_bin.clone().ok_or(PlanError::RayBinMissing)?;
+    let node_ip = format!("--node-ip-address={}", node.mgmt_addr);
+    if shard.rank != 0 {
+        return Ok(plan_ray_worker(shard, ray_bin, node_ip, env));
+    }
+    let ray_head = ProcessSpec {
+        role: ProcessRole::RayHead,
+        program: ray_bin,
+        args: vec![
+            "start".into(),
+            "--head".into(),
+            format!("--port={}", shard.rendezvous_port),
+            node_ip,
+            "--block".into(),
+        ],
+        env: env.clone(),
+    };
+    let mut serve = vllm_serve_args(shard);
+    push_vllm_http_args(&mut serve, shard, node);
+    serve.extend(vllm_parallel_args(shard));
+    serve.extend(["--distributed-executor-backend".into(), "ray".into()]);
+    serve.extend(shard.profile.engine_args.iter().cloned());
+    Ok(LaunchPlan {
+        processes: vec![ray_head, engine_process(vllm.bin.clone(), serve, env)],
+        readiness: vllm_health(shard, node),
+        port: Some(shard.port),
+    })
+}
+
+fn plan_ray_worker(
+    shard: &ShardAssignment,
+    ray_bin: std::path::PathBuf,
+    node_ip: String,
+    env: BTreeMap<String, String>,
+) -> LaunchPlan {
+    let args = vec![
+        "start".into(),
+        format!("--address={}:{}", shard.head_addr, shard.rendezvous_port),
+        node_ip,
+        "--block".into(),
+    ];
+    LaunchPlan {
+        processes: vec![ProcessSpec {
+            role: ProcessRole::RayWorker,
+            program: ray_bin,
+            args,
+            env,
+        }],
+        readiness: Readiness::ProcessAlive,
+        port: None,
+    }
+}
+
+fn vllm_serve_args(shard: &ShardAssignment) -> Vec<String> {
+    vec!["serve".to_string(), shard.source.clone()]
+}
+
+/// The flags of the one process that serves the replica's HTTP API.
+fn push_vllm_http_args(serve: &mut Vec<String>, shard: &ShardAssignment, node: &NodeContext) {
+    serve.extend([
+        "--host".into(),
+        node.mgmt_addr.clone(),
+        "--port".into(),
+        shard.port.to_string(),
+    ]);
+    serve.push("--served-model-name".into());
+    serve.extend(served_names(shard));
+}
+
+fn vllm_parallel_args(shard: &ShardAssignment) -> [String; 4] {
+    [
+        "--tensor-parallel-size".to_string(),
+        shard.profile.tensor_parallel.to_string(),
+        "--pipeline-parallel-size".to_string(),
+        shard.profile.pipeline_parallel.to_string(),
+    ]
+}
+
+fn vllm_health(shard: &ShardAssignment, node: &NodeContext) -> Readiness {
+    Readiness::VllmHealth {
+        url: health_url(node, shard.port),
     }
 }
 
