@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use llmgw_api::{ClusterView, Membership, paths};
 use llmgw_dev::{AdminAccess, PeerLayout, server_yaml_tls};
+use llmgw_procfs::{alive, signal_group, to_pid};
 use llmgw_tls::certs::{self, IssueRequest};
 use llmgw_tls::{Identity, TlsFiles};
 use serde::de::DeserializeOwned;
@@ -50,32 +51,6 @@ pub enum ClusterError {
     Certs(#[from] llmgw_tls::TlsError),
 }
 
-/// Sends `signal` to every process of group `pgid`.
-#[allow(unsafe_code)]
-pub fn signal_group(pgid: u32, signal: i32) -> bool {
-    let Ok(pgid) = i32::try_from(pgid) else {
-        return false;
-    };
-    if pgid <= 1 {
-        // -1 and -0 would address every process or our own group.
-        return false;
-    }
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    unsafe { libc::kill(-pgid, signal) == 0 }
-}
-
-/// Whether `pid` is alive and not a zombie.
-pub fn is_alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next())
-        .unwrap_or("X");
-    !matches!(state, "Z" | "X")
-}
-
 pub struct Peer {
     pub layout: PeerLayout,
     pub child: Option<Child>,
@@ -107,7 +82,7 @@ pub struct Cluster {
     pub peers: BTreeMap<u64, Peer>,
     pub members: Members,
     /// Every pid this run started, for the leftover check.
-    pub spawned: Vec<u32>,
+    pub spawned: Vec<i32>,
     /// An admin API client: trusts the run's CA, sends the write token.
     pub http: reqwest::Client,
     /// The run's CA and admin tokens: peers serve the admin API over HTTPS
@@ -349,7 +324,7 @@ impl Cluster {
                 bin: self.bin.clone(),
                 source,
             })?;
-        self.spawned.push(child.id());
+        self.spawned.push(to_pid(child.id()));
         let peer = self.peers.get_mut(&id).expect("known peer");
         peer.child = Some(child);
         peer.stopped = false;
@@ -360,7 +335,7 @@ impl Cluster {
     pub fn kill(&mut self, id: u64) {
         let peer = self.peers.get_mut(&id).expect("known peer");
         if let Some(mut child) = peer.child.take() {
-            signal_group(child.id(), libc::SIGKILL);
+            signal_group(to_pid(child.id()), libc::SIGKILL);
             let _ = child.wait();
         }
         peer.stopped = false;
@@ -375,8 +350,8 @@ impl Cluster {
         let Some(mut child) = peer.child.take() else {
             return (true, Duration::ZERO);
         };
-        signal_group(child.id(), libc::SIGCONT);
-        signal_group(child.id(), libc::SIGTERM);
+        signal_group(to_pid(child.id()), libc::SIGCONT);
+        signal_group(to_pid(child.id()), libc::SIGTERM);
         let mut clean = false;
         while started.elapsed() < within {
             if matches!(child.try_wait(), Ok(Some(_))) {
@@ -386,7 +361,7 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
         if !clean {
-            signal_group(child.id(), libc::SIGKILL);
+            signal_group(to_pid(child.id()), libc::SIGKILL);
             let _ = child.wait();
         }
         peer.stopped = false;
@@ -396,7 +371,7 @@ impl Cluster {
     pub fn pause(&mut self, id: u64) {
         let peer = self.peers.get_mut(&id).expect("known peer");
         if let Some(child) = &peer.child {
-            signal_group(child.id(), libc::SIGSTOP);
+            signal_group(to_pid(child.id()), libc::SIGSTOP);
             peer.stopped = true;
         }
     }
@@ -404,7 +379,7 @@ impl Cluster {
     pub fn resume(&mut self, id: u64) {
         let peer = self.peers.get_mut(&id).expect("known peer");
         if let Some(child) = &peer.child {
-            signal_group(child.id(), libc::SIGCONT);
+            signal_group(to_pid(child.id()), libc::SIGCONT);
         }
         peer.stopped = false;
     }
@@ -475,21 +450,14 @@ impl Cluster {
     /// (last_applied_index, state_hash) as peer `id` reports itself.
     pub async fn own_state(&self, id: u64) -> Option<(u64, String)> {
         let view: ClusterView = self.get(id, paths::CLUSTER).await.ok()?;
-        let me = view.peers.into_iter().find(|peer| peer.id == id)?;
-        Some((me.last_applied_index?, me.state_hash?))
+        view.own_state()
     }
 
     /// A Prometheus gauge or counter from peer `id`.
     pub async fn metric(&self, id: u64, name: &str) -> Option<f64> {
         let url = format!("{}/metrics", self.admin(id));
         let text = self.http.get(&url).send().await.ok()?.text().await.ok()?;
-        text.lines().find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
+        llmgw_test_kit::metric(&text, name)
     }
 
     /// The last lines of every peer log, for error messages.
@@ -521,7 +489,7 @@ impl Cluster {
         loop {
             left.clear();
             for &pid in &self.spawned {
-                if is_alive(pid) {
+                if alive(pid) {
                     left.push(format!("pid {pid} started by this run is still alive"));
                 }
             }
@@ -540,8 +508,8 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         for peer in self.peers.values_mut() {
             if let Some(mut child) = peer.child.take() {
-                signal_group(child.id(), libc::SIGCONT);
-                signal_group(child.id(), libc::SIGKILL);
+                signal_group(to_pid(child.id()), libc::SIGCONT);
+                signal_group(to_pid(child.id()), libc::SIGKILL);
                 let _ = child.wait();
             }
         }

@@ -19,11 +19,12 @@ use llmgw_api::{Model, NodeView, ReplicaView, paths};
 use llmgw_dev::{
     A100_ROCE_B, AgentLayout, H100_IB_A, L40S_PCIE, NodeKind, SimEngines, agent_yaml_tls,
 };
+use llmgw_procfs::{alive, signal_group, to_pid};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, ClusterError, Members, get_view, is_alive, signal_group, snapshot};
+use crate::cluster::{Cluster, ClusterError, Members, get_view, snapshot};
 use crate::history::History;
 
 /// The peers' gRPC port, which carries the agents' control streams.
@@ -130,7 +131,7 @@ pub struct Fleet {
     pub agents: BTreeMap<String, Agent>,
     bin: PathBuf,
     /// Every agent pid this run started, for the leftover check.
-    pub spawned: Vec<u32>,
+    pub spawned: Vec<i32>,
 }
 
 impl Fleet {
@@ -223,7 +224,7 @@ impl Fleet {
                 bin: self.bin.clone(),
                 source,
             })?;
-        self.spawned.push(child.id());
+        self.spawned.push(to_pid(child.id()));
         agent.child = Some(child);
         Ok(())
     }
@@ -242,8 +243,8 @@ impl Fleet {
         let mut groups: Vec<i32> = extra_groups.to_vec();
         for agent in self.agents.values_mut() {
             if let Some(mut child) = agent.child.take() {
-                signal_group(child.id(), libc::SIGCONT);
-                signal_group(child.id(), libc::SIGKILL);
+                signal_group(to_pid(child.id()), libc::SIGCONT);
+                signal_group(to_pid(child.id()), libc::SIGKILL);
                 let _ = child.wait();
             }
             groups.extend(llmgw_dev::engine_groups(&agent.layout.work_dir));
@@ -251,19 +252,19 @@ impl Fleet {
         groups.sort_unstable();
         groups.dedup();
         for &pgid in &groups {
-            signal_group(pgid as u32, libc::SIGKILL);
+            signal_group(pgid, libc::SIGKILL);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left: Vec<String> = self
                 .spawned
                 .iter()
-                .filter(|pid| is_alive(**pid))
+                .filter(|pid| alive(**pid))
                 .map(|pid| format!("agent pid {pid} started by this run is still alive"))
                 .chain(
                     groups
                         .iter()
-                        .filter(|pgid| is_alive(**pgid as u32))
+                        .filter(|pgid| alive(**pgid))
                         .map(|pgid| format!("engine process group {pgid} is still alive")),
                 )
                 .collect();
@@ -489,33 +490,6 @@ pub struct RouterOp {
 
 pub type RouterLog = Arc<Mutex<Vec<RouterOp>>>;
 
-async fn chat(http: &reqwest::Client, base: &str, model: &str) -> Result<(), String> {
-    let response = http
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Say hello"}],
-            "max_tokens": 8
-        }))
-        .send()
-        .await
-        .map_err(|e| format!("transport: {e}"))?;
-    let status = response.status().as_u16();
-    let text = response
-        .text()
-        .await
-        .map_err(|e| format!("HTTP {status}, body cut off: {e}"))?;
-    if status != 200 {
-        return Err(format!("HTTP {status}: {text}"));
-    }
-    let body: Value =
-        serde_json::from_str(&text).map_err(|e| format!("HTTP 200, not JSON ({e}): {text}"))?;
-    match body["choices"][0]["message"]["content"].as_str() {
-        Some(_) => Ok(()),
-        None => Err(format!("HTTP 200 without content: {text}")),
-    }
-}
-
 /// Chat completions through a random peer's router for a random model,
 /// one in flight, until `stop`.
 #[allow(clippy::too_many_arguments)]
@@ -544,7 +518,7 @@ pub async fn router_worker(
         let (peer, base) = peers[rng.random_range(0..peers.len())].clone();
         let model = models[rng.random_range(0..models.len())].clone();
         let invoke_us = history.now_us();
-        let result = chat(&http, &base, &model).await;
+        let result = llmgw_test_kit::chat(&http, &base, &model).await.map(drop);
         let complete_us = history.now_us();
         log.lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -222,7 +222,7 @@ async fn returning_node_stops_old_shards(
         .values()
         .flatten()
         .copied()
-        .filter(|g| crate::cluster::is_alive(*g as u32))
+        .filter(|g| llmgw_procfs::alive(*g))
         .collect();
     promise(
         ctx,

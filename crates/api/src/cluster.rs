@@ -22,6 +22,13 @@ impl ClusterView {
         let leader = self.leader_id?;
         self.peers.iter().find(|peer| peer.id == leader)
     }
+
+    /// The answering peer's (last applied index, state hash), as it
+    /// reports itself: peers that agree on both hold the same state.
+    pub fn own_state(&self) -> Option<(u64, String)> {
+        let me = self.peers.iter().find(|peer| peer.id == self.id)?;
+        Some((me.last_applied_index?, me.state_hash.clone()?))
+    }
 }
 
 /// One entry of `ClusterView::peers`.
@@ -120,4 +127,52 @@ pub struct PeerAdded {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerRemoved {
     pub removed: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(id: u64, applied: Option<u64>, hash: Option<&str>) -> PeerView {
+        PeerView {
+            id,
+            addr: format!("127.0.0.1:{}", 7070 + id),
+            admin: format!("http://127.0.0.1:{}", 7080 + id),
+            membership: Membership::Voter,
+            role: PeerRole::Follower,
+            term: Some(3),
+            last_log_index: applied,
+            last_applied_index: applied,
+            state_hash: hash.map(str::to_owned),
+            error: None,
+        }
+    }
+
+    fn view(id: u64, peers: Vec<PeerView>) -> ClusterView {
+        ClusterView {
+            id,
+            leader_id: Some(1),
+            term: 3,
+            peers,
+            insecure: true,
+            leader_changes_last_hour: 0,
+        }
+    }
+
+    #[test]
+    fn own_state_is_the_answering_peers_entry_not_another_one() {
+        let peers = vec![peer(1, Some(9), Some("aa")), peer(2, Some(7), Some("bb"))];
+        assert_eq!(view(2, peers.clone()).own_state(), Some((7, "bb".into())));
+        assert_eq!(view(1, peers).own_state(), Some((9, "aa".into())));
+    }
+
+    #[test]
+    fn own_state_is_unknown_without_an_applied_index_and_a_hash() {
+        assert_eq!(view(1, vec![peer(1, Some(9), None)]).own_state(), None);
+        assert_eq!(view(1, vec![peer(1, None, Some("aa"))]).own_state(), None);
+        assert_eq!(
+            view(3, vec![peer(1, Some(9), Some("aa"))]).own_state(),
+            None
+        );
+    }
 }

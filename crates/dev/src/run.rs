@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use llmgw_procfs::{alive, signal_group, signal_pid, to_pid};
 use tokio::process::{Child, Command};
 
 use crate::access::AdminAccess;
@@ -71,7 +72,7 @@ fn clear_earlier_run(work_dir: &Path) -> Result<(), DevError> {
     let dev_json = work_dir.join("dev.json");
     if let Ok(bytes) = std::fs::read(&dev_json)
         && let Ok(dev) = serde_json::from_slice::<DevFile>(&bytes)
-        && let Some(live) = dev.processes.iter().find(|p| alive(p.pid as i32))
+        && let Some(live) = dev.processes.iter().find(|p| alive(to_pid(p.pid)))
     {
         return Err(DevError::Usage(format!(
             "another `llmgw dev` still runs from {} ({} {} is pid {}); stop it with Ctrl-C,              or pass --work-dir NEW_DIR",
@@ -520,15 +521,6 @@ async fn stop_signal() {
     }
 }
 
-fn signal(pid: i32, signal: &str) {
-    // `kill` keeps this crate free of unsafe code for a few signals.
-    let _ = std::process::Command::new("kill")
-        .args([signal, "--", &pid.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
 /// Engine process groups an agent recorded in its state files
 /// (`work_dir/shards/*.json`). Engines outlive their agent by design, so
 /// `dev` (and tests) stop them through these.
@@ -552,22 +544,6 @@ pub fn engine_groups(agent_work_dir: &Path) -> Vec<i32> {
         .collect()
 }
 
-/// Running and not a zombie waiting to be reaped.
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_owned();
-            Some(state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
-}
-
 /// Router and agents first, then the engines they leave behind, then the
 /// peers: SIGTERM, and SIGKILL to whatever still runs after a grace period.
 async fn stop_all(running: &mut [Running]) {
@@ -578,7 +554,7 @@ async fn stop_all(running: &mut [Running]) {
             .filter(|r| order.contains(&r.process.role.as_str()))
         {
             if let Some(pid) = r.child.id() {
-                signal(pid as i32, "-TERM");
+                signal_pid(to_pid(pid), libc::SIGTERM);
             }
         }
         let grace = Instant::now() + Duration::from_secs(10);
@@ -598,15 +574,15 @@ async fn stop_all(running: &mut [Running]) {
             }
         }
         if order[0] == "router" {
-            for pid in &engines {
-                signal(-pid, "-TERM");
+            for &pgid in &engines {
+                signal_group(pgid, libc::SIGTERM);
             }
             let grace = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < grace && engines.iter().any(|pid| alive(*pid)) {
+            while Instant::now() < grace && engines.iter().any(|&pgid| alive(pgid)) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            for pid in &engines {
-                signal(-pid, "-KILL");
+            for &pgid in &engines {
+                signal_group(pgid, libc::SIGKILL);
             }
         }
     }

@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// One sample of a peer's Prometheus text at `admin`: the value of the
-/// series written exactly `name` (labels included).
+/// series `name`, a metric name with or without its label set, read as
+/// every llmgw test reads one ([`llmgw_test_kit::metric`]).
 pub async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f64> {
     let text = http
         .get(format!("{admin}/metrics"))
@@ -23,8 +24,7 @@ pub async fn metric(http: &reqwest::Client, admin: &str, name: &str) -> Option<f
         .text()
         .await
         .ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    llmgw_test_kit::metric(&text, name)
 }
 
 /// A running fleet.

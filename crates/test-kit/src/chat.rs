@@ -3,7 +3,11 @@
 use serde_json::{Value, json};
 
 /// A non-streamed chat completion of `model` at `base` (an engine's or a
-/// router's URL); the answer's content, or why there was none.
+/// router's URL); the answer's content, or why there was none. The reason
+/// says where it failed, for the chaos suite's records as much as for a
+/// test's message: `transport: ...` (no answer at all), `HTTP 503, body
+/// cut off: ...`, `HTTP 429: <body>`, `HTTP 200, not JSON (...)`, or
+/// `HTTP 200 without content`.
 pub async fn chat(http: &reqwest::Client, base: &str, model: &str) -> Result<String, String> {
     let response = http
         .post(format!("{base}/v1/chat/completions"))
@@ -14,17 +18,21 @@ pub async fn chat(http: &reqwest::Client, base: &str, model: &str) -> Result<Str
         }))
         .send()
         .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let text = response.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {text}"));
+        .map_err(|e| format!("transport: {e}"))?;
+    let status = response.status().as_u16();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| format!("HTTP {status}, body cut off: {e}"))?;
+    if status != 200 {
+        return Err(format!("HTTP {status}: {text}"));
     }
-    let body: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    let body: Value =
+        serde_json::from_str(&text).map_err(|e| format!("HTTP 200, not JSON ({e}): {text}"))?;
     body["choices"][0]["message"]["content"]
         .as_str()
         .map(str::to_owned)
-        .ok_or(format!("no content: {body}"))
+        .ok_or_else(|| format!("HTTP 200 without content: {text}"))
 }
 
 /// A streamed chat completion: the content of every event, once the

@@ -13,7 +13,7 @@ use llmgw_dev::{PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::wait::{DEADLINE, poll};
+use crate::wait::{DEADLINE, POLL, poll_until_ok};
 use crate::{admin_client, llmgw_bin};
 
 /// Clusters in one test binary run one at a time: a two-core machine
@@ -168,13 +168,11 @@ impl Cluster {
         self.signal(id, libc::SIGCONT);
     }
 
-    #[allow(unsafe_code)]
     fn signal(&self, id: u64, signal: i32) {
         let child = self.peer(id).child.as_ref().expect("the peer runs");
-        let pid = i32::try_from(child.id()).expect("a pid fits an i32");
-        // SAFETY: kill(2) on a child this cluster started and has not reaped.
-        let rc = unsafe { libc::kill(pid, signal) };
-        assert_eq!(rc, 0, "signal {signal} to peer {id}");
+        // A child this cluster started and has not reaped: its pid is its own.
+        let sent = llmgw_procfs::signal_pid(llmgw_procfs::to_pid(child.id()), signal);
+        assert!(sent, "signal {signal} to peer {id}");
     }
 
     /// The directory with the cluster's CA and peer certificates.
@@ -367,9 +365,7 @@ impl Cluster {
 
     /// Peer `id`'s own (applied index, state hash), as it reports itself.
     pub async fn own_state(&self, id: u64) -> Option<(u64, String)> {
-        let view = self.cluster_view(id).await.ok()?;
-        let me = view.peers.into_iter().find(|p| p.id == id)?;
-        Some((me.last_applied_index?, me.state_hash?))
+        self.cluster_view(id).await.ok()?.own_state()
     }
 
     /// Waits until every running peer has applied the same index and
@@ -404,7 +400,7 @@ impl Cluster {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, String>>,
     {
-        match poll(DEADLINE, check).await {
+        match poll_until_ok(DEADLINE, POLL, check).await {
             Ok(value) => value,
             Err(last) => panic!(
                 "{what}: not within {DEADLINE:?}; last seen: {last}\n{}",

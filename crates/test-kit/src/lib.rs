@@ -9,7 +9,10 @@
 //!
 //! Tests read the admin API through the typed contract of `llmgw-api`
 //! ([`Cluster::get_json`], [`get_json`]), so a renamed field fails to
-//! compile here instead of reading as absent. A dev-dependency only.
+//! compile here instead of reading as absent. A dev-dependency of the
+//! shipped crates, and a dependency of the test tools (chaos, fleet-sim,
+//! the benches), which wait with [`poll_until_ok`] where a failure is
+//! theirs to report.
 
 pub mod agents;
 mod bins;
@@ -26,7 +29,7 @@ pub use chat::{chat, stream_chat};
 pub use cluster::{Cluster, Peer, one_cluster_at_a_time};
 pub use http::{admin_client, decode, get_json};
 pub use metrics::metric;
-pub use wait::{DEADLINE, eventually, wait_until, wait_until_blocking};
+pub use wait::{DEADLINE, eventually, poll_until_ok, wait_until, wait_until_blocking};
 
 /// A port free right now on 127.0.0.1 (the kernel's choice). Another
 /// process may take it before the test binds it; tests that start

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 /// ready) gets before a test fails.
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
-const POLL: Duration = Duration::from_millis(50);
+/// How often [`eventually`] and [`wait_until`] ask.
+pub(crate) const POLL: Duration = Duration::from_millis(50);
 
 /// Polls `check` until it answers `Ok`, and returns that value; panics
 /// after `within` with `what` and the last reason `check` gave.
@@ -18,13 +19,21 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
-    poll(within, check)
+    poll_until_ok(within, POLL, check)
         .await
         .unwrap_or_else(|last| panic!("{what}: not within {within:?}; last seen: {last}"))
 }
 
-/// Polls `check` until it answers `Ok`; the last reason after `within`.
-pub(crate) async fn poll<T, F, Fut>(within: Duration, mut check: F) -> Result<T, String>
+/// Polls `check` every `every` until it answers `Ok`, and returns that
+/// value; after `within`, the last reason `check` gave. [`eventually`]
+/// without the panic, for callers that report a failure themselves (the
+/// benches); a finer `every` keeps a short measurement from being mostly
+/// the poll's own granularity.
+pub async fn poll_until_ok<T, F, Fut>(
+    within: Duration,
+    every: Duration,
+    mut check: F,
+) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
@@ -34,7 +43,7 @@ where
         match check().await {
             Ok(value) => return Ok(value),
             Err(why) if Instant::now() >= deadline => return Err(why),
-            Err(_) => tokio::time::sleep(POLL).await,
+            Err(_) => tokio::time::sleep(every).await,
         }
     }
 }

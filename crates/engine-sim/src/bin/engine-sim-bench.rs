@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use llmgw_procfs::{cpu_seconds, rss_kib, to_pid};
 use tokio::net::TcpStream;
 
 struct Options {
@@ -177,13 +178,16 @@ async fn throughput(o: &Options) -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let start_count = done.load(Ordering::Relaxed);
     let started = Instant::now();
-    let sim_cpu_start = cpu_seconds(sim.id());
-    let own_cpu_start = cpu_seconds(std::process::id());
+    // CPU seconds (user + system) used so far; 0 once the process is gone.
+    let cpu = |pid| cpu_seconds(pid).unwrap_or(0.0);
+    let (sim_pid, own_pid) = (to_pid(sim.id()), to_pid(std::process::id()));
+    let sim_cpu_start = cpu(sim_pid);
+    let own_cpu_start = cpu(own_pid);
     tokio::time::sleep(o.duration).await;
     let measured = done.load(Ordering::Relaxed) - start_count;
     let elapsed = started.elapsed().as_secs_f64();
-    let sim_cpu = cpu_seconds(sim.id()) - sim_cpu_start;
-    let own_cpu = cpu_seconds(std::process::id()) - own_cpu_start;
+    let sim_cpu = cpu(sim_pid) - sim_cpu_start;
+    let own_cpu = cpu(own_pid) - own_cpu_start;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
     for t in tasks {
@@ -220,33 +224,6 @@ async fn throughput(o: &Options) -> Result<()> {
     Ok(())
 }
 
-/// CPU seconds (user + system) a process has used so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some((_, after)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the name.
-    let ticks: f64 = fields
-        .get(11)
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
-    ticks / 100.0
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 async fn metric(port: u16, name: &str) -> Option<f64> {
     let mut sender = connect(port).await.ok()?;
     let req = Request::get("/metrics")
@@ -262,13 +239,7 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
         .await
         .ok()?
         .to_bytes();
-    let text = String::from_utf8_lossy(&body);
-    text.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
+    llmgw_test_kit::metric(&String::from_utf8_lossy(&body), name)
 }
 
 /// Phase 2: many concurrent slow streams; reports the simulator's RSS.
@@ -280,7 +251,7 @@ async fn slow_streams(o: &Options) -> Result<()> {
         &[("LLMGW_SIM_TTFT", "100ms"), ("LLMGW_SIM_ITL", "1s")],
     )
     .await?;
-    let pid = sim.id();
+    let pid = to_pid(sim.id());
     let idle_rss = rss_kib(pid).unwrap_or(0);
     let stop = Arc::new(AtomicBool::new(false));
     let chunks = Arc::new(AtomicU64::new(0));

@@ -14,10 +14,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Parser;
 use llmgw_api::{Model, NodeStatus, Readiness, ReplicaState, paths};
 use llmgw_fleet_sim::{Fleet, metric};
+use llmgw_procfs::{cpu_seconds, rss_kib, to_pid};
+use llmgw_test_kit::{llmgw_bin, poll_until_ok};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -58,17 +60,6 @@ impl Drop for Peer {
     }
 }
 
-fn llmgw_bin() -> Result<PathBuf> {
-    let bin = std::env::current_exe()?.with_file_name("llmgw");
-    if !bin.exists() {
-        bail!(
-            "{} is missing: cargo build -p llmgw-cli (same profile)",
-            bin.display()
-        );
-    }
-    Ok(bin)
-}
-
 /// `/readyz` answers its `Readiness` with 200 and with 503 alike.
 async fn readiness(http: &reqwest::Client, admin: &str) -> Result<Readiness> {
     let url = format!("{admin}{}", paths::READYZ);
@@ -77,61 +68,48 @@ async fn readiness(http: &reqwest::Client, admin: &str) -> Result<Readiness> {
 
 /// The leader a live peer names. `/readyz` is asked rather than the cluster
 /// view: it is cheap, and the bench asks many times a second.
-async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Option<u64> {
+async fn leader(http: &reqwest::Client, peers: &[Peer]) -> Result<u64, String> {
     for peer in peers.iter().filter(|p| p.child.is_some()) {
         if let Ok(readiness) = readiness(http, &peer.admin).await
             && let Some(id) = readiness.leader_id
             && peers.iter().any(|p| p.id == id && p.child.is_some())
         {
-            return Some(id);
+            return Ok(id);
         }
     }
-    None
+    Err("no running peer names a running leader".to_owned())
 }
 
-async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    poll(what, limit, Duration::from_millis(100), check).await
-}
-
-/// `wait_for`, asking every `every`: the finer the poll, the less of a
-/// short measurement is the poll's own granularity.
-async fn poll<T, F, Fut>(what: &str, limit: Duration, every: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return Ok(value);
-        }
-        if started.elapsed() > limit {
-            bail!("{what}: not within {limit:?}");
-        }
-        tokio::time::sleep(every).await;
+/// `Ok` once `seen` reached `wanted`; otherwise how far it is.
+fn at_least(seen: f64, wanted: f64, what: &str) -> Result<(), String> {
+    if seen >= wanted {
+        Ok(())
+    } else {
+        Err(format!("{seen} of {wanted} {what}"))
     }
 }
 
-/// (CPU seconds, RSS in MiB) of a process.
-fn usage(pid: u32) -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some((ticks / 100.0, rss_kb / 1024.0))
+/// A metric the bench cannot go on without: its value, or why not.
+async fn required_metric(http: &reqwest::Client, admin: &str, name: &str) -> Result<f64, String> {
+    metric(http, admin, name)
+        .await
+        .ok_or_else(|| format!("{admin}{} has no {name}", paths::METRICS))
+}
+
+/// How often a phase is asked whether it is done; placement is asked more
+/// often (see `measure_placement`).
+const POLL: Duration = Duration::from_millis(100);
+
+/// Polls `check` every `every` until it answers `Ok`; after `within`, an
+/// error with `what` and the last reason `check` gave.
+async fn wait_for<T, F, Fut>(what: &str, within: Duration, every: Duration, check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    poll_until_ok(within, every, check)
+        .await
+        .map_err(|last| anyhow!("{what}: not within {within:?}; last seen: {last}"))
 }
 
 async fn unhealthy_nodes(http: &reqwest::Client, admin: &str) -> Option<usize> {
@@ -290,7 +268,7 @@ async fn bench_cluster(args: &Args) -> Result<()> {
         println!("peer configs, data and logs: {}", dir.path().display());
     }
     let mut cluster = start_cluster(args, dir.path())?;
-    let first = wait_for("a leader", Duration::from_secs(60), || {
+    let first = wait_for("a leader", Duration::from_secs(60), POLL, || {
         leader(&cluster.http, &cluster.peers)
     })
     .await?;
@@ -339,7 +317,7 @@ async fn bench_cluster(args: &Args) -> Result<()> {
 
 /// Writes the peers' configs under `dir` and starts them.
 fn start_cluster(args: &Args, dir: &std::path::Path) -> Result<Cluster> {
-    let bin = llmgw_bin()?;
+    let bin = llmgw_bin();
     let layouts = llmgw_dev::plan_peers(dir, 3, false)?;
     let raft = format!(
         "raft:\n  snapshot_after_logs: {}\n  keep_logs_after_snapshot: {}\n",
@@ -374,13 +352,14 @@ async fn measure_steady_state(cluster: &Cluster, leader: u64, args: &Args) -> Re
         .peer(leader)
         .child
         .as_ref()
-        .map(Child::id)
+        .map(|child| to_pid(child.id()))
         .unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (cpu0, _) = usage(pid).context("leader /proc")?;
+    let cpu0 = cpu_seconds(pid).context("leader /proc")?;
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_s)).await;
-    let (cpu1, rss) = usage(pid).context("leader /proc")?;
+    let cpu1 = cpu_seconds(pid).context("leader /proc")?;
+    let rss = rss_kib(pid).context("leader /proc")? as f64 / 1024.0;
     println!(
         "steady state: leader CPU {:.1}% of one core, RSS {:.0} MiB ({} heartbeats/s)",
         100.0 * (cpu1 - cpu0) / t0.elapsed().as_secs_f64(),
@@ -395,17 +374,22 @@ async fn measure_steady_state(cluster: &Cluster, leader: u64, args: &Args) -> Re
 async fn measure_failover(cluster: &mut Cluster, killed: u64, nodes: usize) -> Result<u64> {
     let killed_at = Instant::now();
     cluster.kill(killed)?;
-    let next = wait_for("a new leader", Duration::from_secs(60), || {
+    let next = wait_for("a new leader", Duration::from_secs(60), POLL, || {
         leader(&cluster.http, &cluster.peers)
     })
     .await?;
     let elected = killed_at.elapsed().as_secs_f64();
     let admin = cluster.admin(next);
     let http = &cluster.http;
-    wait_for("the fleet re-homed", Duration::from_secs(120), || async {
-        let streams = metric(http, &admin, "llmgw_agent_streams").await?;
-        (streams >= nodes as f64).then_some(())
-    })
+    wait_for(
+        "the fleet re-homed",
+        Duration::from_secs(120),
+        POLL,
+        || async {
+            let streams = required_metric(http, &admin, "llmgw_agent_streams").await?;
+            at_least(streams, nodes as f64, "streams on the new leader")
+        },
+    )
     .await?;
     let rehomed = killed_at.elapsed().as_secs_f64();
     let worst = watch_unhealthy(http, &admin, Duration::from_secs(35)).await;
@@ -437,9 +421,10 @@ async fn measure_catch_up(
     wait_for(
         "the restarted peer caught up",
         Duration::from_secs(300),
+        POLL,
         || async {
-            let applied = metric(http, &back, "llmgw_raft_apply_index").await?;
-            (applied >= target).then_some(())
+            let applied = required_metric(http, &back, "llmgw_raft_apply_index").await?;
+            at_least(applied, target, "applied index")
         },
     )
     .await?;
@@ -527,13 +512,15 @@ async fn fleet_back(
     what: &str,
 ) -> Result<u64> {
     let want = nodes as f64;
-    wait_for(what, Duration::from_secs(600), || async {
+    wait_for(what, Duration::from_secs(600), POLL, || async {
         // The leader may change under a registration storm: follow it.
         let now = leader(http, peers).await?;
         let admin = &peers[(now - 1) as usize].admin;
-        let streams = metric(http, admin, "llmgw_agent_streams").await?;
-        let ready = metric(http, admin, "llmgw_nodes{status=\"ready\"}").await?;
-        (streams >= want && ready >= want).then_some(now)
+        let streams = required_metric(http, admin, "llmgw_agent_streams").await?;
+        let ready = required_metric(http, admin, "llmgw_nodes{status=\"ready\"}").await?;
+        at_least(streams, want, &format!("streams on leader {now}"))?;
+        at_least(ready, want, &format!("nodes ready on leader {now}"))?;
+        Ok(now)
     })
     .await
 }
@@ -571,7 +558,9 @@ async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -
         put?;
     }
     let wanted = f64::from(replicas);
-    poll(
+    // Asked every 20 ms: the finer the poll, the less of a short
+    // measurement is the poll's own granularity.
+    wait_for(
         "every replica committed",
         Duration::from_secs(600),
         Duration::from_millis(20),
@@ -586,15 +575,20 @@ async fn measure_placement(http: &reqwest::Client, admin: &str, replicas: u32) -
                 let name = format!("llmgw_replicas{{state=\"{}\"}}", state.as_str());
                 placed += metric(http, admin, &name).await.unwrap_or(0.0);
             }
-            (placed >= wanted).then_some(())
+            at_least(placed, wanted, "replicas placed")
         },
     )
     .await?;
     let committed = placed_at.elapsed().as_secs_f64();
-    wait_for("every replica ready", Duration::from_secs(600), || async {
-        let ready = metric(http, admin, "llmgw_replicas{state=\"ready\"}").await?;
-        (ready >= wanted).then_some(())
-    })
+    wait_for(
+        "every replica ready",
+        Duration::from_secs(600),
+        POLL,
+        || async {
+            let ready = required_metric(http, admin, "llmgw_replicas{state=\"ready\"}").await?;
+            at_least(ready, wanted, "replicas ready")
+        },
+    )
     .await?;
     println!(
         "placement: {replicas} replicas committed in {committed:.2} s ({:.0} shard placements/s), all ready after {:.2} s",

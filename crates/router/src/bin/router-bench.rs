@@ -23,6 +23,7 @@ use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use llmgw_procfs::{cpu_seconds, rss_kib, to_pid};
 use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, Settings};
 use tokio::sync::watch;
 
@@ -37,7 +38,7 @@ struct Options {
     concurrency: Vec<usize>,
     references: Vec<(String, String)>,
     /// Processes of a reference proxy, for its CPU and memory.
-    reference_pids: Vec<(String, Vec<u32>)>,
+    reference_pids: Vec<(String, Vec<i32>)>,
 }
 
 fn parse_options() -> anyhow::Result<Options> {
@@ -163,33 +164,6 @@ fn client() -> Client<HttpConnector, Full<Bytes>> {
         .build(connector)
 }
 
-/// User plus system CPU time of a process, in seconds (Linux clock ticks
-/// are 1/100 s on every mainstream kernel configuration).
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields of the whole line.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 struct Figures {
     requests: usize,
     /// Including the warm-up, for CPU per request.
@@ -295,7 +269,7 @@ async fn run(o: Options) -> anyhow::Result<()> {
     );
     wait_healthy(&sim_url).await?;
     wait_healthy(&router_url).await?;
-    let router_pid = router.0.id();
+    let router_pid = to_pid(router.0.id());
     println!(
         "router-bench: simulator pid {}, router pid {router_pid}, {} s per phase after 1 s warm-up, {} CPUs",
         sim.0.id(),
@@ -406,7 +380,7 @@ fn start_simulator(o: &Options) -> anyhow::Result<Guard> {
 struct Target {
     name: String,
     url: String,
-    pids: Vec<u32>,
+    pids: Vec<i32>,
 }
 
 /// One phase against one target.
@@ -440,7 +414,11 @@ async fn measure(target: &Target, workers: usize, seconds: f64, stream: bool) ->
             }
         })
     };
-    let cpu = || pids.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
+    let cpu = || {
+        pids.iter()
+            .map(|&pid| cpu_seconds(pid).unwrap_or(0.0))
+            .sum::<f64>()
+    };
     let cpu_before = cpu();
     let figures = load(&target.url, workers, seconds, stream).await;
     let cpu_used = cpu() - cpu_before;
