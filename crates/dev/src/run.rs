@@ -75,7 +75,8 @@ fn clear_earlier_run(work_dir: &Path) -> Result<(), DevError> {
         && let Some(live) = dev.processes.iter().find(|p| alive(to_pid(p.pid)))
     {
         return Err(DevError::Usage(format!(
-            "another `llmgw dev` still runs from {} ({} {} is pid {}); stop it with Ctrl-C,              or pass --work-dir NEW_DIR",
+            "another `llmgw dev` still runs from {} ({} {} is pid {}); stop it with Ctrl-C, \
+             or pass --work-dir NEW_DIR",
             work_dir.display(),
             live.role,
             live.id,
@@ -207,17 +208,53 @@ struct StartPlan<'a> {
     access: &'a AdminAccess,
 }
 
+/// Starts the peers, then (once they have a leader) the agents and the
+/// router, and waits until the demo serves.
 async fn start_all(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<(), DevError> {
     let StartPlan {
         args,
+        work_dir,
+        layouts,
+        access,
+        ..
+    } = plan;
+    let timeout = Duration::from_secs(args.ready_timeout_s);
+    let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
+    start_servers(plan, running)?;
+    let mut progress = Progress::new(apis.clone(), access);
+    write_dev_json(running, work_dir, &apis, access, None)?;
+    progress.wait_leader(running, timeout, work_dir).await?;
+
+    start_agents(plan, running)?;
+    let router_url = start_router(plan, &apis, running)?;
+    write_dev_json(running, work_dir, &apis, access, Some(router_url.clone()))?;
+
+    progress
+        .wait_nodes(running, args.nodes as usize, timeout, work_dir)
+        .await?;
+    if args.no_demo {
+        return Ok(());
+    }
+    if args.nodes == 0 {
+        println!(
+            "  no simulated nodes (--nodes 0): the demo models wait for agents to join; \
+             `llmgw ctl explain qwen-0.5b` says why"
+        );
+        return Ok(());
+    }
+    wait_serving(&mut progress, running, &router_url, timeout, work_dir).await
+}
+
+/// Writes every peer's server.yaml and starts the peers.
+fn start_servers(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<(), DevError> {
+    let StartPlan {
+        args,
         exe,
-        sim,
         work_dir,
         layouts,
         extra,
-        access,
+        ..
     } = plan;
-    let timeout = Duration::from_secs(args.ready_timeout_s);
     for layout in layouts {
         let yaml = if args.insecure {
             server_yaml(layout, layouts, extra)
@@ -239,11 +276,20 @@ async fn start_all(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<()
         };
         running.push(spawn(&mut process, &layout.log, None)?);
     }
-    let apis: Vec<String> = layouts.iter().map(PeerLayout::admin_url).collect();
-    let mut progress = Progress::new(apis.clone(), access);
-    write_dev_json(running, work_dir, &apis, access, None)?;
-    progress.wait_leader(running, timeout, work_dir).await?;
+    Ok(())
+}
 
+/// Writes the simulated nodes' agent.yaml, each dialing a different peer
+/// first, and starts their agents.
+fn start_agents(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<(), DevError> {
+    let StartPlan {
+        args,
+        exe,
+        sim,
+        work_dir,
+        layouts,
+        ..
+    } = plan;
     let servers: Vec<String> = layouts.iter().map(|l| l.grpc.to_string()).collect();
     let engines = SimEngines {
         bin: sim.to_owned(),
@@ -282,7 +328,23 @@ async fn start_all(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<()
             Some(agent.work_dir.clone()),
         )?);
     }
+    Ok(())
+}
 
+/// Writes router.yaml for a standalone router that follows the control
+/// plane at `apis`, and starts it; answers its base URL.
+fn start_router(
+    plan: StartPlan<'_>,
+    apis: &[String],
+    running: &mut Vec<Running>,
+) -> Result<String, DevError> {
+    let StartPlan {
+        args,
+        exe,
+        work_dir,
+        access,
+        ..
+    } = plan;
     let router_yaml = work_dir.join("router.yaml");
     let router_url = format!("http://127.0.0.1:{}", args.port);
     let text = format!(
@@ -307,22 +369,7 @@ async fn start_all(plan: StartPlan<'_>, running: &mut Vec<Running>) -> Result<()
         log: None,
     };
     running.push(spawn(&mut process, &work_dir.join("router.log"), None)?);
-    write_dev_json(running, work_dir, &apis, access, Some(router_url.clone()))?;
-
-    progress
-        .wait_nodes(running, args.nodes as usize, timeout, work_dir)
-        .await?;
-    if args.no_demo {
-        return Ok(());
-    }
-    if args.nodes == 0 {
-        println!(
-            "  no simulated nodes (--nodes 0): the demo models wait for agents to join; \
-             `llmgw ctl explain qwen-0.5b` says why"
-        );
-        return Ok(());
-    }
-    wait_serving(&mut progress, running, &router_url, timeout, work_dir).await
+    Ok(router_url)
 }
 
 /// `deploy/fixtures/nodes` of the source tree this binary was built from,
