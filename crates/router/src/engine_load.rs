@@ -26,36 +26,37 @@ const KV_USAGE: &[&str] = &[
 /// `None` when the page has none of the names.
 pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     let mut load = EngineLoad::default();
-    for line in text.lines() {
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        let rest = match line[name_end..].strip_prefix('{') {
-            Some(_) => line.rfind('}').map_or("", |i| &line[i + 1..]),
-            None => &line[name_end..],
-        };
-        let Some(value) = rest
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-        else {
-            continue;
-        };
-        if !value.is_finite() {
-            continue;
-        }
-        if RUNNING.contains(&name) {
-            *load.running.get_or_insert(0.0) += value;
-        } else if WAITING.contains(&name) {
-            *load.waiting.get_or_insert(0.0) += value;
-        } else if KV_USAGE.contains(&name) {
-            let kv = load.kv_usage.get_or_insert(0.0);
-            *kv = kv.max(value);
-        }
+    for (name, value) in text.lines().filter_map(sample) {
+        add_sample(&mut load, name, value);
     }
     (load != EngineLoad::default()).then_some(load)
+}
+
+/// The metric name and finite value of one sample line; `None` for
+/// comments, blank lines and anything that does not parse.
+fn sample(line: &str) -> Option<(&str, f64)> {
+    if line.starts_with('#') || line.is_empty() {
+        return None;
+    }
+    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+    let name = &line[..name_end];
+    let rest = match line[name_end..].strip_prefix('{') {
+        Some(_) => line.rfind('}').map_or("", |i| &line[i + 1..]),
+        None => &line[name_end..],
+    };
+    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+    value.is_finite().then_some((name, value))
+}
+
+fn add_sample(load: &mut EngineLoad, name: &str, value: f64) {
+    if RUNNING.contains(&name) {
+        *load.running.get_or_insert(0.0) += value;
+    } else if WAITING.contains(&name) {
+        *load.waiting.get_or_insert(0.0) += value;
+    } else if KV_USAGE.contains(&name) {
+        let kv = load.kv_usage.get_or_insert(0.0);
+        *kv = kv.max(value);
+    }
 }
 
 /// Scrapes every endpoint in the table each `interval`. An endpoint that
@@ -72,40 +73,54 @@ pub async fn scrape_loop(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let urls: Vec<String> = {
-            let t = table.borrow_and_update();
-            let mut urls: Vec<String> = t
-                .models
-                .iter()
-                .flat_map(|m| m.endpoints.iter().map(|e| e.url.clone()))
-                .collect();
-            urls.sort();
-            urls.dedup();
-            urls
-        };
-        let scrapes = urls.into_iter().map(|url| {
-            let upstream = upstream.clone();
-            let registry = Arc::clone(&registry);
-            async move {
-                let stats = registry.get(&url);
-                let text = upstream
-                    .get_text(
-                        &format!("{url}/metrics"),
-                        interval.min(Duration::from_secs(5)),
-                    )
-                    .await;
-                let load = match text {
-                    Ok((200, body)) => parse_engine_load(&body),
-                    _ => None,
-                };
-                stats.set_engine_load(load);
-            }
-        });
-        let handles: Vec<_> = scrapes.map(tokio::spawn).collect();
+        let urls = endpoint_urls(&table.borrow_and_update());
+        let handles: Vec<_> = urls
+            .into_iter()
+            .map(|url| {
+                tokio::spawn(scrape_endpoint(
+                    upstream.clone(),
+                    Arc::clone(&registry),
+                    url,
+                    interval,
+                ))
+            })
+            .collect();
         for handle in handles {
             let _ = handle.await;
         }
     }
+}
+
+/// Every endpoint URL of the table once, in order.
+fn endpoint_urls(table: &RoutingTable) -> Vec<String> {
+    let mut urls: Vec<String> = table
+        .models
+        .iter()
+        .flat_map(|m| m.endpoints.iter().map(|e| e.url.clone()))
+        .collect();
+    urls.sort();
+    urls.dedup();
+    urls
+}
+
+async fn scrape_endpoint(
+    upstream: Upstream,
+    registry: Arc<Registry>,
+    url: String,
+    interval: Duration,
+) {
+    let stats = registry.get(&url);
+    let text = upstream
+        .get_text(
+            &format!("{url}/metrics"),
+            interval.min(Duration::from_secs(5)),
+        )
+        .await;
+    let load = match text {
+        Ok((200, body)) => parse_engine_load(&body),
+        _ => None,
+    };
+    stats.set_engine_load(load);
 }
 
 #[cfg(test)]
