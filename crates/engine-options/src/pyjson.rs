@@ -88,14 +88,25 @@ impl Reader<'_> {
         if depth > MAX_DEPTH_GUARD {
             return Err(self.error("Expecting value", self.pos));
         }
-        let python = self.dialect == Dialect::Python;
-        let literal: Option<(&str, Value)> = match self.peek() {
+        match self.peek() {
             Some('"') => {
                 self.pos += 1;
-                return self.string(self.pos - 1).map(Value::String);
+                self.string(self.pos - 1).map(Value::String)
             }
-            Some('{') => return self.object(depth),
-            Some('[') => return self.array(depth),
+            Some('{') => self.object(depth),
+            Some('[') => self.array(depth),
+            _ => match self.literal_here() {
+                Some((word, value)) => self.literal(word, value),
+                None => self.number(),
+            },
+        }
+    }
+
+    /// The literal the next character announces, with the value it reads
+    /// as; `None` where only a number can follow.
+    fn literal_here(&self) -> Option<(&'static str, Value)> {
+        let python = self.dialect == Dialect::Python;
+        match self.peek() {
             Some('n') => Some(("null", Value::Null)),
             Some('t') => Some(("true", Value::Bool(true))),
             Some('f') => Some(("false", Value::Bool(false))),
@@ -105,15 +116,15 @@ impl Reader<'_> {
                 Some(("-Infinity", Value::String("-inf".into())))
             }
             _ => None,
-        };
-        if let Some((word, value)) = literal {
-            if self.starts_with(word) {
-                self.pos += word.chars().count();
-                return Ok(value);
-            }
+        }
+    }
+
+    fn literal(&mut self, word: &str, value: Value) -> Result<Value, JsonError> {
+        if !self.starts_with(word) {
             return Err(self.error("Expecting value", self.pos));
         }
-        self.number()
+        self.pos += word.chars().count();
+        Ok(value)
     }
 
     fn number(&mut self) -> Result<Value, JsonError> {
@@ -177,31 +188,35 @@ impl Reader<'_> {
             self.pos += 1;
             match c {
                 '"' => return Ok(out),
-                '\\' => {
-                    let escape_at = self.pos - 1;
-                    let Some(e) = self.peek() else {
-                        return Err(self.error("Unterminated string starting at", open));
-                    };
-                    self.pos += 1;
-                    match e {
-                        '"' => out.push('"'),
-                        '\\' => out.push('\\'),
-                        '/' => out.push('/'),
-                        'b' => out.push('\u{8}'),
-                        'f' => out.push('\u{c}'),
-                        'n' => out.push('\n'),
-                        'r' => out.push('\r'),
-                        't' => out.push('\t'),
-                        'u' => out.push(self.unicode_escape(escape_at)?),
-                        _ => return Err(self.error("Invalid \\escape", escape_at)),
-                    }
-                }
+                '\\' => out.push(self.escape(open)?),
                 c if (c as u32) < 0x20 => {
                     return Err(self.error("Invalid control character at", self.pos - 1));
                 }
                 c => out.push(c),
             }
         }
+    }
+
+    /// Reads the escape after a backslash (already consumed) of the string
+    /// opened at `open`.
+    fn escape(&mut self, open: usize) -> Result<char, JsonError> {
+        let escape_at = self.pos - 1;
+        let Some(e) = self.peek() else {
+            return Err(self.error("Unterminated string starting at", open));
+        };
+        self.pos += 1;
+        Ok(match e {
+            '"' => '"',
+            '\\' => '\\',
+            '/' => '/',
+            'b' => '\u{8}',
+            'f' => '\u{c}',
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            'u' => self.unicode_escape(escape_at)?,
+            _ => return Err(self.error("Invalid \\escape", escape_at)),
+        })
     }
 
     fn hex4(&mut self, escape_at: usize) -> Result<u32, JsonError> {
