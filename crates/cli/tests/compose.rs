@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use llmgw_api::{ClusterView, ReplicaState, ReplicaView};
+use llmgw_test_kit::{chat, free_port, poll_until_ok};
 
 const DEADLINE: Duration = Duration::from_secs(180);
 
@@ -151,21 +152,19 @@ impl Compose {
 
     /// Waits until `check` passes on `ctl cluster`; returns its answer.
     async fn wait_cluster(&self, what: &str, check: impl Fn(&ClusterView) -> bool) -> ClusterView {
-        let started = Instant::now();
-        loop {
-            let view = self.cluster();
-            if let Ok(view) = &view
-                && check(view)
-            {
-                return view.clone();
+        let answer = poll_until_ok(DEADLINE, Duration::from_millis(500), || async {
+            match self.cluster() {
+                Ok(view) if check(&view) => Ok(view),
+                other => Err(format!("{other:?}")),
             }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "{what} within {DEADLINE:?}; last answer: {view:?}\n{}",
+        })
+        .await;
+        answer.unwrap_or_else(|last| {
+            panic!(
+                "{what} within {DEADLINE:?}; last answer: {last}\n{}",
                 self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+            )
+        })
     }
 
     async fn wait_leader(&self) -> u64 {
@@ -242,44 +241,20 @@ fn chat_load(
             .timeout(Duration::from_secs(30))
             .build()
             .unwrap();
-        let body = serde_json::json!({
-            "model": "llama-70b",
-            "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Hello!"}],
-        });
         let until = Instant::now() + Duration::from_secs(20 * 60);
         while !stop.load(Ordering::Relaxed) && Instant::now() < until {
-            let result = http
-                .post(format!("{router}/v1/chat/completions"))
-                .json(&body)
-                .send()
-                .await;
-            match result {
-                Ok(response) if response.status().is_success() => {
+            match chat(&http, &router, "llama-70b").await {
+                Ok(_) => {
                     ok.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(response) => {
+                Err(why) => {
                     failed.fetch_add(1, Ordering::Relaxed);
-                    let status = response.status();
-                    let text = response.text().await.unwrap_or_default();
-                    failures.lock().unwrap().push(format!("{status}: {text}"));
-                }
-                Err(error) => {
-                    failed.fetch_add(1, Ordering::Relaxed);
-                    failures.lock().unwrap().push(error.to_string());
+                    failures.lock().unwrap().push(why);
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
