@@ -1,5 +1,6 @@
 //! What discovery finds on a node.
 
+use llmgw_topology::LinkKind;
 use serde::{Deserialize, Serialize};
 
 /// Where the GPU list came from, so an operator can tell a node without
@@ -33,37 +34,6 @@ pub struct Gpu {
     pub memory_total_mib: u64,
     /// Normalised to sysfs form: `0000:18:00.0`, lowercase.
     pub pci_bus_id: String,
-}
-
-/// How two GPUs reach each other, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LinkKind {
-    /// A bonded set of NVLinks (directly or through NVSwitch).
-    Nvlink,
-    /// At most one PCIe bridge.
-    Pix,
-    /// Several PCIe bridges, no host bridge.
-    Pxb,
-    /// Through a PCIe host bridge (the CPU).
-    Phb,
-    /// Between host bridges within one NUMA node.
-    Node,
-    /// Across the inter-socket link (QPI/UPI).
-    Sys,
-}
-
-impl LinkKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkKind::Nvlink => "nvlink",
-            LinkKind::Pix => "PIX",
-            LinkKind::Pxb => "PXB",
-            LinkKind::Phb => "PHB",
-            LinkKind::Node => "NODE",
-            LinkKind::Sys => "SYS",
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

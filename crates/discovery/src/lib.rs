@@ -17,7 +17,6 @@ mod nvml;
 pub use discover::discover;
 pub use fixture::Fixture;
 pub use infiniband::{check_fabrics, parse_rate, parse_state, read_ports};
-pub use inventory::{
-    FabricStatus, Gpu, GpuLink, GpuSource, HcaPort, Inventory, LinkKind, normalize_bus_id,
-};
+pub use inventory::{FabricStatus, Gpu, GpuLink, GpuSource, HcaPort, Inventory, normalize_bus_id};
+pub use llmgw_topology::LinkKind;
 pub use nvidia_smi::{NvidiaSmiError, QUERY_ARGS, parse_query, parse_topology};

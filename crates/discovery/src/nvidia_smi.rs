@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::inventory::{Gpu, GpuLink, LinkKind, normalize_bus_id};
+use llmgw_topology::parse_topo_cell;
+
+use crate::inventory::{Gpu, GpuLink, normalize_bus_id};
 
 /// The query llmgw runs; `parse_query` expects its columns in this order.
 pub const QUERY_ARGS: &[&str] = &[
@@ -122,7 +124,7 @@ pub fn parse_topology(text: &str) -> Result<Vec<GpuLink>, NvidiaSmiError> {
                 continue;
             }
             let cell = cells.get(col).copied().unwrap_or_default();
-            let (kind, nvlinks) = parse_cell(cell).ok_or_else(|| {
+            let (kind, nvlinks) = parse_topo_cell(cell).ok_or_else(|| {
                 NvidiaSmiError::Topology(format!(
                     "GPU{row_gpu}/GPU{col_gpu}: unknown link {cell:?}"
                 ))
@@ -140,20 +142,4 @@ pub fn parse_topology(text: &str) -> Result<Vec<GpuLink>, NvidiaSmiError> {
 
 fn gpu_number(cell: &str) -> Option<u32> {
     cell.strip_prefix("GPU")?.parse().ok()
-}
-
-fn parse_cell(cell: &str) -> Option<(LinkKind, u32)> {
-    if let Some(n) = cell.strip_prefix("NV") {
-        return n.parse().ok().map(|n| (LinkKind::Nvlink, n));
-    }
-    let kind = match cell {
-        "PIX" => LinkKind::Pix,
-        "PXB" => LinkKind::Pxb,
-        "PHB" => LinkKind::Phb,
-        "NODE" => LinkKind::Node,
-        // Older drivers say SOC for what is now SYS.
-        "SYS" | "SOC" => LinkKind::Sys,
-        _ => return None,
-    };
-    Some((kind, 0))
 }

@@ -2,11 +2,12 @@
 //! at run time, so on a machine without the driver `discover` returns an
 //! error and the caller falls back to `nvidia-smi`.
 
+use llmgw_topology::LinkKind;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
 use nvml_wrapper::error::NvmlError;
 
-use crate::inventory::{Gpu, GpuLink, LinkKind, normalize_bus_id};
+use crate::inventory::{Gpu, GpuLink, normalize_bus_id};
 
 /// NVML's upper bound on NVLinks per GPU.
 const MAX_NVLINKS: u32 = 18;

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use llmgw_scheduler::{GpuView, LinkView, NodeHealth, NodeView, Path};
+use llmgw_scheduler::{GpuView, LinkView, NodeHealth, NodeView};
 use llmgw_state::{FleetState, LinkKind, NodeRecord, NodeStatus};
 
 /// `(node, gpu)` pairs held by a shard that is not stopped.
@@ -50,7 +50,7 @@ fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {
                     .map(move |peer| LinkView {
                         a: g.index,
                         b: *peer,
-                        path: Path::Nvlink,
+                        kind: LinkKind::Nvlink,
                         nvlinks: 1,
                     })
             })
@@ -62,7 +62,7 @@ fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {
             .map(|l| LinkView {
                 a: l.a,
                 b: l.b,
-                path: path(l.kind),
+                kind: l.kind,
                 nvlinks: l.nvlinks,
             })
             .collect()
@@ -80,16 +80,5 @@ fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {
         gpus,
         links,
         fabrics: node.fabrics.clone(),
-    }
-}
-
-fn path(kind: LinkKind) -> Path {
-    match kind {
-        LinkKind::Nvlink => Path::Nvlink,
-        LinkKind::Pix => Path::Pix,
-        LinkKind::Pxb => Path::Pxb,
-        LinkKind::Phb => Path::Phb,
-        LinkKind::Node => Path::Node,
-        LinkKind::Sys => Path::Sys,
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use llmgw_topology::LinkKind;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,23 +23,11 @@ pub struct GpuView {
     pub free: bool,
 }
 
-/// How two GPUs reach each other; lower is better.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Path {
-    Nvlink,
-    Pix,
-    Pxb,
-    Phb,
-    Node,
-    Sys,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkView {
     pub a: u32,
     pub b: u32,
-    pub path: Path,
+    pub kind: LinkKind,
     pub nvlinks: u32,
 }
 
@@ -61,11 +50,13 @@ impl NodeView {
         self.labels.get("rack").map(String::as_str)
     }
 
-    pub(crate) fn path(&self, a: u32, b: u32) -> (Path, u32) {
+    /// How GPUs `a` and `b` reach each other and over how many NVLinks; an
+    /// unreported pair is assumed to cross the system interconnect.
+    pub(crate) fn link(&self, a: u32, b: u32) -> (LinkKind, u32) {
         self.links
             .iter()
             .find(|l| (l.a == a && l.b == b) || (l.a == b && l.b == a))
-            .map_or((Path::Sys, 0), |l| (l.path, l.nvlinks))
+            .map_or((LinkKind::Sys, 0), |l| (l.kind, l.nvlinks))
     }
 }
 

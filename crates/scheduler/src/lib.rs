@@ -21,8 +21,8 @@ mod placer;
 
 pub use explain::{Explanation, FabricShortfall, ProfileExplanation, Reason};
 pub use fleet::{
-    GpuView, LinkView, NodeHealth, NodeView, Path, Placement, Request, ShardPlacement, Siblings,
-    Strategy,
+    GpuView, LinkView, NodeHealth, NodeView, Placement, Request, ShardPlacement, Siblings, Strategy,
 };
+pub use llmgw_topology::LinkKind;
 pub use place::{best_gpu_set, place};
 pub use placer::Placer;

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use llmgw_catalog::Profile;
 
 use crate::explain::{Explanation, FabricShortfall, ProfileExplanation, Reason};
-use crate::fleet::{NodeHealth, NodeView, Path, Placement, Request, ShardPlacement, Strategy};
+use llmgw_topology::LinkKind;
+
+use crate::fleet::{NodeHealth, NodeView, Placement, Request, ShardPlacement, Strategy};
 
 /// Places one replica: the first profile that fits wins. When none fits,
 /// the explanation says, per profile, why each node was passed over.
@@ -275,15 +277,15 @@ pub fn best_gpu_set(node: &NodeView, eligible: &[u32], k: usize) -> Vec<u32> {
     }
     let score = |set: &[u32]| {
         let mut non_nvlink = 0u32;
-        let mut worst = Path::Nvlink;
+        let mut worst = LinkKind::Nvlink;
         let mut nvlinks = 0u32;
         for (i, a) in set.iter().enumerate() {
             for b in &set[i + 1..] {
-                let (path, n) = node.path(*a, *b);
-                if path != Path::Nvlink {
+                let (kind, n) = node.link(*a, *b);
+                if kind != LinkKind::Nvlink {
                     non_nvlink += 1;
                 }
-                worst = worst.max(path);
+                worst = worst.max(kind);
                 nvlinks += n;
             }
         }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use llmgw_catalog::{Engine, Profile};
 use llmgw_scheduler::{
-    GpuView, LinkView, NodeHealth, NodeView, Path, Placement, Placer, Request, Siblings,
+    GpuView, LinkKind, LinkView, NodeHealth, NodeView, Placement, Placer, Request, Siblings,
     Strategy as Packing, best_gpu_set, place,
 };
 use proptest::prelude::*;
@@ -33,15 +33,15 @@ fn node(id: &str, gpus: u32, nvswitch: bool, fabrics: &[&str]) -> NodeView {
     for a in 0..gpus {
         for b in a + 1..gpus {
             let paired = a / 2 == b / 2;
-            let (path, nvlinks) = match (nvswitch, paired) {
-                (true, _) => (Path::Nvlink, 18),
-                (false, true) => (Path::Nvlink, 4),
-                (false, false) => (Path::Sys, 0),
+            let (kind, nvlinks) = match (nvswitch, paired) {
+                (true, _) => (LinkKind::Nvlink, 18),
+                (false, true) => (LinkKind::Nvlink, 4),
+                (false, false) => (LinkKind::Sys, 0),
             };
             links.push(LinkView {
                 a,
                 b,
-                path,
+                kind,
                 nvlinks,
             });
         }

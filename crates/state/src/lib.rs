@@ -16,10 +16,10 @@ mod types;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind};
 pub use hash::StateHash;
+pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
-    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, LinkKind, ModelRecord, NodeInventory,
-    NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState,
-    StopOrder,
+    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
+    NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,
 };

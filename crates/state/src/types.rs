@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use llmgw_topology::LinkKind;
 use serde::{Deserialize, Serialize};
 
 use crate::model_spec::ModelSpec;
@@ -54,25 +55,6 @@ pub struct Gpu {
     pub uuid: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pci_bus_id: String,
-}
-
-/// How two GPUs of a node reach each other, as `nvidia-smi topo -m` names
-/// it, best first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LinkKind {
-    /// Bonded NVLinks, directly or through NVSwitch.
-    Nvlink,
-    /// At most one PCIe bridge.
-    Pix,
-    /// Several PCIe bridges, no host bridge.
-    Pxb,
-    /// Through a PCIe host bridge (the CPU).
-    Phb,
-    /// Between host bridges within one NUMA node.
-    Node,
-    /// Across the inter-socket link, or unknown.
-    Sys,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
