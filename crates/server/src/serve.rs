@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use llmgw_raft::{ControlPlane, PeerSpec, RaftSettings, StartError};
+use llmgw_tls::Tls;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
 
 use llmgw_catalog::Catalog;
 use llmgw_state::{Command, ModelSpec};
@@ -56,13 +59,7 @@ pub async fn serve(
     seed_catalog: Option<Catalog>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    let data_dir = options.data_dir.join("raft");
-    std::fs::create_dir_all(&data_dir).map_err(|e| {
-        ServerError::Config(format!(
-            "cannot create data directory {}: {e}",
-            data_dir.display()
-        ))
-    })?;
+    let data_dir = create_raft_dir(&options)?;
     let tls = options
         .security
         .start(options.id, options.grpc_listen, options.admin_listen)?;
@@ -74,6 +71,59 @@ pub async fn serve(
         tls.clone(),
     )
     .await?;
+    let (grpc_listener, admin_listener) = bind_listeners(&options).await?;
+    tracing::info!(
+        id = options.id,
+        grpc = %options.grpc_listen,
+        admin = %options.admin_listen,
+        admin_scheme = if tls.is_some() { "https" } else { "http" },
+        "llmgw server peer started"
+    );
+
+    let hub = Arc::new(Hub::for_peer(options.id));
+    let stop_rx = spawn_shutdown_watch(hub.clone(), shutdown);
+    let agents = spawn_agent_loops(&control, &hub, &options, &stop_rx);
+    let router = start_router(&control, options.router_listen).await?;
+    let grpc = spawn_grpc(
+        &control,
+        agents,
+        grpc_listener,
+        tls.clone(),
+        stop_rx.clone(),
+    );
+    spawn_bootstrap(control.clone(), seed_catalog);
+
+    let app = admin_app(&options, &control, hub, stop_rx.clone());
+    let admin_listener =
+        AdminListener::new(admin_listener, tls.clone()).map_err(|source| ServerError::Listen {
+            what: "admin API",
+            addr: options.admin_listen,
+            source,
+        })?;
+    let admin_result = serve_admin(admin_listener, app, stop_rx).await;
+    drop(router);
+    control.shutdown().await;
+    let grpc_result = grpc.await;
+    served(admin_result, grpc_result)
+}
+
+/// The directory Raft keeps its log and snapshots in, created if missing.
+fn create_raft_dir(options: &ServerOptions) -> Result<PathBuf, ServerError> {
+    let data_dir = options.data_dir.join("raft");
+    std::fs::create_dir_all(&data_dir).map_err(|e| {
+        ServerError::Config(format!(
+            "cannot create data directory {}: {e}",
+            data_dir.display()
+        ))
+    })?;
+    Ok(data_dir)
+}
+
+/// The peer gRPC and admin API sockets, bound before anything serves so a
+/// taken port fails the start.
+async fn bind_listeners(
+    options: &ServerOptions,
+) -> Result<(TcpListener, TcpListener), ServerError> {
     let grpc_listener =
         listen(options.grpc_listen, AGENT_BACKLOG).map_err(|source| ServerError::Listen {
             what: "peer gRPC",
@@ -87,36 +137,44 @@ pub async fn serve(
             addr: options.admin_listen,
             source,
         })?;
-    tracing::info!(
-        id = options.id,
-        grpc = %options.grpc_listen,
-        admin = %options.admin_listen,
-        admin_scheme = if tls.is_some() { "https" } else { "http" },
-        "llmgw server peer started"
-    );
+    Ok((grpc_listener, admin_listener))
+}
 
-    let hub = Arc::new(Hub::for_peer(options.id));
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    {
-        let hub = hub.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            // Agents re-home now rather than after their leader_timeout,
-            // and the gRPC server has no open stream to wait for.
-            let closed = hub.close_all();
-            if closed > 0 {
-                tracing::info!(
-                    closed,
-                    "closed the agent streams; agents find the next leader"
-                );
-            }
-            let _ = stop_tx.send(true);
-        });
-    }
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
+/// Waits for `shutdown`, closes the agent streams, then tells every server
+/// and loop of the peer to stop through the returned receiver.
+fn spawn_shutdown_watch(
+    hub: Arc<Hub>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> watch::Receiver<bool> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        // Agents re-home now rather than after their leader_timeout,
+        // and the gRPC server has no open stream to wait for.
+        let closed = hub.close_all();
+        if closed > 0 {
+            tracing::info!(
+                closed,
+                "closed the agent streams; agents find the next leader"
+            );
+        }
+        let _ = stop_tx.send(true);
+    });
+    stop_rx
+}
 
+async fn stopped(mut stop_rx: watch::Receiver<bool>) {
+    let _ = stop_rx.wait_for(|stop| *stop).await;
+}
+
+/// Starts the loops that act on what agents report (report writing,
+/// liveness, reconciling) and returns the gRPC service agents stream to.
+fn spawn_agent_loops(
+    control: &ControlPlane,
+    hub: &Arc<Hub>,
+    options: &ServerOptions,
+    stop_rx: &watch::Receiver<bool>,
+) -> AgentStreams {
     let (reports, report_rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(write_reports(control.clone(), report_rx));
     tokio::spawn(run_liveness(
@@ -131,76 +189,106 @@ pub async fn serve(
         options.placement.clone(),
         stop_rx.clone(),
     ));
-    let agents = AgentStreams {
+    AgentStreams {
         control: control.clone(),
         hub: hub.clone(),
         reports,
         heartbeat_interval: std::time::Duration::ZERO,
         registrar: crate::agents::Registrar::spawn(control.clone()),
-    };
-    let router = match options.router_listen {
-        Some(addr) => {
-            let table = crate::routes::publish(control.clone());
-            let router = llmgw_router::Router::new(llmgw_router::Settings::default(), &table)
-                .bind(addr)
-                .await
-                .map_err(|e| ServerError::Serve {
-                    what: "router",
-                    message: e.to_string(),
-                })?;
-            tracing::info!(addr = %router.local_addr(), "OpenAI router serving from this peer's applied state");
-            Some(router)
-        }
-        None => None,
-    };
+    }
+}
 
+/// The OpenAI router inside this peer, when server.yaml asks for one.
+async fn start_router(
+    control: &ControlPlane,
+    listen: Option<SocketAddr>,
+) -> Result<Option<llmgw_router::RunningRouter>, ServerError> {
+    let Some(addr) = listen else {
+        return Ok(None);
+    };
+    let table = crate::routes::publish(control.clone());
+    let router = llmgw_router::Router::new(llmgw_router::Settings::default(), &table)
+        .bind(addr)
+        .await
+        .map_err(|e| ServerError::Serve {
+            what: "router",
+            message: e.to_string(),
+        })?;
+    tracing::info!(addr = %router.local_addr(), "OpenAI router serving from this peer's applied state");
+    Ok(Some(router))
+}
+
+/// Serves Raft and the agent streams on the peer gRPC port until stopped.
+fn spawn_grpc(
+    control: &ControlPlane,
+    agents: AgentStreams,
+    listener: TcpListener,
+    tls: Option<Tls>,
+    stop_rx: watch::Receiver<bool>,
+) -> JoinHandle<Result<(), tonic::transport::Error>> {
     let grpc = tonic::transport::Server::builder()
         .add_service(llmgw_raft::raft_grpc_service(control.clone()))
         .add_service(agents.into_service())
         .serve_with_incoming_shutdown(
             // mTLS handshakes here; handlers see the caller's identity.
-            llmgw_tls::incoming(grpc_listener, tls.clone()),
-            stopped(stop_rx.clone()),
+            llmgw_tls::incoming(listener, tls),
+            stopped(stop_rx),
         );
-    let grpc = tokio::spawn(grpc);
+    tokio::spawn(grpc)
+}
 
-    let bootstrap_control = control.clone();
+/// Forms the cluster when this peer is the one to, then seeds it with the
+/// configured catalog.
+fn spawn_bootstrap(control: ControlPlane, seed_catalog: Option<Catalog>) {
     tokio::spawn(async move {
-        if bootstrap_control.bootstrap().await
+        if control.bootstrap().await
             && let Some(catalog) = seed_catalog
         {
-            seed(&bootstrap_control, catalog).await;
+            seed(&control, catalog).await;
         }
     });
+}
 
+fn admin_app(
+    options: &ServerOptions,
+    control: &ControlPlane,
+    hub: Arc<Hub>,
+    stop_rx: watch::Receiver<bool>,
+) -> axum::Router {
     let app = api::router(ApiState {
         control: control.clone(),
         insecure: options.security.insecure(),
         hub,
         placement: options.placement.clone(),
-        stopping: stop_rx.clone(),
+        stopping: stop_rx,
     });
-    let app = options.security.admin.protect(app);
-    let admin_listener =
-        AdminListener::new(admin_listener, tls.clone()).map_err(|source| ServerError::Listen {
-            what: "admin API",
-            addr: options.admin_listen,
-            source,
-        })?;
-    let admin = axum::serve(
-        admin_listener,
+    options.security.admin.protect(app)
+}
+
+async fn serve_admin(
+    listener: AdminListener,
+    app: axum::Router,
+    stop_rx: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
         app.into_make_service_with_connect_info::<Caller>(),
     )
-    .with_graceful_shutdown(stopped(stop_rx));
-    let admin_result = admin.await;
-    drop(router);
-    control.shutdown().await;
-    let grpc_result = grpc.await;
-    admin_result.map_err(|e| ServerError::Serve {
+    .with_graceful_shutdown(stopped(stop_rx))
+    .await
+}
+
+/// The peer's outcome once both servers have stopped: the admin API's
+/// failure first, then the gRPC server's.
+fn served(
+    admin: std::io::Result<()>,
+    grpc: Result<Result<(), tonic::transport::Error>, JoinError>,
+) -> Result<(), ServerError> {
+    admin.map_err(|e| ServerError::Serve {
         what: "admin API",
         message: e.to_string(),
     })?;
-    match grpc_result {
+    match grpc {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(ServerError::Serve {
             what: "peer gRPC",
