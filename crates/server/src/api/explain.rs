@@ -8,8 +8,9 @@ use std::collections::BTreeSet;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use llmgw_api::{ModelExplanation, ReplicaWhy};
-use llmgw_scheduler::{Request, Siblings};
-use llmgw_state::FleetState;
+use llmgw_catalog::{Managed, Model};
+use llmgw_scheduler::{Explanation, NodeView, Request, Siblings};
+use llmgw_state::{FleetState, Replica};
 
 use super::{ApiError, ApiState, ReadQuery};
 use crate::reconcile::node_views;
@@ -42,110 +43,152 @@ pub fn explain_model(
         ))
     })?;
     let Some(managed) = model.managed() else {
-        return Ok(ModelExplanation {
-            model: name.to_owned(),
-            desired: 0,
-            replicas: Vec::new(),
-            pending: 0,
-            explanation: Some(format!(
-                "{name} is served by static endpoints ({}); llmgw places no replicas for it",
-                model.static_endpoints().join(", ")
-            )),
-            detail: None,
-            last_failure: None,
-        });
+        return Ok(static_model_explanation(name, model));
     };
-    let mut replicas = Vec::new();
-    let mut serving = 0u32;
     let views = node_views(fleet);
-    let mut siblings = Siblings::default();
-    for replica in fleet.replicas.values().filter(|r| r.model == name) {
-        let state = replica.state();
-        let profile = managed.profiles.iter().find(|p| p.name == replica.profile);
-        let mut why = match profile {
-            Some(p) => format!(
-                "profile {} ({} node(s) x {} GPU(s), {})",
-                p.name, p.nodes, p.gpus_per_node, p.engine
-            ),
-            None => format!("profile {} (no longer in the catalog)", replica.profile),
-        };
-        if let Some(fabric) = &replica.fabric {
-            why.push_str(&format!(" on fabric {fabric}"));
-        }
-        let placed: Vec<String> = replica
-            .shards
-            .iter()
-            .map(|s| {
-                format!(
-                    "rank {} on {} GPUs {:?} port {}",
-                    s.rank, s.node, s.gpus, s.port
-                )
-            })
-            .collect();
-        why.push_str(&format!(": {}", placed.join("; ")));
-        if let Some(old) = &replica.replaces {
-            why.push_str(&format!("; replaces {old} (node drain)"));
-        }
-        if let Some(stop) = &replica.stop {
-            why.push_str(&format!("; ordered away: {}", stop.reason));
-        } else {
-            serving += 1;
-            for shard in &replica.shards {
-                if let Some(view) = views.iter().find(|v| v.id == shard.node) {
-                    siblings.add(view);
-                }
-            }
-        }
-        for shard in &replica.shards {
-            if let Some(failure) = &shard.last_failure {
-                why.push_str(&format!(
-                    "; rank {} last failed: {}",
-                    shard.rank, failure.message
-                ));
-            }
-        }
-        replicas.push(ReplicaWhy {
-            id: replica.id.clone(),
-            state,
-            why,
-        });
-    }
-    let pending = record.desired_replicas.saturating_sub(serving);
+    let placed = explain_replicas(fleet, name, managed, &views);
+    let pending = record.desired_replicas.saturating_sub(placed.serving);
     let (explanation, detail) = if pending == 0 {
         (None, None)
     } else {
-        let request = Request {
-            model: name,
-            profiles: &managed.profiles,
-            siblings,
-            avoid: BTreeSet::new(),
-            strategy,
-        };
-        match llmgw_scheduler::place(&views, &request) {
-            Ok(placement) => (
-                Some(format!(
-                    "a replica fits now (profile {} on {}); the leader places it on its next round, \
-                     after any backoff from an earlier failure",
-                    placement.profile,
-                    placement
-                        .shards
-                        .iter()
-                        .map(|s| s.node.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-                None,
-            ),
-            Err(explanation) => (Some(explanation.to_string()), Some(explanation)),
-        }
+        why_pending(name, managed, placed.siblings, &views, strategy)
     };
     Ok(ModelExplanation {
         model: name.to_owned(),
         desired: record.desired_replicas,
-        replicas,
+        replicas: placed.replicas,
         pending,
         explanation,
         detail,
         last_failure: record.last_failure.clone(),
     })
+}
+
+fn static_model_explanation(name: &str, model: &Model) -> ModelExplanation {
+    ModelExplanation {
+        model: name.to_owned(),
+        desired: 0,
+        replicas: Vec::new(),
+        pending: 0,
+        explanation: Some(format!(
+            "{name} is served by static endpoints ({}); llmgw places no replicas for it",
+            model.static_endpoints().join(", ")
+        )),
+        detail: None,
+        last_failure: None,
+    }
+}
+
+/// The model's replicas as placed, and what the serving ones (those not
+/// ordered away) mean for placing one more.
+struct PlacedReplicas {
+    replicas: Vec<ReplicaWhy>,
+    serving: u32,
+    siblings: Siblings,
+}
+
+fn explain_replicas(
+    fleet: &FleetState,
+    name: &str,
+    managed: &Managed,
+    views: &[NodeView],
+) -> PlacedReplicas {
+    let mut placed = PlacedReplicas {
+        replicas: Vec::new(),
+        serving: 0,
+        siblings: Siblings::default(),
+    };
+    for replica in fleet.replicas.values().filter(|r| r.model == name) {
+        if replica.stop.is_none() {
+            placed.serving += 1;
+            for shard in &replica.shards {
+                if let Some(view) = views.iter().find(|v| v.id == shard.node) {
+                    placed.siblings.add(view);
+                }
+            }
+        }
+        placed.replicas.push(ReplicaWhy {
+            id: replica.id.clone(),
+            state: replica.state(),
+            why: replica_why(replica, managed),
+        });
+    }
+    placed
+}
+
+/// One line on a replica: its profile, where its shards run, and what
+/// drains, stop orders or failures touch it.
+fn replica_why(replica: &Replica, managed: &Managed) -> String {
+    let profile = managed.profiles.iter().find(|p| p.name == replica.profile);
+    let mut why = match profile {
+        Some(p) => format!(
+            "profile {} ({} node(s) x {} GPU(s), {})",
+            p.name, p.nodes, p.gpus_per_node, p.engine
+        ),
+        None => format!("profile {} (no longer in the catalog)", replica.profile),
+    };
+    if let Some(fabric) = &replica.fabric {
+        why.push_str(&format!(" on fabric {fabric}"));
+    }
+    let placed: Vec<String> = replica
+        .shards
+        .iter()
+        .map(|s| {
+            format!(
+                "rank {} on {} GPUs {:?} port {}",
+                s.rank, s.node, s.gpus, s.port
+            )
+        })
+        .collect();
+    why.push_str(&format!(": {}", placed.join("; ")));
+    if let Some(old) = &replica.replaces {
+        why.push_str(&format!("; replaces {old} (node drain)"));
+    }
+    if let Some(stop) = &replica.stop {
+        why.push_str(&format!("; ordered away: {}", stop.reason));
+    }
+    for shard in &replica.shards {
+        if let Some(failure) = &shard.last_failure {
+            why.push_str(&format!(
+                "; rank {} last failed: {}",
+                shard.rank, failure.message
+            ));
+        }
+    }
+    why
+}
+
+/// Why a replica is still missing: runs the placement the leader would,
+/// and reports either where one fits now or the scheduler's reasons.
+fn why_pending(
+    name: &str,
+    managed: &Managed,
+    siblings: Siblings,
+    views: &[NodeView],
+    strategy: llmgw_scheduler::Strategy,
+) -> (Option<String>, Option<Explanation>) {
+    let request = Request {
+        model: name,
+        profiles: &managed.profiles,
+        siblings,
+        avoid: BTreeSet::new(),
+        strategy,
+    };
+    match llmgw_scheduler::place(views, &request) {
+        Ok(placement) => (
+            Some(format!(
+                "a replica fits now (profile {} on {}); the leader places it on its next round, \
+                 after any backoff from an earlier failure",
+                placement.profile,
+                placement
+                    .shards
+                    .iter()
+                    .map(|s| s.node.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            None,
+        ),
+        Err(explanation) => (Some(explanation.to_string()), Some(explanation)),
+    }
 }
