@@ -104,89 +104,156 @@ pub async fn run_liveness(
         last_tick = now;
         let Some(term) = control.leading_term() else {
             let since = *lapsed.get_or_insert(now);
-            let another_leads = control.leader().is_some_and(|(id, _)| id != control.id());
-            // A lease that lapses for a moment (a busy machine) keeps the
-            // streams: closing ten thousand of them would bring them all
-            // back at once. Another leader, or a long lapse, closes them.
-            let held_on = !another_leads && now.duration_since(since) < LAPSE_BEFORE_CLOSING;
-            if !held_on && let Some(t) = trusted.take() {
-                let closed = hub.close_all();
-                let why = control
-                    .inactive_leader_reason()
-                    .unwrap_or_else(|| "another peer leads".to_owned());
-                tracing::info!(
-                    term = t.term,
-                    closed,
-                    "no longer leading the fleet ({why}); closed the agent streams so agents find the leader"
-                );
-            }
+            release_streams_unless_held(&control, &hub, &mut trusted, since, now);
             continue;
         };
         lapsed = None;
-        if let Some(why) = trust_restarts(trusted, term, gap, max_gap) {
-            tracing::info!(
-                term,
-                gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
-                "{why}: every node gets {:?} to be heard before it can be marked unreachable",
-                settings.grace
-            );
-            trusted = Some(Trust { term, since: now });
-        }
+        refresh_trust(&mut trusted, term, now, gap, max_gap, &settings);
         let Some(Trust { since, .. }) = trusted else {
             continue;
         };
         let in_grace = now.duration_since(since) < settings.grace;
-        let heard: HashMap<String, Instant> = hub
-            .nodes()
-            .into_iter()
-            .filter_map(|node| hub.last_heard(&node).map(|at| (node, at)))
-            .collect();
+        let heard = heard_from(&hub);
         let at_ms = now_ms();
-        // Each verdict names the status version it was judged from: a node
-        // that re-registered in the meantime keeps its newer status.
-        let changes: Vec<(String, NodeStatus, NodeStatus, u64)> = control.read(|fleet| {
-            fleet
-                .nodes
-                .values()
-                .filter_map(|node| {
-                    let last = heard.get(&node.id).copied();
-                    next_status(node, last, now, at_ms, in_grace, &settings)
-                        .map(|status| (node.id.clone(), node.status, status, node.status_version))
-                })
-                .collect()
-        });
+        let changes = verdicts(&control, &heard, now, at_ms, in_grace, &settings);
         if changes.is_empty() {
             continue;
         }
-        // One batch: a rack going dark is one log entry, not hundreds.
-        let commands = changes
-            .iter()
-            .map(|(id, _, status, version)| Command::SetNodeStatus {
-                id: id.clone(),
-                status: *status,
-                based_on: Some(*version),
-                at_ms,
+        commit_verdicts(&control, term, &changes, at_ms).await;
+    }
+}
+
+/// Called on each tick this peer holds no leader's lease (`lapsed_since`
+/// is when that began). Forgets the trust in its heartbeat table and closes
+/// the agent streams, unless the lapse is short and no other leader is known.
+fn release_streams_unless_held(
+    control: &ControlPlane,
+    hub: &Hub,
+    trusted: &mut Option<Trust>,
+    lapsed_since: Instant,
+    now: Instant,
+) {
+    let another_leads = control.leader().is_some_and(|(id, _)| id != control.id());
+    // A lease that lapses for a moment (a busy machine) keeps the
+    // streams: closing ten thousand of them would bring them all
+    // back at once. Another leader, or a long lapse, closes them.
+    let held_on = !another_leads && now.duration_since(lapsed_since) < LAPSE_BEFORE_CLOSING;
+    if !held_on && let Some(t) = trusted.take() {
+        let closed = hub.close_all();
+        let why = control
+            .inactive_leader_reason()
+            .unwrap_or_else(|| "another peer leads".to_owned());
+        tracing::info!(
+            term = t.term,
+            closed,
+            "no longer leading the fleet ({why}); closed the agent streams so agents find the leader"
+        );
+    }
+}
+
+/// Restarts trust at `now` when [`trust_restarts`] says so, and says why.
+fn refresh_trust(
+    trusted: &mut Option<Trust>,
+    term: u64,
+    now: Instant,
+    gap: Duration,
+    max_gap: Duration,
+    settings: &LivenessSettings,
+) {
+    if let Some(why) = trust_restarts(*trusted, term, gap, max_gap) {
+        tracing::info!(
+            term,
+            gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
+            "{why}: every node gets {:?} to be heard before it can be marked unreachable",
+            settings.grace
+        );
+        *trusted = Some(Trust { term, since: now });
+    }
+}
+
+/// When each node with an open stream was last heard from.
+fn heard_from(hub: &Hub) -> HashMap<String, Instant> {
+    hub.nodes()
+        .into_iter()
+        .filter_map(|node| hub.last_heard(&node).map(|at| (node, at)))
+        .collect()
+}
+
+/// A status change judged for one node.
+struct Verdict {
+    node: String,
+    from: NodeStatus,
+    to: NodeStatus,
+    /// The status version it was judged from: a node that re-registered in
+    /// the meantime keeps its newer status.
+    based_on: u64,
+}
+
+fn verdicts(
+    control: &ControlPlane,
+    heard: &HashMap<String, Instant>,
+    now: Instant,
+    at_ms: u64,
+    in_grace: bool,
+    settings: &LivenessSettings,
+) -> Vec<Verdict> {
+    control.read(|fleet| {
+        fleet
+            .nodes
+            .values()
+            .filter_map(|node| {
+                let last = heard.get(&node.id).copied();
+                next_status(node, last, now, at_ms, in_grace, settings).map(|status| Verdict {
+                    node: node.id.clone(),
+                    from: node.status,
+                    to: status,
+                    based_on: node.status_version,
+                })
             })
-            .collect();
-        let author = crate::propose::Author::Leader(term);
-        if crate::propose::propose_all(&control, author, commands).await {
-            for (id, from, to, version) in &changes {
-                let now =
-                    control.read(|fleet| fleet.nodes.get(id).map(|n| (n.status, n.status_version)));
-                match now {
-                    Some((status, _)) if status == *to => {
-                        tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
-                    }
-                    Some((status, current)) => tracing::info!(
-                        node = %id,
-                        verdict = to.as_str(),
-                        status = status.as_str(),
-                        "liveness verdict dropped: judged from status version {version}, the node is at {current}"
-                    ),
-                    None => {}
-                }
-            }
+            .collect()
+    })
+}
+
+/// Proposes the verdicts as the leader of `term`, then logs what each
+/// became once applied.
+async fn commit_verdicts(control: &ControlPlane, term: u64, changes: &[Verdict], at_ms: u64) {
+    // One batch: a rack going dark is one log entry, not hundreds.
+    let commands = changes
+        .iter()
+        .map(|verdict| Command::SetNodeStatus {
+            id: verdict.node.clone(),
+            status: verdict.to,
+            based_on: Some(verdict.based_on),
+            at_ms,
+        })
+        .collect();
+    let author = crate::propose::Author::Leader(term);
+    if crate::propose::propose_all(control, author, commands).await {
+        for verdict in changes {
+            log_verdict_outcome(control, verdict);
         }
+    }
+}
+
+fn log_verdict_outcome(control: &ControlPlane, verdict: &Verdict) {
+    let Verdict {
+        node: id,
+        from,
+        to,
+        based_on: version,
+    } = verdict;
+    let now = control.read(|fleet| fleet.nodes.get(id).map(|n| (n.status, n.status_version)));
+    match now {
+        Some((status, _)) if status == *to => {
+            tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
+        }
+        Some((status, current)) => tracing::info!(
+            node = %id,
+            verdict = to.as_str(),
+            status = status.as_str(),
+            "liveness verdict dropped: judged from status version {version}, the node is at {current}"
+        ),
+        None => {}
     }
 }
 
