@@ -36,6 +36,15 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 async fn main() {
     let failovers = env_u64("FAILOVERS", 20);
     let write_seconds = env_u64("WRITE_SECONDS", 5);
+    let mut cluster = start_cluster().await;
+    bench_failovers(&mut cluster, failovers).await;
+    bench_pauses(&cluster).await;
+    bench_loaded_disk(&cluster).await;
+    bench_writes(&cluster, write_seconds).await;
+}
+
+/// Three peers, with `TLS` and `RAFT` applied, that accepted a first write.
+async fn start_cluster() -> Cluster {
     let tls = env_u64("TLS", 0) == 1;
     println!("peer transport: {}", if tls { "mTLS" } else { "plaintext" });
     // `RAFT="heartbeat_interval: 80ms, election_timeout_min: 250ms, ..."`
@@ -46,14 +55,19 @@ async fn main() {
     if !raft.is_empty() {
         print!("server.yaml {raft}");
     }
-    let mut cluster = if tls {
+    let cluster = if tls {
         Cluster::start_tls(&raft)
     } else {
         Cluster::start(&raft)
     };
     cluster.wait_leader().await;
     cluster.put_model(1, "warm-up").await.expect("first write");
+    cluster
+}
 
+/// SIGKILLs the leader `failovers` times: how long until a survivor
+/// accepts a write again.
+async fn bench_failovers(cluster: &mut Cluster, failovers: u64) {
     let mut downtimes = Vec::new();
     for round in 0..failovers {
         let leader = cluster.wait_leader().await;
@@ -89,7 +103,11 @@ async fn main() {
             downtimes.last().unwrap().as_secs_f64()
         );
     }
+}
 
+/// SIGSTOPs the leader `PAUSES` times for `PAUSE_SECONDS`: how long until
+/// a survivor accepts a write while the old leader stands still.
+async fn bench_pauses(cluster: &Cluster) {
     let pauses = env_u64("PAUSES", 5);
     let pause_for = Duration::from_secs(env_u64("PAUSE_SECONDS", 10));
     let mut stalls = Vec::new();
@@ -129,62 +147,53 @@ async fn main() {
             stalls.last().unwrap().as_secs_f64()
         );
     }
+}
 
-    // What short timeouts cost: elections and lapsed leases while a
-    // neighbour saturates the disk with synced writes, and no fault.
+/// What short timeouts cost: elections and lapsed leases while a
+/// neighbour saturates the disk with synced writes, and no fault.
+async fn bench_loaded_disk(cluster: &Cluster) {
     let hog_seconds = env_u64("DISK_HOG_SECONDS", 20);
-    if hog_seconds > 0 {
-        cluster.wait_leader().await;
-        cluster.wait_converged().await;
-        let (changes_before, lapses_before) = disturbances(&cluster).await;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let hog = {
-            let stop = stop.clone();
-            let path = cluster.dir.path().join("disk-hog");
-            std::thread::spawn(move || disk_hog(&path, &stop))
-        };
-        let until = Instant::now() + Duration::from_secs(hog_seconds);
-        let mut writes = 0u64;
-        while Instant::now() < until {
-            if let Ok((200, _)) = cluster
-                .put_model(1 + writes % 3, &format!("hog-{writes}"))
-                .await
-            {
-                writes += 1;
-            }
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let hogged = hog.join().unwrap_or(0);
-        let (changes_after, lapses_after) = disturbances(&cluster).await;
-        println!(
-            "loaded disk: {hog_seconds} s of 1-client writes ({writes} ok) beside {} MiB of synced 1 MiB writes: {} leader changes, {} lapsed leader leases",
-            hogged >> 20,
-            changes_after - changes_before,
-            lapses_after - lapses_before
-        );
+    if hog_seconds == 0 {
+        return;
     }
+    cluster.wait_leader().await;
+    cluster.wait_converged().await;
+    let (changes_before, lapses_before) = disturbances(cluster).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hog = {
+        let stop = stop.clone();
+        let path = cluster.dir.path().join("disk-hog");
+        std::thread::spawn(move || disk_hog(&path, &stop))
+    };
+    let until = Instant::now() + Duration::from_secs(hog_seconds);
+    let mut writes = 0u64;
+    while Instant::now() < until {
+        if let Ok((200, _)) = cluster
+            .put_model(1 + writes % 3, &format!("hog-{writes}"))
+            .await
+        {
+            writes += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let hogged = hog.join().unwrap_or(0);
+    let (changes_after, lapses_after) = disturbances(cluster).await;
+    println!(
+        "loaded disk: {hog_seconds} s of 1-client writes ({writes} ok) beside {} MiB of synced 1 MiB writes: {} leader changes, {} lapsed leader leases",
+        hogged >> 20,
+        changes_after - changes_before,
+        lapses_after - lapses_before
+    );
+}
 
+/// Admin-API write throughput and latency with 1 and then 64 clients,
+/// each for `write_seconds`.
+async fn bench_writes(cluster: &Cluster, write_seconds: u64) {
     cluster.wait_leader().await;
     cluster.wait_converged().await;
     for clients in [1u64, 64] {
         let until = Instant::now() + Duration::from_secs(write_seconds);
-        let cluster_ref = &cluster;
-        let runs = (0..clients).map(|client| async move {
-            let mut latencies = Vec::new();
-            let mut errors = 0u64;
-            let mut i = 0u64;
-            while Instant::now() < until {
-                let via = 1 + (client + i) % 3;
-                let name = format!("tp{clients}-{client}-{i}");
-                let started = Instant::now();
-                match cluster_ref.put_model(via, &name).await {
-                    Ok((200, _)) => latencies.push(started.elapsed()),
-                    _ => errors += 1,
-                }
-                i += 1;
-            }
-            (latencies, errors)
-        });
+        let runs = (0..clients).map(|client| write_client(cluster, clients, client, until));
         let started = Instant::now();
         let results = futures::future::join_all(runs).await;
         let elapsed = started.elapsed().as_secs_f64();
@@ -202,6 +211,30 @@ async fn main() {
             errors
         );
     }
+}
+
+/// One client of `clients` writing models until `until`, through each
+/// peer in turn: the latencies of accepted writes and the count of the rest.
+async fn write_client(
+    cluster: &Cluster,
+    clients: u64,
+    client: u64,
+    until: Instant,
+) -> (Vec<Duration>, u64) {
+    let mut latencies = Vec::new();
+    let mut errors = 0u64;
+    let mut i = 0u64;
+    while Instant::now() < until {
+        let via = 1 + (client + i) % 3;
+        let name = format!("tp{clients}-{client}-{i}");
+        let started = Instant::now();
+        match cluster.put_model(via, &name).await {
+            Ok((200, _)) => latencies.push(started.elapsed()),
+            _ => errors += 1,
+        }
+        i += 1;
+    }
+    (latencies, errors)
 }
 
 /// Leader changes seen by any peer (the highest counter), and leases that
