@@ -7,6 +7,12 @@ use http_body_util::BodyExt;
 use llmgw_router::{Endpoint, Settings};
 
 use crate::common::*;
+use llmgw_test_kit::{DEADLINE, eventually};
+
+type HttpClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_openai_shaped() {
@@ -131,7 +137,8 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
         assert_eq!(status, 200, "request {i}: {body}");
     }
     let metrics_url = format!("{}/metrics", router.url());
-    let (_, metrics) = get(&metrics_url).await.unwrap();
+    let dead_ejected = format!("llmgw_router_endpoint_ejected{{endpoint=\"{dead_url}\"}}");
+    let metrics = until_ejected(&c, &url, &metrics_url, &dead_ejected).await;
     let live_ejected = format!(
         "llmgw_router_endpoint_ejected{{endpoint=\"{}\"}}",
         live.url()
@@ -141,8 +148,6 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
         Some(0.0),
         "4xx ejected the engine:\n{metrics}"
     );
-    let dead_ejected = format!("llmgw_router_endpoint_ejected{{endpoint=\"{dead_url}\"}}");
-    assert_eq!(metric(&metrics, &dead_ejected), Some(1.0), "{metrics}");
     assert!(
         metrics.contains("llmgw_router_retries_total{model=\"m\",reason=\"connect\"}"),
         "{metrics}"
@@ -173,4 +178,30 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
         .await,
         "a healthy endpoint was never re-admitted"
     );
+}
+
+/// Sends chat requests for "m" until the endpoint behind `ejected_gauge`
+/// shows as ejected, and returns the /metrics text that shows it. The
+/// balancer draws between the endpoints at random, so how many requests
+/// reach the dead one is chance: a fixed count can fall short of the
+/// failure threshold. Every request must still be answered.
+async fn until_ejected(
+    c: &HttpClient,
+    url: &str,
+    metrics_url: &str,
+    ejected_gauge: &str,
+) -> String {
+    eventually("the dead endpoint ejected", DEADLINE, || async {
+        let (_, metrics) = get(metrics_url)
+            .await
+            .ok_or_else(|| "no answer from /metrics".to_string())?;
+        let gauge = metric(&metrics, ejected_gauge);
+        if gauge == Some(1.0) {
+            return Ok(metrics);
+        }
+        let (status, body) = post(c, url, chat_body("m", false, 2), &[]).await?;
+        assert_eq!(status, 200, "a request before the ejection: {body}");
+        Err(format!("{ejected_gauge} is {gauge:?}"))
+    })
+    .await
 }
