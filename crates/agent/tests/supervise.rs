@@ -289,82 +289,120 @@ async fn drain_waits_for_requests_in_flight_then_stops() {
 async fn profiles_that_cannot_work_are_refused_before_anything_starts() {
     let mut h = Harness::new(&NodeSetup::default());
     let busy_port = free_port();
-    let mut cases: Vec<(llmgw_agent::LaunchSpec, &str)> = Vec::new();
-
-    let mut wrong_count = spec("r-count", Engine::Vllm, &[0], free_port());
-    wrong_count.gpus_per_node = 2;
-    wrong_count.tensor_parallel = 2;
-    cases.push((
-        wrong_count,
-        "profile `tp1` needs 2 GPU(s) on this node, but the shard was assigned 1",
-    ));
-
-    let mut managed = spec("r-flag", Engine::Vllm, &[0], free_port());
-    managed.engine_args = vec!["--port".into(), "9999".into()];
-    cases.push((
-        managed,
-        "engine argument \"--port\" sets --port, which llmgw manages",
-    ));
-
-    let mut managed_tp = spec("r-tp", Engine::Sglang, &[0], free_port());
-    managed_tp.engine_args = vec!["--tp=2".into()];
-    cases.push((managed_tp, "sets --tp-size, which llmgw manages"));
-
-    let mut vllm_flag = spec("r-args", Engine::Sglang, &[0], free_port());
-    vllm_flag.engine_args = vec!["--max-model-len".into(), "8192".into()];
-    cases.push((
-        vllm_flag,
-        "engine_args of profile `tp1` are refused by sglang 0.5.10: engine_args[0]: --max-model-len is not an option of sglang 0.5.10; did you mean --context-length (vLLM calls it --max-model-len)?",
-    ));
-
-    cases.push((
-        spec("r-gpu", Engine::Vllm, &[9], free_port()),
-        "GPU 9 is not on this node (it has GPUs 0, 1, 2, 3, 4, 5, 6, 7)",
-    ));
-
-    let mut memory = spec("r-mem", Engine::Vllm, &[0], free_port());
-    memory.min_gpu_memory_gb = 141;
-    cases.push((memory, "has 85 GB, profile `tp1` needs 141 GB"));
-
-    let mut model = spec("r-model", Engine::Vllm, &[0], free_port());
-    model.gpu_models = vec!["A100".into()];
-    cases.push((
-        model,
-        "is a NVIDIA H100 80GB HBM3, profile `tp1` accepts only [\"A100\"]",
-    ));
-
-    let mut multi = spec("r-fabric", Engine::Vllm, &[0, 1], free_port());
-    multi.nodes = 2;
-    multi.gpus_per_node = 2;
-    multi.tensor_parallel = 4;
-    multi.master_port = free_port();
-    cases.push((multi.clone(), "a multi-node shard needs a fabric"));
-    multi.shard_id = "r-fabric2".into();
-    multi.fabric = Some("ib-z".into());
-    cases.push((multi, "fabric `ib-z` is not configured on this node"));
-
     let _holder = std::net::TcpListener::bind(("127.0.0.1", busy_port)).unwrap();
-    cases.push((
-        spec("r-port", Engine::Vllm, &[0], busy_port),
-        format!("port {busy_port} on 127.0.0.1 is taken by another process").leak(),
-    ));
-
-    for (spec, want) in cases {
-        let id = spec.shard_id.clone();
-        let outcome = h.start(spec);
-        assert!(!outcome.accepted, "{id}: {outcome:?}");
-        assert!(
-            outcome.message.contains(want),
-            "{id}: {:?} lacks {want:?}",
-            outcome.message
-        );
-        let failed = h.wait_for(&id, ShardState::Failed, LONG).await;
-        assert!(failed.message.contains(want), "{id}: {}", failed.message);
-        assert_eq!(failed.pid, 0, "{id}: something was started");
+    for (spec, want) in launches_refused_by_validation(busy_port) {
+        refused_and_failed_without_a_process(&mut h, spec, &want).await;
     }
+    a_missing_engine_binary_is_refused(h.dir.path()).await;
 
-    // A missing binary: a node whose vLLM points nowhere.
-    let mut facts = node_facts(h.dir.path(), &NodeSetup::default());
+    // Nothing ran: no engine log was ever opened.
+    assert!(h.logs().is_empty(), "{:?}", h.logs());
+    assert!(h.supervisor.running().is_empty());
+
+    a_gpu_held_by_a_running_shard_is_refused_for_the_next(&mut h).await;
+}
+
+/// Each launch the node's checks refuse, with words its refusal must hold.
+/// `busy_port` is one some other process holds.
+fn launches_refused_by_validation(busy_port: u16) -> Vec<(llmgw_agent::LaunchSpec, String)> {
+    let changed = |id: &str, engine, gpus: &[u32], change: fn(&mut llmgw_agent::LaunchSpec)| {
+        let mut spec = spec(id, engine, gpus, free_port());
+        change(&mut spec);
+        spec
+    };
+    let cases = [
+        (
+            changed("r-count", Engine::Vllm, &[0], |s| {
+                s.gpus_per_node = 2;
+                s.tensor_parallel = 2;
+            }),
+            "profile `tp1` needs 2 GPU(s) on this node, but the shard was assigned 1",
+        ),
+        (
+            changed("r-flag", Engine::Vllm, &[0], |s| {
+                s.engine_args = vec!["--port".into(), "9999".into()];
+            }),
+            "engine argument \"--port\" sets --port, which llmgw manages",
+        ),
+        (
+            changed("r-tp", Engine::Sglang, &[0], |s| {
+                s.engine_args = vec!["--tp=2".into()];
+            }),
+            "sets --tp-size, which llmgw manages",
+        ),
+        (
+            changed("r-args", Engine::Sglang, &[0], |s| {
+                s.engine_args = vec!["--max-model-len".into(), "8192".into()];
+            }),
+            "engine_args of profile `tp1` are refused by sglang 0.5.10: engine_args[0]: --max-model-len is not an option of sglang 0.5.10; did you mean --context-length (vLLM calls it --max-model-len)?",
+        ),
+        (
+            spec("r-gpu", Engine::Vllm, &[9], free_port()),
+            "GPU 9 is not on this node (it has GPUs 0, 1, 2, 3, 4, 5, 6, 7)",
+        ),
+        (
+            changed("r-mem", Engine::Vllm, &[0], |s| s.min_gpu_memory_gb = 141),
+            "has 85 GB, profile `tp1` needs 141 GB",
+        ),
+        (
+            changed("r-model", Engine::Vllm, &[0], |s| {
+                s.gpu_models = vec!["A100".into()];
+            }),
+            "is a NVIDIA H100 80GB HBM3, profile `tp1` accepts only [\"A100\"]",
+        ),
+        (
+            changed("r-fabric", Engine::Vllm, &[0, 1], two_nodes_of_two),
+            "a multi-node shard needs a fabric",
+        ),
+        (
+            changed("r-fabric2", Engine::Vllm, &[0, 1], |s| {
+                two_nodes_of_two(s);
+                s.fabric = Some("ib-z".into());
+            }),
+            "fabric `ib-z` is not configured on this node",
+        ),
+    ];
+    let busy = (
+        spec("r-port", Engine::Vllm, &[0], busy_port),
+        format!("port {busy_port} on 127.0.0.1 is taken by another process"),
+    );
+    cases
+        .into_iter()
+        .map(|(spec, want)| (spec, want.to_string()))
+        .chain([busy])
+        .collect()
+}
+
+fn two_nodes_of_two(spec: &mut llmgw_agent::LaunchSpec) {
+    spec.nodes = 2;
+    spec.gpus_per_node = 2;
+    spec.tensor_parallel = 4;
+    spec.master_port = free_port();
+}
+
+/// The start is refused with `want`, and the shard is reported failed
+/// with it, no process behind it.
+async fn refused_and_failed_without_a_process(
+    h: &mut Harness,
+    spec: llmgw_agent::LaunchSpec,
+    want: &str,
+) {
+    let id = spec.shard_id.clone();
+    let outcome = h.start(spec);
+    assert!(!outcome.accepted, "{id}: {outcome:?}");
+    assert!(
+        outcome.message.contains(want),
+        "{id}: {:?} lacks {want:?}",
+        outcome.message
+    );
+    let failed = h.wait_for(&id, ShardState::Failed, LONG).await;
+    assert!(failed.message.contains(want), "{id}: {}", failed.message);
+    assert_eq!(failed.pid, 0, "{id}: something was started");
+}
+
+/// A node whose vLLM points nowhere refuses the start and reports it failed.
+async fn a_missing_engine_binary_is_refused(work_dir: &std::path::Path) {
+    let mut facts = node_facts(work_dir, &NodeSetup::default());
     facts.context.engines.vllm.as_mut().unwrap().bin = "/opt/nowhere/bin/vllm".into();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let other = tempfile::tempdir().unwrap();
@@ -385,12 +423,9 @@ async fn profiles_that_cannot_work_are_refused_before_anything_starts() {
     );
     let status = rx.recv().await.unwrap();
     assert_eq!(status.state, ShardState::Failed as i32);
+}
 
-    // Nothing ran: no engine log was ever opened.
-    assert!(h.logs().is_empty(), "{:?}", h.logs());
-    assert!(h.supervisor.running().is_empty());
-
-    // A GPU held by a running shard is refused for the next one.
+async fn a_gpu_held_by_a_running_shard_is_refused_for_the_next(h: &mut Harness) {
     assert!(
         h.start(spec("holder", Engine::Vllm, &[4], free_port()))
             .accepted
