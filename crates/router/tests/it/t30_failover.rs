@@ -10,34 +10,9 @@ use llmgw_router::{Endpoint, Settings};
 
 use crate::common::*;
 
-#[derive(Debug, Default)]
-struct Tally {
-    ok: usize,
-    streams_complete: usize,
-    failures: Vec<String>,
-    /// (request body, what the client read) of every answer.
-    answers: Vec<(String, String, Option<serde_json::Value>)>,
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
-    // 40 tokens 10 ms apart: every stream lasts about 0.4 s, so streams are
-    // running on both engines whenever the kill comes.
-    let slow = [
-        ("LLMGW_SIM_ITL", "10ms"),
-        ("LLMGW_SIM_OUTPUT_TOKENS", "200"),
-    ];
-    let mut victim = Sim::start(SMALL, &["m"], &slow);
-    let survivor = Sim::start(SMALL, &["m"], &slow);
-    // The same weights answering at full speed: what each answer must be.
-    let reference = Sim::start(
-        SMALL,
-        &["m"],
-        &[("LLMGW_SIM_ITL", "0ms"), ("LLMGW_SIM_OUTPUT_TOKENS", "200")],
-    );
-    for sim in [&victim, &survivor, &reference] {
-        sim.wait_ready().await;
-    }
+    let [mut victim, survivor, reference] = slow_pair_and_a_fast_reference().await;
     let settings = Settings {
         consecutive_failures: 2,
         ..test_settings()
@@ -54,86 +29,146 @@ async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
         )],
     )
     .await;
-    let url = format!("{}/v1/chat/completions", router.url());
-    let stop = Arc::new(AtomicBool::new(false));
-
-    // Twelve workers, two thirds streaming; each stops on the flag or after
-    // 200 requests, whichever comes first.
-    let mut workers = Vec::new();
-    for w in 0..12 {
-        let url = url.clone();
-        let stop = Arc::clone(&stop);
-        workers.push(tokio::spawn(async move {
-            let c = client();
-            let stream = w % 3 != 0;
-            let mut tally = Tally::default();
-            for i in 0..200 {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let body = tagged_chat_body(&format!("worker {w} request {i}"), stream, 40);
-                match post(&c, &url, body.clone(), &[]).await {
-                    Ok((200, answer)) if !stream => {
-                        let v: serde_json::Value =
-                            serde_json::from_str(&answer).unwrap_or_default();
-                        match v["choices"][0]["message"]["content"].as_str() {
-                            Some(text) => {
-                                tally.ok += 1;
-                                tally.answers.push((
-                                    body,
-                                    text.to_string(),
-                                    Some(v["usage"].clone()),
-                                ));
-                            }
-                            None => tally
-                                .failures
-                                .push(format!("200 without a completion: {answer}")),
-                        }
-                    }
-                    Ok((200, answer)) => {
-                        let read = read_stream(&answer);
-                        if !read.done {
-                            tally
-                                .failures
-                                .push(format!("stream without [DONE]: {answer}"));
-                        } else if let Some(error) = read.error {
-                            tally
-                                .failures
-                                .push(format!("stream ended with an error: {error}"));
-                        } else if read.ids.len() != 1 {
-                            tally
-                                .failures
-                                .push(format!("one stream, several ids: {:?}", read.ids));
-                        } else {
-                            tally.streams_complete += 1;
-                            tally.answers.push((body, read.text, read.usage));
-                        }
-                    }
-                    Ok((status, answer)) => {
-                        tally.failures.push(format!("status {status}: {answer}"))
-                    }
-                    Err(e) => tally.failures.push(e),
-                }
-            }
-            tally
-        }));
-    }
+    let load = ClientLoad::start(&format!("{}/v1/chat/completions", router.url()));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     victim.kill();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
+    let total = load.stop().await;
 
-    let mut total = Tally::default();
-    for worker in workers {
-        let t = tokio::time::timeout(Duration::from_secs(120), worker)
-            .await
-            .expect("a worker hung")
-            .expect("worker panicked");
-        total.ok += t.ok;
-        total.streams_complete += t.streams_complete;
-        total.failures.extend(t.failures);
-        total.answers.extend(t.answers);
+    assert_no_client_saw_a_failure(&total);
+    assert_streams_on_the_killed_engine_were_resumed(&router).await;
+    assert_every_answer_is_an_uninterrupted_one(&reference, &total.answers).await;
+}
+
+/// Two engines streaming slowly, and the same weights at full speed
+/// (what each answer must be); all ready.
+async fn slow_pair_and_a_fast_reference() -> [Sim; 3] {
+    // 40 tokens 10 ms apart: every stream lasts about 0.4 s, so streams are
+    // running on both engines whenever the kill comes.
+    let slow = [
+        ("LLMGW_SIM_ITL", "10ms"),
+        ("LLMGW_SIM_OUTPUT_TOKENS", "200"),
+    ];
+    let victim = Sim::start(SMALL, &["m"], &slow);
+    let survivor = Sim::start(SMALL, &["m"], &slow);
+    let reference = Sim::start(
+        SMALL,
+        &["m"],
+        &[("LLMGW_SIM_ITL", "0ms"), ("LLMGW_SIM_OUTPUT_TOKENS", "200")],
+    );
+    for sim in [&victim, &survivor, &reference] {
+        sim.wait_ready().await;
     }
+    [victim, survivor, reference]
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    ok: usize,
+    streams_complete: usize,
+    failures: Vec<String>,
+    /// (request body, what the client read) of every answer.
+    answers: Vec<(String, String, Option<serde_json::Value>)>,
+}
+
+impl Tally {
+    /// Counts one request's outcome: an answer with its text and usage, or
+    /// the reason the client would see it as failed.
+    fn record(&mut self, body: String, stream: bool, outcome: Result<(u16, String), String>) {
+        match outcome {
+            Ok((200, answer)) if !stream => self.record_completion(body, &answer),
+            Ok((200, answer)) => self.record_stream(body, &answer),
+            Ok((status, answer)) => self.failures.push(format!("status {status}: {answer}")),
+            Err(e) => self.failures.push(e),
+        }
+    }
+
+    fn record_completion(&mut self, body: String, answer: &str) {
+        let v: serde_json::Value = serde_json::from_str(answer).unwrap_or_default();
+        match v["choices"][0]["message"]["content"].as_str() {
+            Some(text) => {
+                self.ok += 1;
+                self.answers
+                    .push((body, text.to_string(), Some(v["usage"].clone())));
+            }
+            None => self
+                .failures
+                .push(format!("200 without a completion: {answer}")),
+        }
+    }
+
+    fn record_stream(&mut self, body: String, answer: &str) {
+        let read = read_stream(answer);
+        if !read.done {
+            self.failures
+                .push(format!("stream without [DONE]: {answer}"));
+        } else if let Some(error) = read.error {
+            self.failures
+                .push(format!("stream ended with an error: {error}"));
+        } else if read.ids.len() != 1 {
+            self.failures
+                .push(format!("one stream, several ids: {:?}", read.ids));
+        } else {
+            self.streams_complete += 1;
+            self.answers.push((body, read.text, read.usage));
+        }
+    }
+
+    fn add(&mut self, other: Tally) {
+        self.ok += other.ok;
+        self.streams_complete += other.streams_complete;
+        self.failures.extend(other.failures);
+        self.answers.extend(other.answers);
+    }
+}
+
+/// Twelve workers, two thirds streaming; each stops on the flag or after
+/// 200 requests, whichever comes first.
+struct ClientLoad {
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<Tally>>,
+}
+
+impl ClientLoad {
+    fn start(url: &str) -> ClientLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = (0..12)
+            .map(|w| tokio::spawn(worker(w, url.to_string(), Arc::clone(&stop))))
+            .collect();
+        ClientLoad { stop, workers }
+    }
+
+    /// Stops the workers and adds up what they saw.
+    async fn stop(self) -> Tally {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut total = Tally::default();
+        for worker in self.workers {
+            let t = tokio::time::timeout(Duration::from_secs(120), worker)
+                .await
+                .expect("a worker hung")
+                .expect("worker panicked");
+            total.add(t);
+        }
+        total
+    }
+}
+
+async fn worker(w: usize, url: String, stop: Arc<AtomicBool>) -> Tally {
+    let c = client();
+    let stream = !w.is_multiple_of(3);
+    let mut tally = Tally::default();
+    for i in 0..200 {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let body = tagged_chat_body(&format!("worker {w} request {i}"), stream, 40);
+        let outcome = post(&c, &url, body.clone(), &[]).await;
+        tally.record(body, stream, outcome);
+    }
+    tally
+}
+
+fn assert_no_client_saw_a_failure(total: &Tally) {
     println!(
         "{} answers, {} streams complete, failures: {:?}",
         total.ok, total.streams_complete, total.failures
@@ -144,6 +179,9 @@ async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
         total.failures
     );
     assert!(total.ok > 0 && total.streams_complete > 0, "{total:?}");
+}
+
+async fn assert_streams_on_the_killed_engine_were_resumed(router: &TestRouter) {
     let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
     let resumed = metric(
         &metrics,
@@ -155,10 +193,15 @@ async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
         resumed >= 1.0,
         "no stream was on the killed engine:\n{metrics}"
     );
+}
 
-    // Every answer, resumed or not, is exactly what one uninterrupted
-    // generation says, and its usage adds up to one answer's.
-    for (body, text, usage) in &total.answers {
+/// Every answer, resumed or not, is exactly what one uninterrupted
+/// generation says, and its usage adds up to one answer's.
+async fn assert_every_answer_is_an_uninterrupted_one(
+    reference: &Sim,
+    answers: &[(String, String, Option<serde_json::Value>)],
+) {
+    for (body, text, usage) in answers {
         let (expected, expected_usage) = reference_answer(&reference.url(), body).await;
         assert_eq!(
             text, &expected,
