@@ -3,15 +3,18 @@
 //! the peers (any peer answers reads), and keeps the last known table while
 //! none answers, because engines keep serving while the control plane is
 //! down or electing. Peers with TLS serve the admin API over HTTPS: the
-//! router trusts the cluster's CA bundle and sends a read token.
+//! router trusts the cluster's CA bundle and sends a read token. A catalog
+//! entry this router cannot read (a newer server's) is left out and the
+//! rest are routed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use llmgw_api::{Model, ModelExplanation, ReplicaState, ReplicaView, paths};
 use llmgw_tls::error_chain;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -141,6 +144,7 @@ async fn poll_loop(
         .collect();
     let mut preferred = 0;
     let mut reachable = true;
+    let mut unreadable = UnreadableEntries::default();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -149,7 +153,7 @@ async fn poll_loop(
         let mut failures = Vec::new();
         for i in 0..peers.len() {
             let peer = &peers[(preferred + i) % peers.len()];
-            match fetch(&api, peer).await {
+            match fetch(&api, peer, &mut unreadable).await {
                 Ok(table) => {
                     preferred = (preferred + i) % peers.len();
                     fetched = Some(table);
@@ -203,8 +207,21 @@ async fn get_view<T: DeserializeOwned>(api: &AdminApi, url: &str) -> Result<T, S
     serde_json::from_str(&body).map_err(|e| format!("GET {url}: not the admin API's answer: {e}"))
 }
 
-async fn fetch(api: &AdminApi, peer: &str) -> Result<RoutingTable, String> {
-    let models: Vec<Model> = get_view(api, &format!("{peer}{}", paths::MODELS)).await?;
+async fn fetch(
+    api: &AdminApi,
+    peer: &str,
+    unreadable: &mut UnreadableEntries,
+) -> Result<RoutingTable, String> {
+    let entries: Vec<serde_json::Value> =
+        get_view(api, &format!("{peer}{}", paths::MODELS)).await?;
+    let (models, newly_unreadable) = unreadable.sort_out(entries);
+    for entry in newly_unreadable {
+        tracing::warn!(
+            model = %entry.name,
+            "catalog entry not routed: this router cannot read it: {}",
+            entry.why
+        );
+    }
     let replicas: Vec<ReplicaView> = get_view(api, &format!("{peer}{}", paths::REPLICAS)).await?;
     let mut table = build_table(&models, &replicas);
     for model in &mut table.models {
@@ -216,6 +233,60 @@ async fn fetch(api: &AdminApi, peer: &str) -> Result<RoutingTable, String> {
         }
     }
     Ok(table)
+}
+
+/// Catalog entries this router cannot decode, remembered so that each is
+/// warned about once rather than on every poll.
+#[derive(Debug, Default)]
+struct UnreadableEntries {
+    /// Each entry's JSON text: an entry rewritten is a new one.
+    seen: HashSet<String>,
+}
+
+/// A catalog entry left out of the table, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Unreadable {
+    name: String,
+    why: String,
+}
+
+impl UnreadableEntries {
+    /// The entries this router can route, and those it cannot that it had
+    /// not met before. An entry it cannot decode (a newer server's, with a
+    /// field or engine this build does not know) is left out, as replicated
+    /// state leaves it alone, instead of failing the whole list and with it
+    /// every other model's updates.
+    fn sort_out(&mut self, entries: Vec<serde_json::Value>) -> (Vec<Model>, Vec<Unreadable>) {
+        let mut models = Vec::with_capacity(entries.len());
+        let mut unreadable_now = HashSet::new();
+        let mut new = Vec::new();
+        for entry in entries {
+            match Model::deserialize(&entry) {
+                Ok(model) => models.push(model),
+                Err(why) => {
+                    let text = entry.to_string();
+                    if !self.seen.contains(&text) {
+                        new.push(Unreadable {
+                            name: entry_name(&entry).to_owned(),
+                            why: why.to_string(),
+                        });
+                    }
+                    unreadable_now.insert(text);
+                }
+            }
+        }
+        // Forgetting entries that left the catalog keeps the set bounded.
+        self.seen = unreadable_now;
+        (models, new)
+    }
+}
+
+/// The `name` an entry gives itself, for the warning.
+fn entry_name(entry: &serde_json::Value) -> &str {
+    entry
+        .get("name")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("(unnamed)")
 }
 
 /// The table the admin API describes: every catalog model, with its static
@@ -368,6 +439,37 @@ mod tests {
             table.resolve("partner").unwrap().endpoints,
             vec![Endpoint::ready("http://10.1.2.3:8000")]
         );
+    }
+
+    #[test]
+    fn an_entry_the_router_cannot_read_leaves_the_others_routed_and_is_warned_once() {
+        let future = serde_json::json!({"name": "future", "source": "x", "replicas": 1,
+            "profiles": [{"name": "p", "engine": "an-engine-from-a-newer-server", "nodes": 1,
+                          "gpus_per_node": 1, "tensor_parallel": 1, "pipeline_parallel": 1,
+                          "min_gpu_memory_gb": 0}]});
+        let entries = vec![
+            serde_json::from_str(LLAMA).unwrap(),
+            future.clone(),
+            serde_json::json!({"name": "partner", "endpoints": ["http://10.1.2.3:8000"]}),
+        ];
+        let mut unreadable = UnreadableEntries::default();
+
+        let (models, new) = unreadable.sort_out(entries.clone());
+        let table = build_table(&models, &[]);
+        let names: Vec<&str> = table.models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["llama", "partner"]);
+        assert!(table.resolve("l3").is_some());
+        assert_eq!(new.len(), 1);
+        assert_eq!(new[0].name, "future");
+
+        let (models, new) = unreadable.sort_out(entries);
+        assert_eq!(models.len(), 2);
+        assert!(new.is_empty(), "warned again on the next poll: {new:?}");
+
+        let mut rewritten = future;
+        rewritten["replicas"] = 2.into();
+        let (_, new) = unreadable.sort_out(vec![rewritten]);
+        assert_eq!(new.len(), 1, "a rewritten entry is a new one");
     }
 
     const LLAMA: &str = r#"{"name": "llama", "aliases": ["l3"], "source": "x", "replicas": 2,
