@@ -16,6 +16,87 @@ type HttpClient = hyper_util::client::legacy::Client<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_openai_shaped() {
+    let router = router_with_unplaced_and_drained_models().await;
+    let c = client();
+    let chat_url = format!("{}/v1/chat/completions", router.url());
+
+    an_unknown_model_is_named_in_the_error(&c, &chat_url).await;
+    for refusal in REFUSALS {
+        let url = format!("{}{}", router.url(), refusal.path);
+        let (status, body) = post(&c, &url, refusal.body(), &[]).await.unwrap();
+        assert_eq!(status, refusal.status, "{body}");
+        for want in refusal.body_contains {
+            assert!(body.contains(want), "{body}");
+        }
+    }
+    a_body_over_the_limit_is_refused_and_the_connection_closed(&c, &chat_url).await;
+
+    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            "llmgw_router_requests_total{model=\"nowhere\",endpoint=\"none\",status=\"503\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+/// A request the router answers itself, and words its error must hold.
+struct Refusal {
+    path: &'static str,
+    body: Body,
+    status: u16,
+    body_contains: &'static [&'static str],
+}
+
+enum Body {
+    Chat { model: &'static str },
+    Raw(&'static str),
+}
+
+impl Refusal {
+    fn body(&self) -> String {
+        match self.body {
+            Body::Chat { model } => chat_body(model, false, 4),
+            Body::Raw(raw) => raw.to_string(),
+        }
+    }
+}
+
+const REFUSALS: &[Refusal] = &[
+    Refusal {
+        path: "/v1/chat/completions",
+        body: Body::Chat { model: "nowhere" },
+        status: 503,
+        body_contains: &[
+            "0/3 nodes fit nowhere profile tp8",
+            "\"code\":\"no_ready_replica\"",
+        ],
+    },
+    Refusal {
+        path: "/v1/chat/completions",
+        body: Body::Chat { model: "drained" },
+        status: 503,
+        body_contains: &["draining"],
+    },
+    Refusal {
+        path: "/v1/chat/completions",
+        body: Body::Raw("{\"model\": \"nowhere\", "),
+        status: 400,
+        body_contains: &["\"code\":\"invalid_json\""],
+    },
+    Refusal {
+        path: "/v1/nope",
+        body: Body::Raw("{}"),
+        status: 404,
+        body_contains: &["\"error\""],
+    },
+];
+
+/// A router with a body limit of 4 KiB, a model no node can place
+/// (`nowhere`) and one whose only endpoint drains (`drained`).
+async fn router_with_unplaced_and_drained_models() -> TestRouter {
     let settings = Settings {
         max_body_bytes: 4096,
         ..test_settings()
@@ -28,11 +109,11 @@ async fn refusals_are_openai_shaped() {
         &[],
         vec![Endpoint::draining("http://127.0.0.1:9")],
     );
-    let router = TestRouter::start(settings, vec![nowhere, drained]).await;
-    let c = client();
-    let url = format!("{}/v1/chat/completions", router.url());
+    TestRouter::start(settings, vec![nowhere, drained]).await
+}
 
-    let (status, body) = post(&c, &url, chat_body("missing", false, 4), &[])
+async fn an_unknown_model_is_named_in_the_error(c: &HttpClient, url: &str) {
+    let (status, body) = post(c, url, chat_body("missing", false, 4), &[])
         .await
         .unwrap();
     assert_eq!(status, 404, "{body}");
@@ -40,28 +121,11 @@ async fn refusals_are_openai_shaped() {
     assert_eq!(v["error"]["code"], "model_not_found");
     assert_eq!(v["error"]["param"], "model");
     assert!(v["error"]["message"].as_str().unwrap().contains("missing"));
+}
 
-    let (status, body) = post(&c, &url, chat_body("nowhere", false, 4), &[])
-        .await
-        .unwrap();
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("0/3 nodes fit nowhere profile tp8"), "{body}");
-    assert!(body.contains("\"code\":\"no_ready_replica\""), "{body}");
-
-    let (status, body) = post(&c, &url, chat_body("drained", false, 4), &[])
-        .await
-        .unwrap();
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("draining"), "{body}");
-
-    let (status, body) = post(&c, &url, "{\"model\": \"nowhere\", ", &[])
-        .await
-        .unwrap();
-    assert_eq!(status, 400, "{body}");
-    assert!(body.contains("\"code\":\"invalid_json\""), "{body}");
-
+async fn a_body_over_the_limit_is_refused_and_the_connection_closed(c: &HttpClient, url: &str) {
     let big = format!(r#"{{"model":"nowhere","prompt":"{}"}}"#, "x".repeat(5000));
-    let request = hyper::Request::post(&url)
+    let request = hyper::Request::post(url)
         .body(http_body_util::Full::new(bytes::Bytes::from(big)))
         .unwrap();
     let response = c.request(request).await.unwrap();
@@ -77,22 +141,6 @@ async fn refusals_are_openai_shaped() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     let body = String::from_utf8_lossy(&body);
     assert!(body.contains("\"code\":\"request_too_large\""), "{body}");
-
-    let (status, body) = post(&c, &format!("{}/v1/nope", router.url()), "{}", &[])
-        .await
-        .unwrap();
-    assert_eq!(status, 404, "{body}");
-    assert!(body.contains("\"error\""), "{body}");
-
-    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
-    assert_eq!(
-        metric(
-            &metrics,
-            "llmgw_router_requests_total{model=\"nowhere\",endpoint=\"none\",status=\"503\"}"
-        ),
-        Some(1.0),
-        "{metrics}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
