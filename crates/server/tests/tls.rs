@@ -61,6 +61,9 @@ enum Attempt {
     NoCertificate,
     /// The Raft `status` RPC.
     Raft(Tls),
+    /// The Raft `status` RPC, tried until the peer has reloaded its CRL
+    /// (it polls its files every 2 s).
+    RaftOnceRevoked(Tls),
     /// `AgentService.Connect` with a `Register` for `node`.
     Register { tls: Tls, node: &'static str },
 }
@@ -87,41 +90,99 @@ async fn the_mtls_refusals_table() {
     let view = cluster.cluster_view(1).await.unwrap();
     assert!(!view.insecure, "{view:?}");
     let addr = cluster.grpc(1);
-    let ca_dir = cluster.tls_dir();
-    let trust = certs::ca_files(&ca_dir).0;
-    let scratch = tempfile::tempdir().unwrap();
-    let material = |ca: &Path, request: IssueRequest, stem: &str| {
-        client_material(ca, scratch.path(), &trust, request, stem)
-    };
+    let issuer = Issuer::of(&cluster);
 
     // Controls: a valid peer certificate is served, and so is the one
     // revoked below, before its revocation.
-    let good = material(
-        &ca_dir,
-        IssueRequest::new(Identity::Peer(7), vec![]),
-        "peer-7",
-    );
+    let good =
+        issuer.signed_by_the_cluster_ca(IssueRequest::new(Identity::Peer(7), vec![]), "peer-7");
     raft_status(&addr, &good)
         .await
         .expect("a valid peer certificate");
-    let doomed = material(
-        &ca_dir,
-        IssueRequest::new(Identity::Peer(9), vec![]),
-        "peer-9",
-    );
+    let doomed =
+        issuer.signed_by_the_cluster_ca(IssueRequest::new(Identity::Peer(9), vec![]), "peer-9");
     raft_status(&addr, &doomed)
         .await
         .expect("peer-9 before its revocation");
-    let (crl, _) = certs::revoke(&ca_dir, &scratch.path().join("peer-9.pem")).unwrap();
-    assert_eq!(crl, ca_dir.join(certs::CRL), "the peers' tls.crl");
+    issuer.revoke("peer-9");
 
-    let other_ca = tempfile::tempdir().unwrap();
-    certs::init_ca(other_ca.path()).unwrap();
+    for row in refusals(&issuer, doomed) {
+        refused_and_logged(&cluster, &addr, &issuer.trust, row).await;
+    }
+
+    // None of it disturbed the cluster, and the good certificate still works.
+    cluster.wait_leader().await;
+    let (status, body) = cluster.put_model(2, "after-refusals").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    raft_status(&addr, &good)
+        .await
+        .expect("a valid peer certificate");
+}
+
+/// Client certificates for the refusal table: from the cluster's CA, or
+/// from another CA that the cluster does not trust.
+struct Issuer {
+    ca_dir: std::path::PathBuf,
+    /// The cluster's CA bundle, which every client trusts.
+    trust: std::path::PathBuf,
+    scratch: tempfile::TempDir,
+    other_ca: tempfile::TempDir,
+}
+
+impl Issuer {
+    fn of(cluster: &Cluster) -> Issuer {
+        let ca_dir = cluster.tls_dir();
+        let trust = certs::ca_files(&ca_dir).0;
+        let other_ca = tempfile::tempdir().unwrap();
+        certs::init_ca(other_ca.path()).unwrap();
+        Issuer {
+            ca_dir,
+            trust,
+            scratch: tempfile::tempdir().unwrap(),
+            other_ca,
+        }
+    }
+
+    fn signed_by_the_cluster_ca(&self, request: IssueRequest, stem: &str) -> Tls {
+        client_material(
+            &self.ca_dir,
+            self.scratch.path(),
+            &self.trust,
+            request,
+            stem,
+        )
+    }
+
+    fn signed_by_another_ca(&self, request: IssueRequest, stem: &str) -> Tls {
+        client_material(
+            self.other_ca.path(),
+            self.scratch.path(),
+            &self.trust,
+            request,
+            stem,
+        )
+    }
+
+    /// Revokes the certificate issued as `stem`, into the CRL the peers
+    /// read.
+    fn revoke(&self, stem: &str) {
+        let (crl, _) = certs::revoke(
+            &self.ca_dir,
+            &self.scratch.path().join(format!("{stem}.pem")),
+        )
+        .unwrap();
+        assert_eq!(crl, self.ca_dir.join(certs::CRL), "the peers' tls.crl");
+    }
+}
+
+/// The table itself; `revoked` is a certificate the peers served before
+/// its revocation.
+fn refusals(issuer: &Issuer, revoked: Tls) -> Vec<Refusal> {
     let day = Duration::from_secs(24 * 3600);
     let mut expired = IssueRequest::new(Identity::Peer(3), vec![]);
     expired.not_before = SystemTime::now() - 10 * day;
     expired.not_after = SystemTime::now() - day;
-    let table = vec![
+    vec![
         Refusal {
             who: "no client certificate",
             attempt: Attempt::NoCertificate,
@@ -132,8 +193,7 @@ async fn the_mtls_refusals_table() {
             // Both dev CAs have the same name, so the verifier finds the
             // issuer by name and the signature fails.
             who: "a certificate from another CA",
-            attempt: Attempt::Raft(material(
-                other_ca.path(),
+            attempt: Attempt::Raft(issuer.signed_by_another_ca(
                 IssueRequest::new(Identity::Peer(2), vec![]),
                 "foreign-peer-2",
             )),
@@ -142,14 +202,13 @@ async fn the_mtls_refusals_table() {
         },
         Refusal {
             who: "an expired certificate",
-            attempt: Attempt::Raft(material(&ca_dir, expired, "expired-peer-3")),
+            attempt: Attempt::Raft(issuer.signed_by_the_cluster_ca(expired, "expired-peer-3")),
             client_sees: "",
             peer_logs: &["mTLS handshake failed", "expired"],
         },
         Refusal {
             who: "a node certificate on the Raft service",
-            attempt: Attempt::Raft(material(
-                &ca_dir,
+            attempt: Attempt::Raft(issuer.signed_by_the_cluster_ca(
                 IssueRequest::new(Identity::Node("gpu-1".into()), vec![]),
                 "node-gpu-1",
             )),
@@ -159,8 +218,7 @@ async fn the_mtls_refusals_table() {
         Refusal {
             who: "node A's certificate registering as node B",
             attempt: Attempt::Register {
-                tls: material(
-                    &ca_dir,
+                tls: issuer.signed_by_the_cluster_ca(
                     IssueRequest::new(Identity::Node("node-a".into()), vec![]),
                     "node-a",
                 ),
@@ -171,46 +229,38 @@ async fn the_mtls_refusals_table() {
         },
         Refusal {
             who: "a revoked certificate (after the peer reloaded its CRL)",
-            attempt: Attempt::Raft(doomed),
+            attempt: Attempt::RaftOnceRevoked(revoked),
             client_sees: "",
             peer_logs: &["mTLS handshake failed", "Revoked"],
         },
-    ];
-    for row in table {
-        let refused = match &row.attempt {
-            Attempt::NoCertificate => handshake_without_certificate(&addr, &trust).await,
-            Attempt::Raft(tls) => match row.who.contains("revoked") {
-                // The peer polls its files every 2 s.
-                true => {
-                    cluster
-                        .eventually("the peer refuses the revoked certificate", || async {
-                            match raft_status(&addr, tls).await {
-                                Err(why) => Ok(why),
-                                Ok(()) => Err("still accepted".to_owned()),
-                            }
-                        })
-                        .await
-                }
-                false => raft_status(&addr, tls).await.err().unwrap_or_default(),
-            },
-            Attempt::Register { tls, node } => register_as(&addr, tls, node).await,
-        };
-        assert!(!refused.is_empty(), "{}: accepted", row.who);
-        assert!(
-            refused.contains(row.client_sees),
-            "{}: the client saw {refused}",
-            row.who
-        );
-        cluster.wait_log(1, row.peer_logs).await;
-    }
+    ]
+}
 
-    // None of it disturbed the cluster, and the good certificate still works.
-    cluster.wait_leader().await;
-    let (status, body) = cluster.put_model(2, "after-refusals").await.unwrap();
-    assert_eq!(status, 200, "{body}");
-    raft_status(&addr, &good)
-        .await
-        .expect("a valid peer certificate");
+/// Makes the row's attempt on peer 1 at `addr`: it must be refused as the
+/// row says, and the peer must log it.
+async fn refused_and_logged(cluster: &Cluster, addr: &str, trust: &Path, row: Refusal) {
+    let refused = match &row.attempt {
+        Attempt::NoCertificate => handshake_without_certificate(addr, trust).await,
+        Attempt::Raft(tls) => raft_status(addr, tls).await.err().unwrap_or_default(),
+        Attempt::RaftOnceRevoked(tls) => {
+            cluster
+                .eventually("the peer refuses the revoked certificate", || async {
+                    match raft_status(addr, tls).await {
+                        Err(why) => Ok(why),
+                        Ok(()) => Err("still accepted".to_owned()),
+                    }
+                })
+                .await
+        }
+        Attempt::Register { tls, node } => register_as(addr, tls, node).await,
+    };
+    assert!(!refused.is_empty(), "{}: accepted", row.who);
+    assert!(
+        refused.contains(row.client_sees),
+        "{}: the client saw {refused}",
+        row.who
+    );
+    cluster.wait_log(1, row.peer_logs).await;
 }
 
 /// A TLS handshake that offers no client certificate; why it failed, or
@@ -353,10 +403,46 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
     let work = tempfile::tempdir().unwrap();
     // No demo catalog: agents connect, but no engine is started.
     let llmgw_dev = Dev::start(work.path(), &["--no-demo"]);
+    let up = three_nodes_connected_to_the_leader(&llmgw_dev).await;
+    assert!(!up.cluster.insecure, "{:?}", up.cluster);
+
+    the_admin_api_refuses_what_lacks_a_token_https_or_trust(&up).await;
+    ctl_works_as_printed_and_says_when_the_ca_is_missing(&llmgw_dev, &up).await;
+    let servers: Vec<&llmgw_dev::DevProcess> = up
+        .dev
+        .processes
+        .iter()
+        .filter(|p| p.role == "server")
+        .collect();
+    assert_eq!(servers.len(), 3);
+    every_written_config_uses_tls(work.path(), &servers);
+    for server in servers {
+        plaintext_grpc_is_refused_and_logged(work.path(), server).await;
+    }
+}
+
+/// `llmgw dev` up, as a client of its admin API sees it.
+struct DevUp {
+    dev: llmgw_dev::DevFile,
+    cluster: ClusterView,
+    /// Trusts the dev CA.
+    http: reqwest::Client,
+    read_token: String,
+}
+
+impl DevUp {
+    fn api(&self) -> &str {
+        &self.dev.api[0]
+    }
+}
+
+/// Polls dev.json and the admin API until the leader has all three
+/// simulated nodes ready and connected, over mTLS.
+async fn three_nodes_connected_to_the_leader(llmgw_dev: &Dev) -> DevUp {
     let started = Instant::now();
     let mut http = None;
     let mut read_token = String::new();
-    let (dev, cluster) = loop {
+    loop {
         assert!(
             started.elapsed() < DEADLINE,
             "llmgw dev did not come up: {}",
@@ -388,35 +474,48 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         let Some(leader) = view.leader_id else {
             continue;
         };
-        // Every simulated node is connected to the leader, over mTLS.
-        let leader_api = dev
-            .processes
-            .iter()
-            .find(|p| p.role == "server" && p.id.as_u64() == Some(leader))
-            .and_then(|p| p.api.clone())
-            .unwrap();
-        let url = format!("{leader_api}{}", paths::NODES);
-        let nodes: Vec<NodeView> = get_json(http, &url, Some(&read_token))
-            .await
-            .unwrap_or_default();
-        let connected = nodes
-            .iter()
-            .filter(|n| {
-                n.record.status == NodeStatus::Ready
-                    && n.stream.as_ref().is_some_and(|stream| stream.connected)
-            })
-            .count();
-        if connected == 3 {
-            break (dev, view);
+        if connected_nodes(http, &dev, leader, &read_token).await == 3 {
+            return DevUp {
+                dev,
+                cluster: view,
+                http: http.clone(),
+                read_token,
+            };
         }
-    };
-    assert!(!cluster.insecure, "{cluster:?}");
-    let http = http.unwrap();
-    let api = dev.api[0].clone();
-    let ca = dev.ca.clone().unwrap();
+    }
+}
 
+/// Simulated nodes ready and connected to `leader`; 0 while it cannot say.
+async fn connected_nodes(
+    http: &reqwest::Client,
+    dev: &llmgw_dev::DevFile,
+    leader: u64,
+    read_token: &str,
+) -> usize {
+    let leader_api = dev
+        .processes
+        .iter()
+        .find(|p| p.role == "server" && p.id.as_u64() == Some(leader))
+        .and_then(|p| p.api.clone())
+        .unwrap();
+    let url = format!("{leader_api}{}", paths::NODES);
+    let nodes: Vec<NodeView> = get_json(http, &url, Some(read_token))
+        .await
+        .unwrap_or_default();
+    nodes
+        .iter()
+        .filter(|n| {
+            n.record.status == NodeStatus::Ready
+                && n.stream.as_ref().is_some_and(|stream| stream.connected)
+        })
+        .count()
+}
+
+async fn the_admin_api_refuses_what_lacks_a_token_https_or_trust(up: &DevUp) {
+    let api = up.api();
     // Without a token the admin API says what to send.
-    let response = http
+    let response = up
+        .http
         .get(format!("{api}/api/v1/nodes"))
         .send()
         .await
@@ -441,8 +540,10 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         .await
         .unwrap_err();
     assert!(error.is_connect(), "{error:?}");
+}
 
-    // `llmgw dev` printed how to point `llmgw ctl` at it, and that works.
+/// `llmgw dev` printed how to point `llmgw ctl` at it, and that works.
+async fn ctl_works_as_printed_and_says_when_the_ca_is_missing(llmgw_dev: &Dev, up: &DevUp) {
     for line in [
         "export LLMGW_API=https://",
         "export LLMGW_CA=",
@@ -450,10 +551,11 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
     ] {
         llmgw_dev.wait_printed(line, DEADLINE).await;
     }
+    let ca = up.dev.ca.clone().unwrap();
     let ctl = |with_ca: bool, token: &str| {
         let mut command = std::process::Command::new(llmgw_bin());
         command
-            .args(["ctl", "--api", &api, "nodes"])
+            .args(["ctl", "--api", up.api(), "nodes"])
             .env("LLMGW_TOKEN", token);
         command.env_remove("LLMGW_CA").env_remove("LLMGW_API");
         if with_ca {
@@ -461,53 +563,53 @@ async fn llmgw_dev_comes_up_with_mtls_links_and_an_https_admin_api_with_tokens()
         }
         command.output().unwrap()
     };
-    let out = ctl(true, &read_token);
+    let out = ctl(true, &up.read_token);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{out:?}");
     assert!(stdout.contains("h100-1"), "{stdout}");
-    let out = ctl(false, &read_token);
+    let out = ctl(false, &up.read_token);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{out:?}");
     assert!(
         stderr.contains("--ca"),
         "ctl without the CA says what to do: {stderr}"
     );
-    let processes: Vec<&llmgw_dev::DevProcess> = dev
-        .processes
-        .iter()
-        .filter(|p| p.role == "server")
-        .collect();
-    assert_eq!(processes.len(), 3);
+}
+
+fn every_written_config_uses_tls(work: &Path, servers: &[&llmgw_dev::DevProcess]) {
     for agent in ["h100-1", "h100-2", "l40s-1"] {
-        let yaml =
-            std::fs::read_to_string(work.path().join(format!("agent-{agent}.yaml"))).unwrap();
+        let yaml = std::fs::read_to_string(work.join(format!("agent-{agent}.yaml"))).unwrap();
         assert!(
             yaml.contains("tls:") && !yaml.contains("insecure"),
             "agent-{agent}.yaml: {yaml}"
         );
     }
-    for process in processes {
-        let id = process.id.as_u64().unwrap();
-        let yaml = std::fs::read_to_string(work.path().join(format!("server-{id}.yaml"))).unwrap();
+    for server in servers {
+        let id = server.id.as_u64().unwrap();
+        let yaml = std::fs::read_to_string(work.join(format!("server-{id}.yaml"))).unwrap();
         assert!(
             yaml.contains("tls:") && !yaml.contains("insecure"),
             "server-{id}.yaml: {yaml}"
         );
-        // Plaintext HTTP/2 to the gRPC port is refused, and logged.
-        let grpc = process.grpc.as_deref().unwrap();
-        let mut tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
-        let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
-        let mut buf = [0u8; 64];
-        let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
-        let log_path = work.path().join(format!("server-{id}.log"));
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-            if log.contains("mTLS material loaded") && log.contains("mTLS handshake failed") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "server-{id}.log: {log}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Plaintext HTTP/2 to the server's gRPC port is refused, and logged.
+async fn plaintext_grpc_is_refused_and_logged(work: &Path, server: &llmgw_dev::DevProcess) {
+    let id = server.id.as_u64().unwrap();
+    let grpc = server.grpc.as_deref().unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
+    let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let mut buf = [0u8; 64];
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await;
+    let log_path = work.join(format!("server-{id}.log"));
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.contains("mTLS material loaded") && log.contains("mTLS handshake failed") {
+            break;
         }
+        assert!(Instant::now() < deadline, "server-{id}.log: {log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
