@@ -5,7 +5,9 @@
 //! engine.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use llmgw_api::{ReplicaState, ReplicaView};
@@ -32,6 +34,52 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
         Cluster::start("liveness:\n  node_ttl: 3s\n  lost_after: 20s\n  leader_grace: 10s\n");
     let leader = cluster.wait_leader().await;
     let mut agent = Agent::start(&cluster, "l40s-1", L40S_PCIE, 1);
+    let before = qwen_placed_and_ready(&cluster, leader).await;
+    let engine_pid = before.replica.shards[0].pid;
+    let engines = agent.engine_pids();
+    assert!(!engines.is_empty());
+
+    // Writes go on while the backup is taken.
+    let writes = Writes::start(&cluster);
+    writes.wait_for_acknowledged(&cluster, 20).await;
+    let acked_before_save = writes.acknowledged();
+    let file = cluster.dir.path().join("backup.json");
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let saved_text = snapshot_save(&cluster, follower, &file);
+    writes.stop().await;
+    let hash = saved_state_hash(&saved_text);
+    the_backup_holds(&file, &acked_before_save);
+
+    // Everything stops; every data directory is wiped; each is restored.
+    for id in 1..=3 {
+        cluster.kill(id);
+        std::fs::remove_dir_all(&cluster.peers[(id - 1) as usize].layout.data_dir).unwrap();
+    }
+    for id in 1..=3 {
+        restore_peer(&cluster, id, &file, &hash);
+    }
+    a_second_restore_is_refused(&cluster, &file);
+
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_leader().await;
+    let restored_hash = cluster.wait_converged().await;
+    nothing_acknowledged_is_lost(&cluster, &acked_before_save).await;
+    // The agent finds the restored cluster and keeps its engine: same
+    // pid, still ready, nothing placed again.
+    let after = ready_with_the_agent_connected(&cluster).await;
+    assert_eq!(after.replica.id, before.replica.id);
+    assert_eq!(after.replica.shards[0].pid, engine_pid);
+    assert_eq!(agent.engine_pids(), engines);
+    assert_eq!(
+        restored_hash, hash,
+        "the restored cluster holds exactly the saved state"
+    );
+    agent.kill();
+}
+
+async fn qwen_placed_and_ready(cluster: &Cluster, leader: u64) -> ReplicaView {
     let model = json!({
         "name": "qwen", "source": "Qwen/Qwen2.5-0.5B-Instruct", "replicas": 1,
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
@@ -47,52 +95,81 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    let before = cluster.eventually("qwen ready", || ready(&cluster)).await;
-    let engine_pid = before.replica.shards[0].pid;
-    let engines = agent.engine_pids();
-    assert!(!engines.is_empty());
+    cluster.eventually("qwen ready", || ready(cluster)).await
+}
 
-    // Writes go on while the backup is taken.
-    let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (acknowledged, stop) = (acknowledged.clone(), stop.clone());
+/// Model writes round-robin over the three peers until stopped (at most
+/// 2000), keeping the names of those acknowledged.
+struct Writes {
+    acknowledged: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl Writes {
+    fn start(cluster: &Cluster) -> Writes {
+        let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
+        let stop = Arc::new(AtomicBool::new(false));
         let admin: Vec<String> = (1..=3).map(|id| cluster.admin(id)).collect();
-        tokio::spawn(async move {
-            let http = reqwest::Client::new();
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 2000 {
-                let name = format!("w{i:04}");
-                let body = json!({"name": name, "endpoints": ["http://10.1.2.3:8000"]});
-                let ok = http
-                    .put(format!("{}/api/v1/models/{name}", admin[i % 3]))
-                    .body(body.to_string())
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success());
-                if ok {
-                    acknowledged.lock().unwrap().push(name);
+        let writer = tokio::spawn(write_models(admin, acknowledged.clone(), stop.clone()));
+        Writes {
+            acknowledged,
+            stop,
+            writer,
+        }
+    }
+
+    async fn wait_for_acknowledged(&self, cluster: &Cluster, at_least: usize) {
+        cluster
+            .eventually("some writes", || async {
+                let n = self.acknowledged.lock().unwrap().len();
+                if n >= at_least {
+                    Ok(())
+                } else {
+                    Err(format!("{n} acknowledged"))
                 }
-                i += 1;
-            }
-        })
-    };
-    cluster
-        .eventually("some writes", || async {
-            let n = acknowledged.lock().unwrap().len();
-            if n >= 20 {
-                Ok(())
-            } else {
-                Err(format!("{n} acknowledged"))
-            }
-        })
-        .await;
-    let acked_before_save: Vec<String> = acknowledged.lock().unwrap().clone();
-    let file = cluster.dir.path().join("backup.json");
-    let follower = (1..=3).find(|id| *id != leader).unwrap();
+            })
+            .await;
+    }
+
+    fn acknowledged(&self) -> Vec<String> {
+        self.acknowledged.lock().unwrap().clone()
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.writer.await.unwrap();
+    }
+}
+
+async fn write_models(
+    admin: Vec<String>,
+    acknowledged: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+) {
+    let http = reqwest::Client::new();
+    let mut i = 0;
+    while !stop.load(Ordering::Relaxed) && i < 2000 {
+        let name = format!("w{i:04}");
+        let body = json!({"name": name, "endpoints": ["http://10.1.2.3:8000"]});
+        let ok = http
+            .put(format!("{}/api/v1/models/{name}", admin[i % 3]))
+            .body(body.to_string())
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ok {
+            acknowledged.lock().unwrap().push(name);
+        }
+        i += 1;
+    }
+}
+
+/// `llmgw ctl snapshot save` through `peer`'s admin API; what it printed.
+fn snapshot_save(cluster: &Cluster, peer: u64, file: &Path) -> String {
     let saved = Command::new(llmgw_bin())
-        .args(["ctl", "--api", &cluster.admin(follower), "snapshot", "save"])
-        .arg(&file)
+        .args(["ctl", "--api", &cluster.admin(peer), "snapshot", "save"])
+        .arg(file)
         .output()
         .expect("run llmgw ctl");
     let saved_text = String::from_utf8_lossy(&saved.stdout).into_owned();
@@ -101,73 +178,74 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
         "{saved_text}{}",
         String::from_utf8_lossy(&saved.stderr)
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    writer.await.unwrap();
-    let index = field(&saved_text, "index ");
-    let hash = field(&saved_text, "state hash ").to_owned();
+    saved_text
+}
+
+/// The state hash the save printed, with the index it was taken at.
+fn saved_state_hash(saved_text: &str) -> String {
+    let index = field(saved_text, "index ");
+    let hash = field(saved_text, "state hash ").to_owned();
     assert!(index.parse::<u64>().is_ok(), "{saved_text}");
     assert_eq!(hash.len(), 16, "{saved_text}");
+    hash
+}
+
+fn the_backup_holds(file: &Path, acked_before_save: &[String]) {
     let backup: llmgw_store::Backup =
-        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
     let in_backup: BTreeSet<&str> = backup.fleet.models.keys().map(String::as_str).collect();
-    for name in &acked_before_save {
+    for name in acked_before_save {
         assert!(
             in_backup.contains(name.as_str()),
             "{name} acknowledged before the save"
         );
     }
+}
 
-    // Everything stops; every data directory is wiped; each is restored.
-    for id in 1..=3 {
-        cluster.kill(id);
-        std::fs::remove_dir_all(&cluster.peers[(id - 1) as usize].layout.data_dir).unwrap();
-    }
-    for id in 1..=3 {
-        let out = Command::new(llmgw_bin())
-            .args(["server", "--config"])
-            .arg(&cluster.peers[(id - 1) as usize].layout.config)
-            .arg("--restore")
-            .arg(&file)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && text.contains(&format!("state hash {hash}")),
-            "restore of peer {id}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    // A second restore into a restored directory is refused.
-    let again = Command::new(llmgw_bin())
+fn server_restore(cluster: &Cluster, id: u64, file: &Path) -> std::process::Output {
+    Command::new(llmgw_bin())
         .args(["server", "--config"])
-        .arg(&cluster.peers[0].layout.config)
+        .arg(&cluster.peers[(id - 1) as usize].layout.config)
         .arg("--restore")
-        .arg(&file)
+        .arg(file)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+fn restore_peer(cluster: &Cluster, id: u64, file: &Path, hash: &str) {
+    let out = server_restore(cluster, id, file);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(&format!("state hash {hash}")),
+        "restore of peer {id}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A second restore into a restored directory is refused.
+fn a_second_restore_is_refused(cluster: &Cluster, file: &Path) {
+    let again = server_restore(cluster, 1, file);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("move it aside"));
+}
 
-    for id in 1..=3 {
-        cluster.spawn(id);
-    }
-    cluster.wait_leader().await;
-    let restored_hash = cluster.wait_converged().await;
+async fn nothing_acknowledged_is_lost(cluster: &Cluster, acked_before_save: &[String]) {
     let names: BTreeSet<String> = cluster
         .model_names(1, true)
         .await
         .unwrap()
         .into_iter()
         .collect();
-    for name in &acked_before_save {
+    for name in acked_before_save {
         assert!(names.contains(name), "{name} lost in the restore");
     }
     assert!(names.contains("qwen"));
-    // The agent finds the restored cluster and keeps its engine: same
-    // pid, still ready, nothing placed again.
-    let after = cluster
+}
+
+async fn ready_with_the_agent_connected(cluster: &Cluster) -> ReplicaView {
+    cluster
         .eventually("qwen ready after restore", || async {
-            let replica = ready(&cluster).await?;
+            let replica = ready(cluster).await?;
             let nodes = cluster.nodes(cluster.wait_leader().await).await?;
             let stream = nodes.first().and_then(|node| node.stream.as_ref());
             if stream.is_some_and(|stream| stream.connected) {
@@ -176,15 +254,7 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
                 Err("the agent is not connected yet".to_owned())
             }
         })
-        .await;
-    assert_eq!(after.replica.id, before.replica.id);
-    assert_eq!(after.replica.shards[0].pid, engine_pid);
-    assert_eq!(agent.engine_pids(), engines);
-    assert_eq!(
-        restored_hash, hash,
-        "the restored cluster holds exactly the saved state"
-    );
-    agent.kill();
+        .await
 }
 
 /// The one replica, once it is ready, as the leader sees it.
