@@ -112,6 +112,42 @@ fn watch_statuses(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
     let (cluster, _agents) = start_fleet().await;
+    let endpoint = small_model_ready(&cluster).await;
+    let old = cluster.wait_leader().await;
+    let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let observers = Observers::start(&cluster, &followers, endpoint);
+
+    cluster.pause(old);
+    let rehomed = rehoming_time_within_the_pause(&cluster, &followers).await;
+    cluster.resume(old);
+    // The old leader wakes with a stale table: give it time to (not) act.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let seen = observers.stop().await;
+
+    let rehomed = rehomed.unwrap_or_else(|| {
+        panic!(
+            "the agents were not attached to a new leader within the {PAUSE:?} pause\n{}",
+            cluster.log_tails()
+        )
+    });
+    println!(
+        "agents re-homed {:.1}s after the leader stopped; {} chats, {} failed",
+        rehomed.as_secs_f64(),
+        seen.chats,
+        seen.failures
+    );
+    assert!(
+        seen.not_ready.is_empty(),
+        "a node was marked down although only a peer paused: {:?}\n{}",
+        seen.not_ready,
+        cluster.log_tails()
+    );
+    assert_eq!(seen.failures, 0, "chats failed");
+    the_resumed_leader_let_go_and_changed_no_status(&cluster, old).await;
+}
+
+/// Places model `small` on the fleet; its endpoint once ready.
+async fn small_model_ready(cluster: &Cluster) -> String {
     let (status, body) = cluster
         .send(
             1,
@@ -126,7 +162,7 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
         .await
         .unwrap();
     assert_eq!(status, 200, "{body}");
-    let endpoint: String = cluster
+    cluster
         .eventually("small ready", || async {
             let all: Vec<ReplicaView> = cluster.replicas(1).await?;
             all.iter()
@@ -134,73 +170,102 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
                 .and_then(|r| r.endpoint.clone())
                 .ok_or_else(|| format!("{all:?}"))
         })
-        .await;
-    let old = cluster.wait_leader().await;
-    let followers: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let admins = followers
-        .iter()
-        .map(|&id| (id, cluster.admin(id)))
-        .collect();
-    let statuses = watch_statuses(admins, stop.clone());
-    let (chats, failures) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let chat = {
-        let (stop, chats, failures) = (stop.clone(), chats.clone(), failures.clone());
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
-        tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                chats.fetch_add(1, Ordering::Relaxed);
-                let ok = chat(&http, &endpoint, "small").await.is_ok();
-                if !ok {
-                    failures.fetch_add(1, Ordering::Relaxed);
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+        .await
+}
 
-    cluster.pause(old);
+/// What the fleet looks like from outside while a peer is paused: node
+/// statuses on the followers, and chats to the engine every 100 ms.
+struct Observers {
+    stop: Arc<AtomicBool>,
+    statuses: tokio::task::JoinHandle<Vec<String>>,
+    chat: tokio::task::JoinHandle<()>,
+    chats: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+}
+
+/// What the observers saw, once stopped.
+struct Seen {
+    not_ready: Vec<String>,
+    chats: usize,
+    failures: usize,
+}
+
+impl Observers {
+    fn start(cluster: &Cluster, followers: &[u64], endpoint: String) -> Observers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let admins = followers
+            .iter()
+            .map(|&id| (id, cluster.admin(id)))
+            .collect();
+        let statuses = watch_statuses(admins, stop.clone());
+        let (chats, failures) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let chat = tokio::spawn(chat_until_stopped(
+            endpoint,
+            stop.clone(),
+            chats.clone(),
+            failures.clone(),
+        ));
+        Observers {
+            stop,
+            statuses,
+            chat,
+            chats,
+            failures,
+        }
+    }
+
+    async fn stop(self) -> Seen {
+        self.stop.store(true, Ordering::Relaxed);
+        let not_ready = self.statuses.await.unwrap();
+        self.chat.await.unwrap();
+        Seen {
+            not_ready,
+            chats: self.chats.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+        }
+    }
+}
+
+async fn chat_until_stopped(
+    endpoint: String,
+    stop: Arc<AtomicBool>,
+    chats: Arc<AtomicUsize>,
+    failures: Arc<AtomicUsize>,
+) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    while !stop.load(Ordering::Relaxed) {
+        chats.fetch_add(1, Ordering::Relaxed);
+        let ok = chat(&http, &endpoint, "small").await.is_ok();
+        if !ok {
+            failures.fetch_add(1, Ordering::Relaxed);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watches for the whole pause; how long after its start a follower led
+/// with both agents attached, if one did while the old leader was stopped.
+async fn rehoming_time_within_the_pause(cluster: &Cluster, followers: &[u64]) -> Option<Duration> {
     let paused = Instant::now();
-    // A follower takes over and both agents attach to it while the old
-    // leader is still stopped.
     let mut rehomed = None;
     while paused.elapsed() < PAUSE {
-        for &peer in &followers {
-            let (_, leader) = term_and_leader(&cluster, peer).await;
-            if leader == Some(peer) && attached(&cluster, peer).await.len() == NODES.len() {
+        for &peer in followers {
+            let (_, leader) = term_and_leader(cluster, peer).await;
+            if leader == Some(peer) && attached(cluster, peer).await.len() == NODES.len() {
                 rehomed.get_or_insert(paused.elapsed());
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    cluster.resume(old);
-    // The old leader wakes with a stale table: give it time to (not) act.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::Relaxed);
-    let not_ready = statuses.await.unwrap();
-    chat.await.unwrap();
+    rehomed
+}
 
-    let rehomed = rehomed.unwrap_or_else(|| {
-        panic!(
-            "the agents were not attached to a new leader within the {PAUSE:?} pause\n{}",
-            cluster.log_tails()
-        )
-    });
-    println!(
-        "agents re-homed {:.1}s after the leader stopped; {} chats, {} failed",
-        rehomed.as_secs_f64(),
-        chats.load(Ordering::Relaxed),
-        failures.load(Ordering::Relaxed)
-    );
-    assert!(
-        not_ready.is_empty(),
-        "a node was marked down although only a peer paused: {not_ready:?}\n{}",
-        cluster.log_tails()
-    );
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "chats failed");
+/// The woken leader gave up its agents, changed no node's status after
+/// that, and sees every node ready.
+async fn the_resumed_leader_let_go_and_changed_no_status(cluster: &Cluster, old: u64) {
     let old_log = cluster.log_text(old);
     assert!(
         old_log.contains("no longer leading the fleet"),
@@ -211,7 +276,7 @@ async fn a_paused_leader_is_replaced_and_marks_no_node_down() {
         !old_log[resumed_at..].contains("node status changed"),
         "the resumed leader changed a node's status:\n{old_log}"
     );
-    let after = node_statuses(&cluster, old)
+    let after = node_statuses(cluster, old)
         .await
         .expect("nodes from the resumed peer");
     assert!(
