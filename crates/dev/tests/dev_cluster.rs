@@ -3,9 +3,12 @@
 //! SIGKILLed and chat still works; SIGINT leaves no process behind.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use llmgw_api::{ClusterView, paths};
+use llmgw_dev::DevFile;
 use llmgw_test_kit::dev::Dev;
 use llmgw_test_kit::process::{alive, signal_pid};
 use llmgw_test_kit::{admin_client, get_json, stream_chat, wait_until_blocking};
@@ -32,9 +35,25 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
 
-    // SIGKILL the leader named by the control plane, by its pid in dev.json.
-    // The admin API is HTTPS with the dev CA and wants the read token,
-    // both named in dev.json.
+    let leader_pid = leader_pid(&dev_file).await;
+    // A bounded load loop runs through the router while the leader dies:
+    // the router talks to engines directly, so not one request may fail.
+    let load = ChatLoad::start(&http, &router);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    signal_pid(leader_pid, libc::SIGKILL);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    load.stop_without_failures().await;
+    // And after the new leader took over.
+    let answer = stream_chat(&http, &router, MODEL).await.unwrap();
+    assert!(!answer.is_empty());
+
+    sigint_leaves_no_process_behind(&mut dev);
+}
+
+/// The pid of the leader the control plane names, from dev.json. The
+/// admin API is HTTPS with the dev CA and wants the read token, both named
+/// in dev.json.
+async fn leader_pid(dev_file: &DevFile) -> i32 {
     let api = &dev_file.api[0];
     let ca = dev_file.ca.as_deref().expect("dev.json names the CA");
     let token_file = dev_file
@@ -51,57 +70,76 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     .await
     .unwrap();
     let leader = cluster.leader_id.expect("a leader once dev is ready");
-    let leader_pid = dev_file
+    dev_file
         .processes
         .iter()
         .find(|p| p.role == "server" && p.id.as_u64() == Some(leader))
         .map(|p| i32::try_from(p.pid).unwrap())
-        .expect("dev.json names the leader's process");
-    // A bounded load loop runs through the router while the leader dies:
-    // the router talks to engines directly, so not one request may fail.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut workers = Vec::new();
-    for _ in 0..4 {
-        let (http, router, stop) = (http.clone(), router.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
-            let (mut ok, mut failed) = (0u32, Vec::new());
-            for _ in 0..400 {
-                if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-                match stream_chat(&http, &router, MODEL).await {
-                    Ok(answer) if !answer.is_empty() => ok += 1,
-                    Ok(_) => failed.push("empty answer".to_owned()),
-                    Err(why) => failed.push(why),
-                }
-            }
-            (ok, failed)
-        }));
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    signal_pid(leader_pid, libc::SIGKILL);
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut ok, mut failed) = (0, Vec::new());
-    for worker in workers {
-        let (o, f) = worker.await.unwrap();
-        ok += o;
-        failed.extend(f);
-    }
-    println!(
-        "load through the router across the leader kill: {ok} ok, {} failed",
-        failed.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "{} requests failed: {failed:?}",
-        failed.len()
-    );
-    assert!(ok >= 20, "the load loop ran: {ok} requests");
-    // And after the new leader took over.
-    let answer = stream_chat(&http, &router, MODEL).await.unwrap();
-    assert!(!answer.is_empty());
+        .expect("dev.json names the leader's process")
+}
 
+/// Four workers streaming chats through the router until stopped (at
+/// most 400 each).
+struct ChatLoad {
+    stop: Arc<AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>,
+}
+
+impl ChatLoad {
+    fn start(http: &reqwest::Client, router: &str) -> ChatLoad {
+        let stop = Arc::new(AtomicBool::new(false));
+        let workers = (0..4)
+            .map(|_| {
+                let (http, router, stop) = (http.clone(), router.to_owned(), stop.clone());
+                tokio::spawn(chat_worker(http, router, stop))
+            })
+            .collect();
+        ChatLoad { stop, workers }
+    }
+
+    /// Stops the workers; every request they made must have been answered.
+    async fn stop_without_failures(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (mut ok, mut failed) = (0, Vec::new());
+        for worker in self.workers {
+            let (o, f) = worker.await.unwrap();
+            ok += o;
+            failed.extend(f);
+        }
+        println!(
+            "load through the router across the leader kill: {ok} ok, {} failed",
+            failed.len()
+        );
+        assert!(
+            failed.is_empty(),
+            "{} requests failed: {failed:?}",
+            failed.len()
+        );
+        assert!(ok >= 20, "the load loop ran: {ok} requests");
+    }
+}
+
+/// Answered chats, and why the others failed.
+async fn chat_worker(
+    http: reqwest::Client,
+    router: String,
+    stop: Arc<AtomicBool>,
+) -> (u32, Vec<String>) {
+    let (mut ok, mut failed) = (0u32, Vec::new());
+    for _ in 0..400 {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        match stream_chat(&http, &router, MODEL).await {
+            Ok(answer) if !answer.is_empty() => ok += 1,
+            Ok(_) => failed.push("empty answer".to_owned()),
+            Err(why) => failed.push(why),
+        }
+    }
+    (ok, failed)
+}
+
+fn sigint_leaves_no_process_behind(dev: &mut Dev) {
     let every = dev.pids();
     assert!(
         every.len() >= 8,
