@@ -1093,6 +1093,10 @@ mod tests {
             checked.scope
         );
         assert!(checked.scope.contains("1 refused"), "{}", checked.scope);
+    }
+
+    #[test]
+    fn a_torn_last_witness_line_is_skipped() {
         let torn = "{\"at_unix_ms\":1,\"term\":1,\"leader\":1,\"kind\":\"start\",\"shard\":\"a\",\"executed\":true}\n{\"at_un";
         assert_eq!(parse_witness(torn).len(), 1);
     }
