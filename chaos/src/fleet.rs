@@ -353,40 +353,16 @@ pub fn observe_agent(node: &str, work_dir: &Path) -> AgentObs {
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
         .unwrap_or(0);
-    let mut shards = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(work_dir.join("shards")) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue;
-            }
-            let Some(v) = std::fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            else {
-                continue;
-            };
-            let Some(shard_id) = v["shard_id"].as_str() else {
-                continue;
-            };
-            shards.push(AgentShard {
-                shard_id: shard_id.to_owned(),
-                term: v["term"].as_u64().unwrap_or(0),
-                gpus: v["spec"]["gpus"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|g| g.as_u64().and_then(|g| u32::try_from(g).ok()))
-                    .collect(),
-                pgids: v["processes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|p| p["pgid"].as_i64().and_then(|g| i32::try_from(g).ok()))
-                    .collect(),
-            });
-        }
-    }
+    let mut shards: Vec<AgentShard> = llmgw_agent::read_state_files(work_dir)
+        .into_iter()
+        .filter_map(|(_, record)| record.ok())
+        .map(|record| AgentShard {
+            shard_id: record.shard_id,
+            term: record.term,
+            gpus: record.spec.gpus,
+            pgids: record.processes.iter().map(|p| p.pgid).collect(),
+        })
+        .collect();
     shards.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
     AgentObs {
         node: node.to_owned(),

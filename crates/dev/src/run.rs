@@ -572,21 +572,10 @@ async fn stop_signal() {
 /// (`work_dir/shards/*.json`). Engines outlive their agent by design, so
 /// `dev` (and tests) stop them through these.
 pub fn engine_groups(agent_work_dir: &Path) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir(agent_work_dir.join("shards")) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path()).ok())
-        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .flat_map(|v| {
-            v["processes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p["pgid"].as_i64().and_then(|g| i32::try_from(g).ok()))
-                .collect::<Vec<_>>()
-        })
+    llmgw_agent::read_state_files(agent_work_dir)
+        .into_iter()
+        .filter_map(|(_, record)| record.ok())
+        .flat_map(|record| record.processes.into_iter().map(|p| p.pgid))
         .filter(|pgid| *pgid > 1)
         .collect()
 }
