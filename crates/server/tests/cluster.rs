@@ -144,6 +144,11 @@ async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
     let leader = cluster.wait_leader().await;
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     cluster.kill(follower);
+    // The follower holds at most what the leader held when it died.
+    let follower_holds = cluster
+        .metric(leader, "llmgw_raft_last_log_index")
+        .await
+        .expect("the leader's last log index");
     for i in 0..80 {
         let name = format!("m{i:03}");
         let (status, body) = cluster.put_model(leader, &name).await.unwrap();
@@ -159,6 +164,18 @@ async fn a_follower_behind_the_purged_log_catches_up_by_snapshot() {
         })
         .await;
     assert!(snapshot_index >= 40.0);
+    // Purging follows the snapshot: a follower back before it would catch
+    // up from the log.
+    cluster
+        .eventually("leader purged past the follower's log", || async {
+            match cluster.metric(leader, "llmgw_raft_purged_index").await {
+                Some(purged) if purged > follower_holds => Ok(()),
+                other => Err(format!(
+                    "purged index {other:?}, follower holds {follower_holds}"
+                )),
+            }
+        })
+        .await;
 
     cluster.spawn(follower);
     cluster.wait_converged().await;

@@ -56,6 +56,7 @@ pub async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
             committed: raft.local_committed.as_ref().map(|id| id.index),
             applied: raft.last_applied.as_ref().map(|id| id.index),
             snapshot: raft.snapshot.as_ref().map(|id| id.index),
+            purged: raft.purged.as_ref().map(|id| id.index),
         },
     );
     write_apply_and_snapshots(&mut out, apply);
@@ -106,6 +107,7 @@ struct LogPositions {
     committed: Option<u64>,
     applied: Option<u64>,
     snapshot: Option<u64>,
+    purged: Option<u64>,
 }
 
 /// The log positions, -1 for those this peer does not have yet.
@@ -138,6 +140,13 @@ fn write_raft_log(out: &mut String, positions: LogPositions) {
         "Last log index covered by the latest snapshot.",
         "gauge",
         index(positions.snapshot),
+    );
+    metric(
+        out,
+        "llmgw_raft_purged_index",
+        "Last log index removed from this peer's log (a follower further behind needs a snapshot).",
+        "gauge",
+        index(positions.purged),
     );
 }
 
