@@ -76,8 +76,27 @@ pub fn is_same_process(pid: i32, start_time: u64) -> bool {
 
 /// CPU seconds (user and system) process `pid` has used so far.
 pub fn cpu_seconds(pid: i32) -> Option<f64> {
+    let times = cpu_times(pid)?;
+    Some(times.user_seconds + times.system_seconds)
+}
+
+/// CPU time a process has used, split by where it ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTimes {
+    pub user_seconds: f64,
+    /// In the kernel on the process's behalf: its system calls, and on
+    /// loopback also the receiving side of every packet it sends.
+    pub system_seconds: f64,
+}
+
+/// CPU time process `pid` has used so far, user and system apart.
+pub fn cpu_times(pid: i32) -> Option<CpuTimes> {
     let s = stat(pid)?;
-    Some((s.user_ticks + s.system_ticks) as f64 / clock_ticks_per_second())
+    let hz = clock_ticks_per_second();
+    Some(CpuTimes {
+        user_seconds: s.user_ticks as f64 / hz,
+        system_seconds: s.system_ticks as f64 / hz,
+    })
 }
 
 /// The unit of the tick counts in `/proc/PID/stat` (`USER_HZ`).

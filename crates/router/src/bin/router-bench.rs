@@ -23,7 +23,7 @@ use hyper::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use llmgw_procfs::{cpu_seconds, rss_kib, to_pid};
+use llmgw_procfs::{CpuTimes, cpu_times, rss_kib, to_pid};
 use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, Settings};
 use tokio::sync::watch;
 
@@ -325,7 +325,7 @@ async fn run(o: Options) -> anyhow::Result<()> {
     for (label, workers, stream) in phases {
         println!("\n{label}:");
         println!(
-            "  {:<14} {:>10} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
+            "  {:<14} {:>10} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15} {:>10}",
             "target",
             "req/s",
             "errors",
@@ -334,7 +334,8 @@ async fn run(o: Options) -> anyhow::Result<()> {
             "+p50 us",
             "+p99 us",
             "proxy RSS",
-            "proxy CPU/req"
+            "proxy CPU/req",
+            "in kernel"
         );
         let mut direct: Option<(u64, u64)> = None;
         for target in &targets {
@@ -388,8 +389,9 @@ struct Measured {
     figures: Figures,
     /// The proxy's peak RSS in KiB; `None` without proxy processes.
     peak_rss_kib: Option<u64>,
-    /// The proxy's CPU per answer; `None` without proxy processes.
-    cpu_per_answer_us: Option<f64>,
+    /// The proxy's CPU per answer in µs, all of it and the kernel's part;
+    /// `None` without proxy processes.
+    cpu_per_answer_us: Option<(f64, f64)>,
 }
 
 impl Measured {
@@ -416,19 +418,26 @@ async fn measure(target: &Target, workers: usize, seconds: f64, stream: bool) ->
     };
     let cpu = || {
         pids.iter()
-            .map(|&pid| cpu_seconds(pid).unwrap_or(0.0))
-            .sum::<f64>()
+            .filter_map(|&pid| cpu_times(pid))
+            .fold(CpuTimes::default(), |sum, t| CpuTimes {
+                user_seconds: sum.user_seconds + t.user_seconds,
+                system_seconds: sum.system_seconds + t.system_seconds,
+            })
     };
     let cpu_before = cpu();
     let figures = load(&target.url, workers, seconds, stream).await;
-    let cpu_used = cpu() - cpu_before;
+    let cpu_after = cpu();
+    let system_used = cpu_after.system_seconds - cpu_before.system_seconds;
+    let cpu_used = cpu_after.user_seconds - cpu_before.user_seconds + system_used;
     sampler.abort();
     let measured_proxy = !pids.is_empty();
     Measured {
         peak_rss_kib: measured_proxy.then(|| peak.load(Ordering::Relaxed)),
         // The CPU window includes the warm-up, so divide by every answer.
-        cpu_per_answer_us: (measured_proxy && figures.answered > 0)
-            .then(|| cpu_used * 1e6 / figures.answered as f64),
+        cpu_per_answer_us: (measured_proxy && figures.answered > 0).then(|| {
+            let per_answer = 1e6 / figures.answered as f64;
+            (cpu_used * per_answer, system_used * per_answer)
+        }),
         figures,
     }
 }
@@ -445,7 +454,7 @@ fn print_row(name: &str, measured: &Measured, direct: Option<(u64, u64)>) {
         _ => ("-".into(), "-".into()),
     };
     println!(
-        "  {:<14} {:>10.0} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15}",
+        "  {:<14} {:>10.0} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>15} {:>10}",
         name,
         f.requests as f64 / f.seconds,
         f.errors,
@@ -458,6 +467,9 @@ fn print_row(name: &str, measured: &Measured, direct: Option<(u64, u64)>) {
             .map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0)),
         measured
             .cpu_per_answer_us
-            .map_or("-".into(), |us| format!("{us:.0} us")),
+            .map_or("-".into(), |(all, _)| format!("{all:.0} us")),
+        measured
+            .cpu_per_answer_us
+            .map_or("-".into(), |(_, kernel)| format!("{kernel:.0} us")),
     );
 }
