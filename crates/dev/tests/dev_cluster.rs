@@ -4,14 +4,16 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use llmgw_api::{ClusterView, paths};
 use llmgw_dev::DevFile;
 use llmgw_test_kit::dev::Dev;
 use llmgw_test_kit::process::{alive, signal_pid};
-use llmgw_test_kit::{admin_client, get_json, stream_chat, wait_until_blocking};
+use llmgw_test_kit::{
+    DEADLINE, admin_client, eventually, get_json, stream_chat, wait_until_blocking,
+};
 
 /// The model of `llmgw dev`'s demo catalog that the load uses.
 const MODEL: &str = "qwen-0.5b";
@@ -35,13 +37,19 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
 
-    let leader_pid = leader_pid(&dev_file).await;
-    // A bounded load loop runs through the router while the leader dies:
-    // the router talks to engines directly, so not one request may fail.
+    let leader = eventually("a leader", DEADLINE, || leader_other_than(&dev_file, None)).await;
+    // A bounded load loop runs through the router while the leader dies and
+    // another is elected: the router talks to engines directly, so not one
+    // request may fail.
     let load = ChatLoad::start(&http, &router);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    signal_pid(leader_pid, libc::SIGKILL);
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    load.until_answered(4).await;
+    signal_pid(pid_of_peer(&dev_file, leader), libc::SIGKILL);
+    let answered_at_kill = load.answered();
+    eventually("a new leader", DEADLINE, || {
+        leader_other_than(&dev_file, Some(leader))
+    })
+    .await;
+    load.until_answered(answered_at_kill + 20).await;
     load.stop_without_failures().await;
     // And after the new leader took over.
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
@@ -50,11 +58,10 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     sigint_leaves_no_process_behind(&mut dev);
 }
 
-/// The pid of the leader the control plane names, from dev.json. The
+/// The leader some peer of dev.json names, if it is not `previous`. The
 /// admin API is HTTPS with the dev CA and wants the read token, both named
-/// in dev.json.
-async fn leader_pid(dev_file: &DevFile) -> i32 {
-    let api = &dev_file.api[0];
+/// in dev.json; a peer that is down or names `previous` is passed over.
+async fn leader_other_than(dev_file: &DevFile, previous: Option<u64>) -> Result<u64, String> {
     let ca = dev_file.ca.as_deref().expect("dev.json names the CA");
     let token_file = dev_file
         .read_token_file
@@ -62,18 +69,26 @@ async fn leader_pid(dev_file: &DevFile) -> i32 {
         .expect("dev.json names the read token");
     let token = std::fs::read_to_string(token_file).unwrap();
     let admin = admin_client(Some(Path::new(ca)));
-    let cluster: ClusterView = get_json(
-        &admin,
-        &format!("{api}{}", paths::CLUSTER),
-        Some(token.trim()),
-    )
-    .await
-    .unwrap();
-    let leader = cluster.leader_id.expect("a leader once dev is ready");
+    let mut seen = Vec::new();
+    for api in &dev_file.api {
+        let url = format!("{api}{}", paths::CLUSTER);
+        match get_json::<ClusterView>(&admin, &url, Some(token.trim())).await {
+            Ok(view) if view.leader_id.is_some() && view.leader_id != previous => {
+                return Ok(view.leader_id.unwrap_or_default());
+            }
+            Ok(view) => seen.push(format!("{api} names leader {:?}", view.leader_id)),
+            Err(e) => seen.push(format!("{api}: {e}")),
+        }
+    }
+    Err(seen.join("; "))
+}
+
+/// The pid of peer `id`, from dev.json.
+fn pid_of_peer(dev_file: &DevFile, id: u64) -> i32 {
     dev_file
         .processes
         .iter()
-        .find(|p| p.role == "server" && p.id.as_u64() == Some(leader))
+        .find(|p| p.role == "server" && p.id.as_u64() == Some(id))
         .map(|p| i32::try_from(p.pid).unwrap())
         .expect("dev.json names the leader's process")
 }
@@ -82,19 +97,46 @@ async fn leader_pid(dev_file: &DevFile) -> i32 {
 /// most 400 each).
 struct ChatLoad {
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU32>,
     workers: Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>,
 }
 
 impl ChatLoad {
     fn start(http: &reqwest::Client, router: &str) -> ChatLoad {
         let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicU32::new(0));
         let workers = (0..4)
             .map(|_| {
-                let (http, router, stop) = (http.clone(), router.to_owned(), stop.clone());
-                tokio::spawn(chat_worker(http, router, stop))
+                let (http, router) = (http.clone(), router.to_owned());
+                tokio::spawn(chat_worker(http, router, stop.clone(), answered.clone()))
             })
             .collect();
-        ChatLoad { stop, workers }
+        ChatLoad {
+            stop,
+            answered,
+            workers,
+        }
+    }
+
+    /// Requests finished so far, answered or failed.
+    fn answered(&self) -> u32 {
+        self.answered.load(Ordering::Relaxed)
+    }
+
+    async fn until_answered(&self, count: u32) {
+        eventually(
+            &format!("{count} chats through the router"),
+            DEADLINE,
+            || async {
+                let answered = self.answered();
+                if answered >= count {
+                    Ok(())
+                } else {
+                    Err(format!("{answered} so far"))
+                }
+            },
+        )
+        .await;
     }
 
     /// Stops the workers; every request they made must have been answered.
@@ -124,6 +166,7 @@ async fn chat_worker(
     http: reqwest::Client,
     router: String,
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicU32>,
 ) -> (u32, Vec<String>) {
     let (mut ok, mut failed) = (0u32, Vec::new());
     for _ in 0..400 {
@@ -135,6 +178,7 @@ async fn chat_worker(
             Ok(_) => failed.push("empty answer".to_owned()),
             Err(why) => failed.push(why),
         }
+        answered.fetch_add(1, Ordering::Relaxed);
     }
     (ok, failed)
 }

@@ -206,7 +206,9 @@ async fn every_acknowledged_write_survives_sigkill_of_all_peers() {
     cluster.wait_leader().await;
     let acknowledged = Arc::new(Mutex::new(Vec::<String>::new()));
     let cluster_ref = &cluster;
-    let burst_until = Instant::now() + Duration::from_secs(3);
+    // The kill below comes long before this deadline; it only bounds the
+    // burst should the writes stall.
+    let burst_until = Instant::now() + Duration::from_secs(60);
     let writers = (0..4u64).map(|writer| {
         let acknowledged = acknowledged.clone();
         async move {
@@ -223,9 +225,12 @@ async fn every_acknowledged_write_survives_sigkill_of_all_peers() {
         }
     });
     let burst = futures::future::join_all(writers);
-    // Kill everything while the burst is still running.
+    // Kill everything while the burst is still running, once it has had
+    // writes acknowledged (however slow the machine).
     let killer = async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        while acknowledged.lock().unwrap().len() < 20 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     };
     tokio::select! {
         _ = burst => {}

@@ -1,5 +1,5 @@
 //! What llmgw's tests share, in one place: finding the built binaries
-//! ([`llmgw_bin`], [`engine_sim_bin`]), free ports, waiting for a
+//! ([`llmgw_bin`], [`engine_sim_bin`]), free and closed ports, waiting for a
 //! condition with a generous deadline instead of sleeping and hoping
 //! ([`eventually`], [`wait_until`]), a three-peer cluster of real
 //! `llmgw server` processes ([`Cluster`]) with real agents
@@ -40,4 +40,39 @@ pub fn free_port() -> u16 {
         .and_then(|listener| listener.local_addr())
         .expect("a free port on 127.0.0.1")
         .port()
+}
+
+/// A port on 127.0.0.1 that refuses connections and that no other process
+/// can take: bound, never listening. For an endpoint that is down until
+/// the test brings it up with [`ClosedPort::release`].
+pub struct ClosedPort {
+    socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl ClosedPort {
+    pub fn new() -> ClosedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("a free port on 127.0.0.1");
+        let port = socket.local_addr().expect("a bound socket").port();
+        ClosedPort { socket, port }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Frees the port for the test to listen on, and returns it.
+    pub fn release(self) -> u16 {
+        drop(self.socket);
+        self.port
+    }
+}
+
+impl Default for ClosedPort {
+    fn default() -> Self {
+        ClosedPort::new()
+    }
 }

@@ -7,7 +7,7 @@ use http_body_util::BodyExt;
 use llmgw_router::{Endpoint, Settings};
 
 use crate::common::*;
-use llmgw_test_kit::{DEADLINE, eventually};
+use llmgw_test_kit::{ClosedPort, DEADLINE, eventually};
 
 type HttpClient = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
@@ -146,14 +146,14 @@ async fn a_body_over_the_limit_is_refused_and_the_connection_closed(c: &HttpClie
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_back() {
     let live = Sim::start(SMALL, &["m"], &[]);
-    let dead_port = free_port();
+    let dead = ClosedPort::new();
     live.wait_ready().await;
     let settings = Settings {
         consecutive_failures: 2,
         metrics_interval: Duration::from_millis(100),
         ..test_settings()
     };
-    let dead_url = format!("http://127.0.0.1:{dead_port}");
+    let dead_url = format!("http://127.0.0.1:{}", dead.port());
     let router = TestRouter::start(
         settings,
         vec![
@@ -215,7 +215,7 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
     );
 
     // The dead endpoint comes back: it passes /health and is re-admitted.
-    let revived = Sim::start_on(dead_port, SMALL, &["m"], &[]);
+    let revived = Sim::start_on(dead.release(), SMALL, &["m"], &[]);
     revived.wait_ready().await;
     assert!(
         wait_until(Duration::from_secs(30), || async {

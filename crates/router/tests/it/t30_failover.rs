@@ -3,10 +3,11 @@
 //! with exactly the text one uninterrupted answer has.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use llmgw_router::{Endpoint, Settings};
+use llmgw_test_kit::{DEADLINE, eventually};
 
 use crate::common::*;
 
@@ -30,9 +31,19 @@ async fn killing_an_engine_mid_stream_is_invisible_to_clients() {
     )
     .await;
     let load = ClientLoad::start(&format!("{}/v1/chat/completions", router.url()));
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    until_streams_run_on(&router, &victim, &survivor).await;
     victim.kill();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answered_at_kill = load.answered();
+    // Every worker finishes what the kill cut, and one more request besides.
+    eventually("the load to go on past the kill", DEADLINE, || async {
+        let after = load.answered() - answered_at_kill;
+        if after >= 2 * WORKERS {
+            Ok(())
+        } else {
+            Err(format!("{after} answers since the kill"))
+        }
+    })
+    .await;
     let total = load.stop().await;
 
     assert_no_client_saw_a_failure(&total);
@@ -122,20 +133,74 @@ impl Tally {
     }
 }
 
+/// Waits until a stream that has already sent text is running on the
+/// victim: requests past their first byte and not yet finished outnumber
+/// all the survivor holds, so at least one of them is on the victim.
+async fn until_streams_run_on(router: &TestRouter, victim: &Sim, survivor: &Sim) {
+    let metrics_url = format!("{}/metrics", router.url());
+    let outstanding = |sim: &Sim| {
+        format!(
+            "llmgw_router_endpoint_outstanding_requests{{endpoint=\"{}\"}}",
+            sim.url()
+        )
+    };
+    let (on_victim, on_survivor) = (outstanding(victim), outstanding(survivor));
+    eventually("text streaming from the engine to kill", DEADLINE, || async {
+        let (_, metrics) = get(&metrics_url).await.ok_or("no /metrics")?;
+        let read = |name: &str| metric(&metrics, name).unwrap_or(0.0);
+        let sending = read("llmgw_router_time_to_first_token_seconds_count{model=\"m\"}")
+            - read("llmgw_router_request_duration_seconds_count{model=\"m\"}");
+        let (victim_holds, survivor_holds) = (read(&on_victim), read(&on_survivor));
+        if victim_holds > 0.0 && sending > survivor_holds {
+            Ok(())
+        } else {
+            Err(format!(
+                "{sending} answers sending, {victim_holds} requests on the victim, {survivor_holds} on the survivor"
+            ))
+        }
+    })
+    .await;
+}
+
+const WORKERS: usize = 12;
+
+/// Two thirds of the workers stream.
+fn streams(worker: usize) -> bool {
+    !worker.is_multiple_of(3)
+}
+
 /// Twelve workers, two thirds streaming; each stops on the flag or after
 /// 200 requests, whichever comes first.
 struct ClientLoad {
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
     workers: Vec<tokio::task::JoinHandle<Tally>>,
 }
 
 impl ClientLoad {
     fn start(url: &str) -> ClientLoad {
         let stop = Arc::new(AtomicBool::new(false));
-        let workers = (0..12)
-            .map(|w| tokio::spawn(worker(w, url.to_string(), Arc::clone(&stop))))
+        let answered = Arc::new(AtomicUsize::new(0));
+        let workers = (0..WORKERS)
+            .map(|w| {
+                tokio::spawn(worker(
+                    w,
+                    url.to_string(),
+                    Arc::clone(&stop),
+                    Arc::clone(&answered),
+                ))
+            })
             .collect();
-        ClientLoad { stop, workers }
+        ClientLoad {
+            stop,
+            answered,
+            workers,
+        }
+    }
+
+    /// Requests finished so far, whatever their outcome.
+    fn answered(&self) -> usize {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// Stops the workers and adds up what they saw.
@@ -153,9 +218,9 @@ impl ClientLoad {
     }
 }
 
-async fn worker(w: usize, url: String, stop: Arc<AtomicBool>) -> Tally {
+async fn worker(w: usize, url: String, stop: Arc<AtomicBool>, answered: Arc<AtomicUsize>) -> Tally {
     let c = client();
-    let stream = !w.is_multiple_of(3);
+    let stream = streams(w);
     let mut tally = Tally::default();
     for i in 0..200 {
         if stop.load(Ordering::Relaxed) {
@@ -164,6 +229,7 @@ async fn worker(w: usize, url: String, stop: Arc<AtomicBool>) -> Tally {
         let body = tagged_chat_body(&format!("worker {w} request {i}"), stream, 40);
         let outcome = post(&c, &url, body.clone(), &[]).await;
         tally.record(body, stream, outcome);
+        answered.fetch_add(1, Ordering::Relaxed);
     }
     tally
 }
