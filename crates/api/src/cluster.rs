@@ -8,6 +8,13 @@ pub struct ClusterView {
     /// The peer that answered.
     pub id: u64,
     pub leader_id: Option<u64>,
+    /// How long ago the answering peer last heard the leader it names: on
+    /// a follower, the leader's last append or heartbeat; on the leader,
+    /// the last acknowledgement by a majority. Absent with no leader named
+    /// or none heard yet. A follower cut off from its peers goes on naming
+    /// the last leader it knew; this says how stale that is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_heard_ms_ago: Option<u64>,
     pub term: u64,
     pub peers: Vec<PeerView>,
     /// This peer's gRPC links are plaintext (`insecure: true`).
@@ -152,6 +159,7 @@ mod tests {
         ClusterView {
             id,
             leader_id: Some(1),
+            leader_heard_ms_ago: Some(5),
             term: 3,
             peers,
             insecure: true,

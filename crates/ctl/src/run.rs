@@ -306,10 +306,23 @@ fn render_cluster(cluster: &ClusterView) -> String {
     };
     format!(
         "leader: {}  term: {}{transport}\n{}",
-        or_dash(cluster.leader_id),
+        leader_line(cluster),
         cluster.term,
         table.render()
     )
+}
+
+/// The leader the answering peer names and how recently it heard it: a
+/// peer cut off from the others goes on naming the last leader it knew.
+fn leader_line(cluster: &ClusterView) -> String {
+    let Some(leader) = cluster.leader_id else {
+        return "-".to_owned();
+    };
+    match cluster.leader_heard_ms_ago {
+        Some(ms) if ms < 1000 => format!("{leader} (heard {ms} ms ago)"),
+        Some(ms) => format!("{leader} (heard {:.1} s ago)", ms as f64 / 1000.0),
+        None => format!("{leader} (not heard yet)"),
+    }
 }
 
 const NODE_COLUMNS: [&str; 8] = [
@@ -447,6 +460,7 @@ mod tests {
         ClusterView {
             id: 1,
             leader_id: Some(1),
+            leader_heard_ms_ago: Some(12),
             term: 3,
             peers,
             insecure,
@@ -470,12 +484,25 @@ mod tests {
         };
         let out = render_cluster(&cluster(false, vec![leader]));
         assert!(
-            out.starts_with("leader: 1  term: 3  transport: mTLS\n"),
+            out.starts_with("leader: 1 (heard 12 ms ago)  term: 3  transport: mTLS\n"),
             "{out}"
         );
         assert!(out.contains("127.0.0.1:7443  leader"));
         let insecure = render_cluster(&cluster(true, Vec::new()));
         assert!(insecure.contains("transport: INSECURE"), "{insecure}");
+    }
+
+    #[test]
+    fn the_leader_line_says_how_stale_the_named_leader_is() {
+        let with = |leader_id, heard| ClusterView {
+            leader_id,
+            leader_heard_ms_ago: heard,
+            ..cluster(false, Vec::new())
+        };
+        let line = |view: &ClusterView| leader_line(view);
+        assert_eq!(line(&with(Some(2), Some(4260))), "2 (heard 4.3 s ago)");
+        assert_eq!(line(&with(Some(2), None)), "2 (not heard yet)");
+        assert_eq!(line(&with(None, None)), "-");
     }
 
     #[test]

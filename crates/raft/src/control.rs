@@ -99,6 +99,9 @@ struct Inner {
     /// The state hash and the index it was taken at: hashing ten thousand
     /// nodes takes tens of milliseconds, and status is asked often.
     state_hash: std::sync::Mutex<Option<(Option<llmgw_store::LogId>, StateHash)>>,
+    /// The leader that last appended to this peer's log (or sent its
+    /// heartbeat, or a snapshot), and when.
+    leader_contact: std::sync::Mutex<Option<(u64, Instant)>>,
 }
 
 /// Why the control plane could not start.
@@ -171,6 +174,7 @@ impl ControlPlane {
                 membership_lock: tokio::sync::Mutex::new(()),
                 counters,
                 state_hash: std::sync::Mutex::new(None),
+                leader_contact: std::sync::Mutex::new(None),
             }),
         };
         crate::disk::spawn_disk_watch(control.clone());
@@ -279,6 +283,42 @@ impl ControlPlane {
                 metrics.last_applied.as_ref().map(|l| l.index)
             )
         })
+    }
+
+    /// Notes that `leader` just appended to this peer (entries or a
+    /// heartbeat) or sent it a snapshot, and this peer accepted its vote.
+    pub(crate) fn heard_from_leader(&self, leader: u64) {
+        *self
+            .inner
+            .leader_contact
+            .lock()
+            .expect("leader contact lock") = Some((leader, Instant::now()));
+    }
+
+    /// How long ago this peer last heard the leader it names: on a
+    /// follower, the leader's last append or heartbeat; on the leader, the
+    /// last acknowledgement by a majority. `None` with no leader named, or
+    /// none heard since this peer started. A follower cut off from its
+    /// peers goes on naming the last leader it knew (it cannot elect
+    /// another); this says how stale that is.
+    pub fn leader_heard_ago(&self) -> Option<Duration> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let leader = metrics.current_leader?;
+        if leader == self.inner.id {
+            if metrics.membership_config.membership().voter_ids().count() <= 1 {
+                return Some(Duration::ZERO);
+            }
+            return metrics.last_quorum_acked.as_deref().map(|at| at.elapsed());
+        }
+        let contact = *self
+            .inner
+            .leader_contact
+            .lock()
+            .expect("leader contact lock");
+        contact
+            .filter(|(heard, _)| *heard == leader)
+            .map(|(_, at)| at.elapsed())
     }
 
     /// The known leader and how to reach it.

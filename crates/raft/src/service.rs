@@ -3,6 +3,8 @@
 use llmgw_proto::raft::raft_service_server::{RaftService, RaftServiceServer};
 use llmgw_proto::raft::{RaftPayload, SnapshotChunk};
 use llmgw_store::TypeConfig;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
+use openraft::vote::RaftLeaderId;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::service::interceptor::InterceptedService;
@@ -64,9 +66,17 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = parse(request.get_ref())?;
+        let rpc: AppendEntriesRequest<TypeConfig> = parse(request.get_ref())?;
         inbound::check_append(&rpc).map_err(|why| refuse(&request, why))?;
-        answer(self.control.raft().append_entries(rpc).await)
+        let sender = *rpc.vote.leader_id().node_id();
+        let result = self.control.raft().append_entries(rpc).await;
+        if result
+            .as_ref()
+            .is_ok_and(|response| !matches!(response, AppendEntriesResponse::HigherVote(_)))
+        {
+            self.control.heard_from_leader(sender);
+        }
+        answer(result)
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
@@ -111,12 +121,19 @@ impl RaftService for RaftGrpc {
             meta,
             snapshot: data,
         };
-        answer(
-            self.control
-                .raft()
-                .install_full_snapshot(vote, snapshot)
-                .await,
-        )
+        let sender = *vote.leader_id().node_id();
+        let result = self
+            .control
+            .raft()
+            .install_full_snapshot(vote, snapshot)
+            .await;
+        if result
+            .as_ref()
+            .is_ok_and(|response| response.vote.leader_id().node_id() == &sender)
+        {
+            self.control.heard_from_leader(sender);
+        }
+        answer(result)
     }
 
     async fn forward(

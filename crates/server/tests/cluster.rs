@@ -372,3 +372,45 @@ async fn removing_the_leader_completes_and_asking_again_is_done() {
         .await;
     cluster.kill(leader);
 }
+
+/// A follower cut off from both other peers cannot elect anyone and goes
+/// on naming the leader it last heard; its cluster view says how long ago
+/// that was, so an operator reading it is not told that a dead peer leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_left_alone_says_how_long_ago_it_heard_its_leader() {
+    let mut cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    for (peer, role) in [(leader, "leader"), (follower, "follower")] {
+        cluster
+            .eventually(&format!("the {role} in touch with the leader"), || async {
+                let view = cluster.cluster_view(peer).await?;
+                match (view.leader_id, view.leader_heard_ms_ago) {
+                    (Some(named), Some(ms)) if named == leader && ms < 5_000 => Ok(()),
+                    other => Err(format!("names and heard: {other:?}")),
+                }
+            })
+            .await;
+    }
+
+    for id in (1..=3).filter(|id| *id != follower) {
+        cluster.kill(id);
+    }
+    let view = cluster
+        .eventually("the follower's leader shown stale", || async {
+            let view = cluster.cluster_view(follower).await?;
+            match view.leader_heard_ms_ago {
+                Some(ms) if ms >= 3_000 => Ok(view),
+                heard => Err(format!(
+                    "names {:?}, heard {heard:?} ms ago",
+                    view.leader_id
+                )),
+            }
+        })
+        .await;
+    println!(
+        "alone, peer {follower} names {:?}, heard {:?} ms ago",
+        view.leader_id, view.leader_heard_ms_ago
+    );
+    assert_eq!(view.leader_id, Some(leader), "{view:?}");
+}

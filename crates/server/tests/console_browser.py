@@ -96,7 +96,8 @@ def leader_of(driver):
     marker = "Leader: peer "
     if marker not in text:
         return None
-    return int(text.split(marker, 1)[1].split(",", 1)[0])
+    # "Leader: peer 2 (heard 40 ms ago), term 3."
+    return int(text.split(marker, 1)[1].split()[0].rstrip(","))
 
 
 def use_token(driver, token):

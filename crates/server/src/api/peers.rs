@@ -13,6 +13,10 @@ pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
     Json(ClusterView {
         id: state.control.id(),
         leader_id: metrics.current_leader,
+        leader_heard_ms_ago: state
+            .control
+            .leader_heard_ago()
+            .map(|ago| u64::try_from(ago.as_millis()).unwrap_or(u64::MAX)),
         term: metrics.current_term,
         peers,
         insecure: state.insecure,

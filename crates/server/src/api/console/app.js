@@ -125,7 +125,7 @@ function renderCluster() {
       <td>${esc(p.term ?? "-")}</td><td>${esc(p.last_log_index ?? "-")}</td><td>${esc(p.last_applied_index ?? "-")}</td>
       <td class="mono">${esc(p.state_hash ?? "unreachable")}</td><td class="mono">${esc(p.addr)}</td></tr>`).join("");
   return `<h2>Cluster</h2>
-    <p>Leader: <strong>${c.leader_id == null ? "none elected" : "peer " + esc(c.leader_id)}</strong>, term ${esc(c.term)}.
+    <p>Leader: <strong>${c.leader_id == null ? "none elected" : "peer " + esc(c.leader_id)}</strong>${c.leader_id == null ? "" : c.leader_heard_ms_ago == null ? " (not heard yet)" : " (heard " + ago(c.leader_heard_ms_ago) + ")"}, term ${esc(c.term)}.
       Transport: <strong>${c.insecure ? "INSECURE (plaintext)" : "mTLS"}</strong>.
       State hashes: <strong>${hashes.size <= 1 ? "all equal" : hashes.size + " different (a peer is behind)"}</strong>.
       Leader changes in the last hour (seen by peer ${esc(c.id)}): <strong>${esc(c.leader_changes_last_hour ?? 0)}</strong>.</p>
