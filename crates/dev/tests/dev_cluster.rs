@@ -73,10 +73,10 @@ async fn leader_other_than(dev_file: &DevFile, previous: Option<u64>) -> Result<
     for api in &dev_file.api {
         let url = format!("{api}{}", paths::CLUSTER);
         match get_json::<ClusterView>(&admin, &url, Some(token.trim())).await {
-            Ok(view) if view.leader_id.is_some() && view.leader_id != previous => {
-                return Ok(view.leader_id.unwrap_or_default());
-            }
-            Ok(view) => seen.push(format!("{api} names leader {:?}", view.leader_id)),
+            Ok(view) => match view.leader_id {
+                Some(leader) if Some(leader) != previous => return Ok(leader),
+                named => seen.push(format!("{api} names leader {named:?}")),
+            },
             Err(e) => seen.push(format!("{api}: {e}")),
         }
     }
@@ -90,7 +90,7 @@ fn pid_of_peer(dev_file: &DevFile, id: u64) -> i32 {
         .iter()
         .find(|p| p.role == "server" && p.id.as_u64() == Some(id))
         .map(|p| i32::try_from(p.pid).unwrap())
-        .expect("dev.json names the leader's process")
+        .unwrap_or_else(|| panic!("dev.json names no process for peer {id}"))
 }
 
 /// Four workers streaming chats through the router until stopped (at
