@@ -258,7 +258,7 @@ async fn stream_inner(
             && step as u64 >= after
         {
             return match mode {
-                StreamCrash::Cut => Err(Stop::Abort),
+                StreamCrash::Cut | StreamCrash::CutAfterFinish => Err(Stop::Abort),
                 StreamCrash::ErrorEvent => {
                     let event = wire::stream_error_event(
                         "EngineCore encountered an issue. See stack trace (above) for the root cause.",
@@ -276,6 +276,12 @@ async fn stream_inner(
             crate::lifecycle::engine_died(state, crate::lifecycle::Death::CudaOom);
             return Err(Stop::EngineDead);
         }
+    }
+    if matches!(p.crash, Some((StreamCrash::CutAfterFinish, _))) {
+        // One token's time first, so the finishing chunk is on the wire
+        // before the connection closes (as when an engine dies then).
+        pause(jittered(&mut plan.rng, p.itl), interrupt, Some(tx)).await?;
+        return Err(Stop::Abort);
     }
     send_stream_end(tx, &env, plan).await?;
     state.metrics.e2e.observe(start.elapsed().as_secs_f64());

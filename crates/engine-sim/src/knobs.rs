@@ -72,6 +72,9 @@ pub enum StreamCrash {
     Cut,
     /// Send `data: {"error":...}` then `[DONE]`.
     ErrorEvent,
+    /// Close the connection once the answer is over (its finish reason
+    /// sent), before the usage event and `[DONE]`.
+    CutAfterFinish,
 }
 
 /// All knobs, resolved.
@@ -117,7 +120,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 const FAULT_HINT: &str = "expected a comma-separated list of crash_on_load:{kv_cache|oom|free_memory|arch}, \
-hang_on_load[:{distributed|weights|kv_cache}], oom_after_tokens:N, crash_mid_stream:{cut|error_event}[@N], \
+hang_on_load[:{distributed|weights|kv_cache}], oom_after_tokens:N, crash_mid_stream:{cut|error_event}[@N], crash_mid_stream:cut_after_finish, \
 slow_tokens:Nx, ttft_spike:DURATION, stall, unhealthy, ignore_sigterm";
 
 /// Parses the fault grammar: `name[:arg]` items separated by commas.
@@ -151,11 +154,13 @@ pub fn parse_faults(text: &str, source_name: &str) -> Result<Vec<Fault>, KnobErr
             ("crash_mid_stream", Some(spec)) => {
                 let (mode, after) = match spec.split_once('@') {
                     Some((m, n)) => (m, n.parse().map_err(|_| bad())?),
+                    None if spec == "cut_after_finish" => (spec, u64::MAX),
                     None => (spec, 3),
                 };
                 let mode = match mode {
                     "cut" => StreamCrash::Cut,
                     "error_event" => StreamCrash::ErrorEvent,
+                    "cut_after_finish" if after == u64::MAX => StreamCrash::CutAfterFinish,
                     _ => return Err(bad()),
                 };
                 Fault::CrashMidStream {
@@ -338,6 +343,14 @@ mod tests {
             err.starts_with("LLMGW_SIM_FAULT: unknown fault 'crash_on_load:meteor'"),
             "{err}"
         );
+        assert_eq!(
+            parse_faults("crash_mid_stream:cut_after_finish", "X").unwrap(),
+            vec![Fault::CrashMidStream {
+                mode: StreamCrash::CutAfterFinish,
+                after_tokens: u64::MAX
+            }]
+        );
+        assert!(parse_faults("crash_mid_stream:cut_after_finish@3", "X").is_err());
     }
 
     #[test]

@@ -194,6 +194,20 @@ impl Relay {
                 self.end(failure);
                 return;
             }
+            Some(resume) if resume.answer_over() => {
+                // Only the end of the stream was lost (the usage event,
+                // `[DONE]`): the client has the whole answer, and another
+                // replica asked to continue it would add text after it.
+                let done_sent = resume.done_sent();
+                tracing::warn!(endpoint = %url, model = %self.finish.model, "{} after the answer was over; ending the stream", failure.message);
+                self.state = State::Done;
+                self.upstream = None;
+                self.resume = None;
+                if !done_sent {
+                    self.pending_tail = Some(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")));
+                }
+                return;
+            }
             Some(_) if tokio::time::Instant::now() >= self.deadline => Err("deadline"),
             Some(resume) => resume.begin(&url),
         };

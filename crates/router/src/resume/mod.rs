@@ -221,6 +221,17 @@ impl Resumable {
         self.transcript.done || self.transcript.finished || unfollowed
     }
 
+    /// The first choice finished (or `[DONE]` came): whatever fails now,
+    /// the client already has the whole answer.
+    pub fn answer_over(&self) -> bool {
+        self.transcript.done || self.transcript.finished
+    }
+
+    /// `[DONE]` reached the client.
+    pub fn done_sent(&self) -> bool {
+        self.transcript.done
+    }
+
     /// Starts asking another replica for the rest, after `failed` failed
     /// the stream. Err names why the stream cannot be resumed.
     pub fn begin(&mut self, failed: &str) -> Result<Opening, &'static str> {

@@ -145,3 +145,51 @@ async fn resumable_streams_hold_no_more_than_the_memory_cap() {
     );
     assert!(unprotected.is_some_and(|n| n >= 1.0), "{metrics}");
 }
+
+/// Engines that die once an answer is over (its finish reason sent; the
+/// usage event and `[DONE]` lost) are not asked to continue it: the client
+/// reads the whole answer once, ended as a stream ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_after_its_finish_is_ended_not_resumed() {
+    let ten_tokens = [("LLMGW_SIM_OUTPUT_TOKENS", "10")];
+    let cutters: Vec<Sim> = (0..2)
+        .map(|_| {
+            Sim::start(
+                SMALL,
+                &["m"],
+                &[
+                    ("LLMGW_SIM_FAULT", "crash_mid_stream:cut_after_finish"),
+                    ten_tokens[0],
+                ],
+            )
+        })
+        .collect();
+    let reference = Sim::start(SMALL, &["m"], &ten_tokens);
+    for sim in cutters.iter().chain([&reference]) {
+        sim.wait_ready().await;
+    }
+    let endpoints = cutters.iter().map(|e| Endpoint::ready(e.url())).collect();
+    let router = TestRouter::start(test_settings(), vec![model("m", &[], endpoints)]).await;
+    let url = format!("{}/v1/chat/completions", router.url());
+
+    // Ten tokens and a stop within 20, and six cut short by max_tokens.
+    for (tag, max_tokens, finish) in [("stops", 20, "stop"), ("runs out", 6, "length")] {
+        let body = tagged_chat_body(tag, true, max_tokens);
+        let (expected, _) = reference_answer(&reference.url(), &body).await;
+        let (status, answer) = post(&client(), &url, body, &[]).await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        let read = read_stream(&answer);
+        assert_eq!(read.error, None, "{answer}");
+        assert_eq!(read.text, expected, "{answer}");
+        assert_eq!(read.finish_reason.as_deref(), Some(finish), "{answer}");
+        assert_eq!(
+            answer.matches("\"finish_reason\":\"").count(),
+            1,
+            "{answer}"
+        );
+        assert!(read.done, "{answer}");
+    }
+    let (_, metrics) = get(&format!("{}/metrics", router.url())).await.unwrap();
+    let resumed = "llmgw_router_stream_resumptions_total{model=\"m\",outcome=\"resumed\"}";
+    assert_eq!(metric(&metrics, resumed), None, "{metrics}");
+}
