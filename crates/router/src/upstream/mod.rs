@@ -80,12 +80,17 @@ pub(crate) struct HostPool {
 impl HostPool {
     fn checkout(&self) -> Option<TcpStream> {
         let mut idle = self.idle.lock().expect("pool lock");
-        let (stream, since) = idle.pop()?;
-        if since.elapsed() < IDLE_LIMIT {
-            return Some(stream);
+        while let Some((stream, since)) = idle.pop() {
+            if since.elapsed() >= IDLE_LIMIT {
+                // The list is in order of use: everything below is older
+                // still.
+                idle.clear();
+                return None;
+            }
+            if quiet_and_open(&stream) {
+                return Some(stream);
+            }
         }
-        // The list is in order of use: everything below is older still.
-        idle.clear();
         None
     }
 
@@ -102,6 +107,29 @@ impl HostPool {
             idle.push((stream, Instant::now()));
         }
     }
+}
+
+/// True when an idle connection has nothing to read and is still open. An
+/// engine's bytes after a complete answer (a late error, a second
+/// response) would be read as the next request's answer, whoever sent it;
+/// an engine that closed the connection while it sat idle shows as
+/// end-of-file. One `recv` that peeks and never waits.
+#[allow(unsafe_code)]
+fn quiet_and_open(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = 0u8;
+    // SAFETY: recv(2) writes at most one byte into `byte`, which lives
+    // across the call; the descriptor belongs to `stream`, open while it is
+    // borrowed.
+    let peeked = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    peeked < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock
 }
 
 impl Upstream {

@@ -245,3 +245,41 @@ async fn idle_connections_are_closed_by_the_sweep() {
         "the host is forgotten"
     );
 }
+
+/// Bytes an engine sends after a complete answer (a late error, a second
+/// response) belong to no request: the connection holding them is closed,
+/// never handed to the next request, which would read them as its answer.
+#[tokio::test]
+async fn a_connection_holding_bytes_nobody_asked_for_is_not_reused() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (answered, mut answered_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let (stray_sent, mut stray_sent_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let engine = tokio::spawn(async move {
+        let (mut first, _) = listener.accept().await.unwrap();
+        read_request(&mut first).await.unwrap();
+        first.write_all(SHORT).await.unwrap();
+        // Once the client has read its answer, a second one nobody asked for.
+        answered_rx.recv().await.unwrap();
+        first
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
+            .await
+            .unwrap();
+        stray_sent.send(()).unwrap();
+        let (mut second, _) = listener.accept().await.unwrap();
+        read_request(&mut second).await.unwrap();
+        second
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfresh")
+            .await
+            .unwrap();
+        // Both connections stay open: only the stray bytes tell them apart.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        drop((first, second));
+    });
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    answered.send(()).unwrap();
+    stray_sent_rx.recv().await.unwrap();
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "fresh");
+    engine.abort();
+}
