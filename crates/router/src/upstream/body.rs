@@ -38,6 +38,9 @@ enum Decoder {
     Trailers,
     UntilClose,
     Done,
+    /// The framing was broken: every later step fails too, so an error
+    /// noticed while looking ahead is not skipped over.
+    Broken,
 }
 
 enum Step {
@@ -88,8 +91,16 @@ impl UpstreamBody {
     /// Decodes what the buffer holds. With `yield_data` false it stops at
     /// data instead of taking it (and says NeedMore).
     fn step(&mut self, yield_data: bool) -> Result<Step, UpstreamError> {
+        self.decode(yield_data).inspect_err(|_| {
+            self.decoder = Decoder::Broken;
+            self.stream = None;
+        })
+    }
+
+    fn decode(&mut self, yield_data: bool) -> Result<Step, UpstreamError> {
         loop {
             match self.decoder {
+                Decoder::Broken => return Err(protocol("the engine broke the body's framing")),
                 Decoder::Done => return Ok(Step::End),
                 Decoder::Length(0) => return Ok(Step::End),
                 Decoder::Length(left) | Decoder::ChunkData(left) => {

@@ -283,3 +283,16 @@ async fn a_connection_holding_bytes_nobody_asked_for_is_not_reused() {
     assert_eq!(post(&upstream, addr).await.unwrap().1, "fresh");
     engine.abort();
 }
+
+/// A broken chunk-size line fails the body, even when it arrives with the
+/// chunk before it (read ahead while that chunk is handed out).
+#[tokio::test]
+async fn a_bad_chunk_size_fails_the_body() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\nzz\r\n3\r\nabc\r\n0\r\n\r\n";
+    let (addr, _requests) = scripted(vec![vec![answer], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let outcome = post(&upstream, addr).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    // The broken connection was not pooled: the next request opens another.
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+}
