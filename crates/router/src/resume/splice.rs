@@ -42,12 +42,22 @@ pub fn continuation_request(original: &[u8], t: &Transcript) -> Result<Vec<u8>, 
         return Err("structured_output");
     }
     let sent = i64::try_from(t.tokens).unwrap_or(i64::MAX);
-    let mut budget_left = None;
+    // With both limits set, the smaller one binds.
+    let mut budget_left: Option<i64> = None;
     for field in ["max_tokens", "max_completion_tokens"] {
         if let Some(limit) = request.get(field).and_then(Value::as_i64) {
-            budget_left = Some(limit - sent);
-            request.insert(field.to_string(), Value::from(limit - sent));
+            let left = limit.saturating_sub(sent);
+            budget_left = Some(budget_left.map_or(left, |other| other.min(left)));
+            request.insert(field.to_string(), Value::from(left.max(0)));
         }
+    }
+    // A floor on the answer's length counts what was already streamed: an
+    // unreduced one above the budget left is refused by vLLM.
+    if let Some(floor) = request.get("min_tokens").and_then(Value::as_i64) {
+        request.insert(
+            "min_tokens".into(),
+            Value::from(floor.saturating_sub(sent).max(0)),
+        );
     }
     match t.route {
         Route::Chat => {
@@ -145,10 +155,13 @@ pub fn splice_event(payload: &[u8], t: &Transcript, tokens_before: u64) -> Splic
             count(usage, "completion_tokens"),
         ) {
             let prompt = prompt.saturating_sub(tokens_before);
-            let completion = completion + tokens_before;
+            let completion = completion.saturating_add(tokens_before);
             usage.insert("prompt_tokens".into(), Value::from(prompt));
             usage.insert("completion_tokens".into(), Value::from(completion));
-            usage.insert("total_tokens".into(), Value::from(prompt + completion));
+            usage.insert(
+                "total_tokens".into(),
+                Value::from(prompt.saturating_add(completion)),
+            );
         }
     }
     Spliced::Send(Value::Object(event).to_string())
@@ -192,6 +205,32 @@ mod tests {
             serde_json::json!({"role":"assistant","content":"The quick"})
         );
         assert_eq!(v["messages"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn the_smaller_limit_binds_and_the_floor_counts_what_was_sent() {
+        let t = transcript(Route::Chat, "The quick brown", 30);
+        let body = continuation_request(
+            br#"{"max_tokens":100,"max_completion_tokens":40,"min_tokens":80,"messages":[{"role":"user","content":"hi"}]}"#,
+            &t,
+        )
+        .unwrap();
+        let v = json(&body);
+        assert_eq!(
+            (
+                &v["max_tokens"],
+                &v["max_completion_tokens"],
+                &v["min_tokens"]
+            ),
+            (&Value::from(70), &Value::from(10), &Value::from(50))
+        );
+        // The smaller limit is spent: nothing is left to ask for, whatever
+        // the other says.
+        let spent = continuation_request(
+            br#"{"max_tokens":30,"max_completion_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            &t,
+        );
+        assert_eq!(spent, Err("token_budget_spent"));
     }
 
     #[test]
