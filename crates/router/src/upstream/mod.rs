@@ -65,6 +65,11 @@ pub enum UpstreamError {
     Timeout(Duration),
 }
 
+/// The most [`Upstream::get_text`] reads: an engine's `/metrics` page is
+/// tens of KiB, and one that streams without end must not fill the
+/// router's memory.
+pub const GET_TEXT_LIMIT: usize = 4 << 20;
+
 /// The pooled client every upstream call goes through; cheap to clone.
 #[derive(Clone)]
 pub struct Upstream {
@@ -209,7 +214,8 @@ impl Upstream {
         Ok(stream)
     }
 
-    /// A small GET (health, metrics, admin API): status and body text.
+    /// A small GET (health, metrics, admin API): status and body text, at
+    /// most [`GET_TEXT_LIMIT`] bytes of it.
     pub async fn get_text(
         &self,
         url: &str,
@@ -222,7 +228,16 @@ impl Upstream {
                 .send(&Method::GET, &authority, &path, &HeaderMap::new(), &[])
                 .await?;
             let status = response.status().as_u16();
-            let body = response.into_body().collect().await?.to_bytes();
+            let body = http_body_util::Limited::new(response.into_body(), GET_TEXT_LIMIT)
+                .collect()
+                .await
+                .map_err(|e| match e.downcast::<UpstreamError>() {
+                    Ok(upstream) => *upstream,
+                    Err(_) => {
+                        UpstreamError::Protocol(format!("body longer than {GET_TEXT_LIMIT} bytes"))
+                    }
+                })?
+                .to_bytes();
             Ok::<_, UpstreamError>((status, String::from_utf8_lossy(&body).into_owned()))
         };
         tokio::time::timeout(limit, fetch)
@@ -285,6 +300,7 @@ async fn exchange(
         });
     }
     let mut buffer = BytesMut::with_capacity(8 * 1024);
+    let mut interim = 0;
     loop {
         if buffer.capacity() - buffer.len() < 1024 {
             buffer.reserve(8 * 1024);
@@ -298,7 +314,7 @@ async fn exchange(
             }
             Err(e) => return Err(Exchange::Failed(e.into())),
         }
-        match wire::take_head(&mut buffer, no_body) {
+        match wire::take_head(&mut buffer, no_body, &mut interim) {
             Ok(Some(head)) => {
                 return Ok(Answer {
                     stream,

@@ -296,3 +296,55 @@ async fn a_bad_chunk_size_fails_the_body() {
     // The broken connection was not pooled: the next request opens another.
     assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
 }
+
+/// Both framings named: the body is read as chunked, the client is not
+/// given a length that does not match it, and the connection is not reused.
+#[tokio::test]
+async fn a_length_beside_chunked_is_dropped_and_the_connection_closed() {
+    let answer: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    let (addr, mut requests) = scripted(vec![vec![answer, SHORT], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let response = upstream
+        .send(&Method::GET, &addr.to_string(), "/", &HeaderMap::new(), &[])
+        .await
+        .unwrap();
+    assert_eq!(response.headers().get("content-length"), None);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"hello");
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    let first = requests.recv().await.unwrap();
+    let second = requests.recv().await.unwrap();
+    assert_ne!(
+        first.split(' ').next(),
+        second.split(' ').next(),
+        "one connection per answer"
+    );
+}
+
+#[tokio::test]
+async fn endless_interim_answers_are_refused() {
+    let flood: &'static [u8] = "HTTP/1.1 100 Continue\r\n\r\n".repeat(20).leak().as_bytes();
+    let (addr, _requests) = scripted(vec![vec![flood]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let error = post(&upstream, addr).await.unwrap_err().to_string();
+    assert!(error.contains("interim (1xx) answers"), "{error}");
+}
+
+#[tokio::test]
+async fn a_get_reads_at_most_its_limit() {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+        super::GET_TEXT_LIMIT + 1
+    );
+    let big: &'static [u8] = (head + &"x".repeat(super::GET_TEXT_LIMIT + 1))
+        .leak()
+        .as_bytes();
+    let (addr, _requests) = scripted(vec![vec![big]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    let error = upstream
+        .get_text(&format!("http://{addr}/metrics"), Duration::from_secs(20))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("body longer than"), "{error}");
+}

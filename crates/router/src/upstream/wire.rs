@@ -65,11 +65,18 @@ pub(crate) fn encode_request(
     out
 }
 
+/// Interim (1xx) answers one response may carry before its head; an engine
+/// sending them without end would otherwise hold the request until its
+/// deadline.
+const MAX_INTERIM: u32 = 8;
+
 /// Parses a response head from the front of `buffer` and removes it; None
-/// while the head is incomplete. Interim (1xx) answers are skipped.
+/// while the head is incomplete. Interim (1xx) answers are skipped and
+/// counted in `interim`.
 pub(crate) fn take_head(
     buffer: &mut BytesMut,
     no_body: bool,
+    interim: &mut u32,
 ) -> Result<Option<Head>, UpstreamError> {
     loop {
         let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -83,6 +90,12 @@ pub(crate) fn take_head(
         let status = StatusCode::from_u16(code)
             .map_err(|_| UpstreamError::Protocol(format!("status code {code}")))?;
         if status.is_informational() {
+            *interim += 1;
+            if *interim > MAX_INTERIM {
+                return Err(UpstreamError::Protocol(format!(
+                    "more than {MAX_INTERIM} interim (1xx) answers before the response"
+                )));
+            }
             let _ = buffer.split_to(length);
             continue;
         }
@@ -120,6 +133,13 @@ pub(crate) fn take_head(
                 chunked = Some(last.is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked")));
             }
             headers.append(name, value);
+        }
+        if chunked.is_some() && length_header.is_some() {
+            // Both framings named: the transfer coding wins, the length is
+            // wrong for what the client will get, and the connection cannot
+            // be trusted with another request (RFC 9112, section 6.3).
+            headers.remove(hyper::header::CONTENT_LENGTH);
+            connection_close = true;
         }
         let framing =
             if no_body || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
