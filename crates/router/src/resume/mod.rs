@@ -25,7 +25,7 @@ use crate::proxy::{candidates, send_to};
 use crate::service::Shared;
 use crate::sse::{self, Event, EventFramer};
 use crate::upstream::UpstreamBody;
-use splice::{Spliced, continuation_request, splice_event};
+use splice::{Spliced, continuation_request, request_refusal, splice_event};
 use transcript::{Seen, Transcript};
 
 /// How resumption is bounded; `router.yaml`'s `resume` section.
@@ -115,8 +115,9 @@ pub struct Resumable {
     /// the first engine streams.
     spliced_after: Option<u64>,
     tried: Vec<String>,
-    /// Keeps the request body's bytes counted against the memory cap.
-    _body_charge: Charge,
+    /// Keeps the request body's bytes counted against the memory cap;
+    /// None once the stream can no longer be resumed (the body is let go).
+    body_charge: Option<Charge>,
 }
 
 impl Resumable {
@@ -130,34 +131,55 @@ impl Resumable {
         body: &Bytes,
     ) -> Result<Self, &'static str> {
         let memory = Arc::clone(&shared.resume_memory);
-        let body_charge = Charge::new(Arc::clone(&memory), body.len()).ok_or("memory_cap")?;
+        // A request that could never be continued keeps nothing against
+        // the cap; if its stream fails, it ends saying why.
+        let refusal = request_refusal(body, route);
+        let body_charge = match refusal {
+            Some(_) => None,
+            None => Some(Charge::new(Arc::clone(&memory), body.len()).ok_or("memory_cap")?),
+        };
         let text_charge = Charge::new(memory, 0).ok_or("memory_cap")?;
+        let mut transcript =
+            Transcript::new(route, shared.settings.resume.max_text_bytes, text_charge);
+        if let Some(reason) = refusal {
+            transcript.refuse(reason);
+        }
         Ok(Resumable {
             shared: Arc::clone(shared),
             model: model.to_owned(),
             path: path.clone(),
             headers: headers.clone(),
-            body: body.clone(),
-            transcript: Transcript::new(route, shared.settings.resume.max_text_bytes, text_charge),
+            body: if refusal.is_some() {
+                Bytes::new()
+            } else {
+                body.clone()
+            },
+            transcript,
             framer: EventFramer::default(),
             resumptions: 0,
             spliced_after: None,
             tried: Vec::new(),
-            _body_charge: body_charge,
+            body_charge,
         })
     }
 
     /// Whole events of `data` as the client should read them.
     pub fn relay(&mut self, data: Bytes) -> Relayed {
         let events = self.framer.push(data);
-        match self.spliced_after {
+        let relayed = match self.spliced_after {
             None if self.transcript.refusal.is_some() => Relayed {
                 bytes: events,
                 engine_error: None,
             },
             None => self.follow(events),
             Some(before) => self.splice(&events, before),
+        };
+        if self.transcript.refusal.is_some() && self.body_charge.is_some() {
+            // Never to be resumed now: the request goes with its charge.
+            self.body_charge = None;
+            self.body = Bytes::new();
         }
+        relayed
     }
 
     /// The first engine's events pass unchanged; the transcript follows.

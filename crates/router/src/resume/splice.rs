@@ -16,30 +16,8 @@ const COMPLETION_DEFAULT_MAX_TOKENS: i64 = 16;
 pub fn continuation_request(original: &[u8], t: &Transcript) -> Result<Vec<u8>, &'static str> {
     let mut request: Map<String, Value> =
         serde_json::from_slice(original).map_err(|_| "unreadable_request")?;
-    for (field, reason) in [
-        ("logprobs", "logprobs"),
-        ("top_logprobs", "logprobs"),
-        ("echo", "echo"),
-        ("guided_json", "structured_output"),
-        ("guided_regex", "structured_output"),
-        ("guided_choice", "structured_output"),
-        ("guided_grammar", "structured_output"),
-        ("structured_outputs", "structured_output"),
-    ] {
-        if request.get(field).is_some_and(is_set) {
-            return Err(reason);
-        }
-    }
-    if request.get("n").and_then(Value::as_i64).unwrap_or(1) != 1
-        || request.get("best_of").and_then(Value::as_i64).unwrap_or(1) != 1
-    {
-        return Err("n");
-    }
-    if let Some(format) = request.get("response_format")
-        && format.get("type").and_then(Value::as_str) != Some("text")
-        && !format.is_null()
-    {
-        return Err("structured_output");
+    if let Some(reason) = refusal_of(|field| request.get(field).cloned(), t.route) {
+        return Err(reason);
     }
     let sent = i64::try_from(t.tokens).unwrap_or(i64::MAX);
     // With both limits set, the smaller one binds.
@@ -102,6 +80,60 @@ pub fn continuation_request(original: &[u8], t: &Transcript) -> Result<Vec<u8>, 
         return Err("token_budget_spent");
     }
     serde_json::to_vec(&request).map_err(|_| "unreadable_request")
+}
+
+/// Why a request could never be continued faithfully, whatever happens
+/// to its stream; None when it could. Read from the request alone, so a
+/// stream can be known unresumable before anything is kept for it.
+pub fn request_refusal(original: &[u8], route: Route) -> Option<&'static str> {
+    // Only the top-level fields are looked at; their values are read when
+    // one matters.
+    let fields: std::collections::HashMap<&str, &serde_json::value::RawValue> =
+        match serde_json::from_slice(original) {
+            Ok(fields) => fields,
+            Err(_) => return Some("unreadable_request"),
+        };
+    refusal_of(
+        |field| {
+            fields
+                .get(field)
+                .and_then(|raw| serde_json::from_str(raw.get()).ok())
+        },
+        route,
+    )
+}
+
+/// The one list of what cannot be continued: `field` reads a top-level
+/// field of the request.
+fn refusal_of(field: impl Fn(&str) -> Option<Value>, route: Route) -> Option<&'static str> {
+    for (name, reason) in [
+        ("logprobs", "logprobs"),
+        ("top_logprobs", "logprobs"),
+        ("echo", "echo"),
+        ("guided_json", "structured_output"),
+        ("guided_regex", "structured_output"),
+        ("guided_choice", "structured_output"),
+        ("guided_grammar", "structured_output"),
+        ("structured_outputs", "structured_output"),
+    ] {
+        if field(name).is_some_and(|v| is_set(&v)) {
+            return Some(reason);
+        }
+    }
+    let count = |name: &str| field(name).and_then(|v| v.as_i64()).unwrap_or(1);
+    if count("n") != 1 || count("best_of") != 1 {
+        return Some("n");
+    }
+    if let Some(format) = field("response_format")
+        && format.get("type").and_then(Value::as_str) != Some("text")
+        && !format.is_null()
+    {
+        return Some("structured_output");
+    }
+    if route == Route::Completion && !field("prompt").is_some_and(|p| p.is_string()) {
+        return Some("prompt_not_text");
+    }
+    None
 }
 
 fn is_set(value: &Value) -> bool {

@@ -193,3 +193,56 @@ async fn a_stream_cut_after_its_finish_is_ended_not_resumed() {
     let resumed = "llmgw_router_stream_resumptions_total{model=\"m\",outcome=\"resumed\"}";
     assert_eq!(metric(&metrics, resumed), None, "{metrics}");
 }
+
+/// A request that could never be continued (here: logprobs) keeps nothing
+/// against the memory cap while it streams, and when its engine dies the
+/// stream ends saying why it was not resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_could_never_be_resumed_holds_nothing() {
+    let engine = Sim::start(
+        SMALL,
+        &["m"],
+        &[
+            ("LLMGW_SIM_ITL", "20ms"),
+            ("LLMGW_SIM_OUTPUT_TOKENS", "100"),
+            ("LLMGW_SIM_FAULT", "crash_mid_stream:cut@25"),
+        ],
+    );
+    engine.wait_ready().await;
+    let router = TestRouter::start(
+        test_settings(),
+        vec![model("m", &[], vec![Endpoint::ready(engine.url())])],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let metrics_url = format!("{}/metrics", router.url());
+    let body = r#"{"model":"m","stream":true,"max_tokens":60,"logprobs":true,"messages":[{"role":"user","content":"never resumed"}]}"#;
+    let stream = tokio::spawn(async move { post(&client(), &url, body.to_string(), &[]).await });
+
+    let (mut most, mut samples_in_flight) = (0.0_f64, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !stream.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream did not end"
+        );
+        let (_, metrics) = get(&metrics_url).await.expect("metrics");
+        let in_flight = metric(&metrics, "llmgw_router_in_flight_requests{model=\"m\"}");
+        if in_flight == Some(1.0) {
+            samples_in_flight += 1;
+            most = most.max(metric(&metrics, "llmgw_router_resume_bytes_held").unwrap_or(0.0));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(samples_in_flight > 0, "never saw the stream in flight");
+    assert_eq!(most, 0.0, "an unresumable stream held {most} bytes");
+    let (status, answer) = stream.await.unwrap().unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let error = read_stream(&answer)
+        .error
+        .expect("the cut ends with an error event");
+    assert!(
+        error.contains("answers with logprobs are not resumed"),
+        "{error}"
+    );
+}
