@@ -65,7 +65,7 @@ pub fn why_not(reason: &str) -> &'static str {
         "echo" => "not resumed: answers that echo the prompt are not resumed",
         "tool_calls" => "not resumed: a tool call was being streamed",
         "reasoning" => {
-            "not resumed: the answer streamed reasoning_content, which a continuation cannot carry"
+            "not resumed: the answer streamed reasoning (reasoning or reasoning_content), which a continuation cannot carry"
         }
         "structured_output" => "not resumed: structured output cannot be continued mid-way",
         "prompt_not_text" => "not resumed: the prompt is not a single string",

@@ -153,6 +153,10 @@ struct Delta<'a> {
     tool_calls: Option<IgnoredAny>,
     #[serde(default)]
     function_call: Option<IgnoredAny>,
+    /// vLLM's name for reasoning since late 2025; `reasoning_content`
+    /// before, and still SGLang's.
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
 }
@@ -245,7 +249,8 @@ impl Transcript {
                     if delta.tool_calls.is_some() || delta.function_call.is_some() {
                         self.refuse("tool_calls");
                     }
-                    if delta.reasoning_content.is_some_and(|r| !r.is_empty()) {
+                    let reasons = |r: Option<Cow<'_, str>>| r.is_some_and(|r| !r.is_empty());
+                    if reasons(delta.reasoning) || reasons(delta.reasoning_content) {
                         self.refuse("reasoning");
                     }
                     delta.content
@@ -322,6 +327,15 @@ mod tests {
         );
         t.observe(br#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#);
         assert_eq!(t.refusal, Some("tool_calls"));
+        for name in ["reasoning", "reasoning_content"] {
+            let (mut t, _) = transcript(Route::Chat, 1024, 1024);
+            t.observe(br#"{"choices":[{"index":0,"delta":{"reasoning":null,"content":"a"}}]}"#);
+            assert_eq!(t.refusal, None, "an empty {name} is no reasoning");
+            let event =
+                format!(r#"{{"choices":[{{"index":0,"delta":{{"{name}":"Let me think"}}}}]}}"#);
+            t.observe(event.as_bytes());
+            assert_eq!(t.refusal, Some("reasoning"), "{name}");
+        }
 
         let (mut t, memory) = transcript(Route::Completion, 4, 1024);
         t.observe(br#"{"choices":[{"index":0,"text":"abc"}]}"#);
