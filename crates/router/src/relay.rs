@@ -172,6 +172,10 @@ impl Relay {
         };
         let relayed = resume.relay(data);
         let forward = (!relayed.bytes.is_empty()).then(|| Frame::data(relayed.bytes));
+        if let Some(frame) = &forward {
+            // A stream no longer followed passes bytes as they come.
+            self.note(frame);
+        }
         match (relayed.engine_error, forward) {
             (Some(message), forward) => Passed::Failed(
                 forward,

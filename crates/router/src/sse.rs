@@ -29,9 +29,18 @@ impl EventFramer {
     }
 
     /// Bytes of an event whose end has not arrived.
-    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.partial.len()
+    }
+
+    /// Anything held back, then `data`, as they came: for a stream no
+    /// longer followed event by event.
+    pub fn release(&mut self, data: Bytes) -> Bytes {
+        if self.partial.is_empty() {
+            return data;
+        }
+        self.partial.extend_from_slice(&data);
+        self.partial.split().freeze()
     }
 
     /// Forgets the held partial event: its stream was cut.
@@ -118,6 +127,19 @@ mod tests {
             Bytes::from_static(b"data: {\"c\":3}\n\n")
         );
         assert_eq!(framer.held(), 0);
+    }
+
+    #[test]
+    fn released_bytes_come_with_what_was_held_first() {
+        let mut framer = EventFramer::default();
+        framer.push(Bytes::from_static(b"data: {\"b\""));
+        assert_eq!(
+            framer.release(Bytes::from_static(b":2}\n")),
+            Bytes::from_static(b"data: {\"b\":2}\n")
+        );
+        assert_eq!(framer.held(), 0);
+        let raw = Bytes::from_static(b"no events at all");
+        assert_eq!(framer.release(raw.clone()), raw);
     }
 
     #[test]

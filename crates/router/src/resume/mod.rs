@@ -101,6 +101,10 @@ pub struct Relayed {
     pub engine_error: Option<String>,
 }
 
+/// The longest event a followed stream holds back waiting for its end;
+/// engines send a token or a usage summary per event, far below this.
+const MAX_EVENT_BYTES: usize = 1 << 20;
+
 /// Everything a stream keeps so that another replica can finish it.
 pub struct Resumable {
     shared: Arc<Shared>,
@@ -165,12 +169,25 @@ impl Resumable {
 
     /// Whole events of `data` as the client should read them.
     pub fn relay(&mut self, data: Bytes) -> Relayed {
-        let events = self.framer.push(data);
-        let relayed = match self.spliced_after {
-            None if self.transcript.refusal.is_some() => Relayed {
-                bytes: events,
+        if self.spliced_after.is_none() && self.transcript.refusal.is_some() {
+            // Not followed: bytes pass as they come, anything held first.
+            return Relayed {
+                bytes: self.framer.release(data),
                 engine_error: None,
-            },
+            };
+        }
+        let events = self.framer.push(data);
+        if self.framer.held() > MAX_EVENT_BYTES {
+            // An event without an end: the engine is not streaming events.
+            self.framer.discard();
+            return Relayed {
+                bytes: events,
+                engine_error: Some(format!(
+                    "an event went past {MAX_EVENT_BYTES} bytes without ending"
+                )),
+            };
+        }
+        let relayed = match self.spliced_after {
             None => self.follow(events),
             Some(before) => self.splice(&events, before),
         };

@@ -246,3 +246,45 @@ async fn a_stream_that_could_never_be_resumed_holds_nothing() {
         "{error}"
     );
 }
+
+/// An engine whose stream is not made of events (no blank line ever ends
+/// one) is not buffered without end: past a megabyte the stream is taken
+/// as failed and ends with an error event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_without_end_is_not_held_without_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut request = vec![0u8; 64 * 1024];
+        let _ = socket.read(&mut request).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        socket.write_all(head.as_bytes()).await.unwrap();
+        let piece = format!("{:x}\r\ndata: {}\r\n", 6 + 64 * 1024, "x".repeat(64 * 1024));
+        // 4 MiB of one endless data line, then the engine stays silent.
+        for _ in 0..64 {
+            if socket.write_all(piece.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+    let router = TestRouter::start(
+        test_settings(),
+        vec![model("m", &[], vec![Endpoint::ready(&engine_url)])],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        post(&client(), &url, tagged_chat_body("endless", true, 10), &[]),
+    )
+    .await
+    .expect("the stream was held open")
+    .unwrap();
+    assert_eq!(answer.0, 200);
+    let tail = &answer.1[answer.1.len().saturating_sub(600)..];
+    assert!(tail.contains("without ending"), "{tail}");
+    assert!(tail.ends_with("data: [DONE]\n\n"), "{tail}");
+}
