@@ -204,9 +204,7 @@ impl Relay {
                 // replica asked to continue it would add text after it.
                 let done_sent = resume.done_sent();
                 tracing::warn!(endpoint = %url, model = %self.finish.model, "{} after the answer was over; ending the stream", failure.message);
-                self.state = State::Done;
-                self.upstream = None;
-                self.resume = None;
+                self.stop_upstream();
                 if !done_sent {
                     self.pending_tail = Some(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")));
                 }
@@ -235,15 +233,21 @@ impl Relay {
     /// otherwise.
     fn end(&mut self, failure: Failure) {
         tracing::warn!(endpoint = %self.finish.in_flight.endpoint().url, model = %self.finish.model, "{}", failure.message);
-        self.state = State::Done;
-        self.upstream = None;
-        self.resume = None;
+        self.stop_upstream();
         let error = ApiError::new(failure.status, failure.code, failure.message);
         if self.sse {
             self.pending_tail = Some(Frame::data(error.stream_tail(self.at_event_boundary)));
         } else {
             self.abort = Some(error.message.into());
         }
+    }
+
+    /// Nothing more comes from an engine: only what is queued or pending
+    /// for the client is left.
+    fn stop_upstream(&mut self) {
+        self.state = State::Done;
+        self.upstream = None;
+        self.resume = None;
     }
 
     fn stalled(&self) -> Failure {

@@ -191,7 +191,7 @@ impl Resumable {
             None => self.follow(events),
             Some(before) => self.splice(&events, before),
         };
-        if self.transcript.refusal.is_some() && self.body_charge.is_some() {
+        if self.transcript.refusal.is_some() {
             // Never to be resumed now: the request goes with its charge.
             self.body_charge = None;
             self.body = Bytes::new();
@@ -257,7 +257,7 @@ impl Resumable {
     /// followed, so its end is taken as it comes.
     pub fn complete(&self) -> bool {
         let unfollowed = self.spliced_after.is_none() && self.transcript.refusal.is_some();
-        self.transcript.done || self.transcript.finished || unfollowed
+        self.answer_over() || unfollowed
     }
 
     /// The first choice finished (or `[DONE]` came): whatever fails now,
