@@ -23,6 +23,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config_check", config_check),
     ("catalog_model", catalog_model),
     ("router_request", router_request),
+    ("engine_answer", engine_answer),
     ("agent_message", agent_message),
     ("state_apply", state_apply),
     ("engine_sim_args", engine_sim_args),
@@ -72,6 +73,13 @@ pub fn router_request(data: &[u8]) {
             let _ = error.to_string();
         }
     }
+}
+
+/// An engine's answer as the router reads it: the response head, then the
+/// body as a resumable event stream (framing, the transcript kept for
+/// resumption, continuation events rewritten for the client).
+pub fn engine_answer(data: &[u8]) {
+    llmgw_router::fuzzing::engine_answer(data);
 }
 
 fn router_catalog() -> llmgw_catalog::Catalog {

@@ -19,6 +19,9 @@ mod control_plane;
 mod endpoints;
 mod engine_load;
 mod error;
+/// Public for the fuzz targets (`crates/fuzz-targets`).
+#[doc(hidden)]
+pub mod fuzzing;
 mod metrics;
 mod openai;
 mod peek;

@@ -176,6 +176,7 @@ async fn attempt_once(
         &outgoing.path,
         &outgoing.headers,
         &outgoing.body,
+        outgoing.stream.then_some(settings.stall_timeout),
     )
     .await
     {
@@ -219,12 +220,7 @@ async fn attempt_once(
     if first.is_some() {
         shared.metrics.first_token(&model.name, started.elapsed());
     }
-    let sse = outgoing.stream
-        || parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+    let sse = answers_with_events(status, &parts.headers, outgoing.stream);
     let finish = Finish {
         metrics: Arc::clone(&shared.metrics),
         model: model.name.clone(),
@@ -246,6 +242,23 @@ async fn attempt_once(
     let mut response = Response::from_parts(parts, relay.boxed_unsync());
     strip_hop_by_hop(response.headers_mut());
     Attempt::Answer(response)
+}
+
+/// Whether the engine answered with a stream of events: a success that says
+/// so, or says nothing to a request that asked for a stream. An error (a
+/// prompt too long, an unknown model) to a streamed request is one JSON
+/// document and passes to the client as it came.
+fn answers_with_events(status: StatusCode, headers: &HeaderMap, asked_for_stream: bool) -> bool {
+    if !status.is_success() {
+        return false;
+    }
+    match headers.get(CONTENT_TYPE) {
+        Some(value) => value
+            .as_bytes()
+            .get(..17)
+            .is_some_and(|v| v.eq_ignore_ascii_case(b"text/event-stream")),
+        None => asked_for_stream,
+    }
 }
 
 /// The resumption state for a stream that may be continued elsewhere if
@@ -293,14 +306,18 @@ fn failure(
 }
 
 /// Sends one POST to `endpoint`. An answer that makes another endpoint
-/// worth trying (no connection, 5xx, 429) is an Err with the reason for
-/// the retry metric.
+/// worth trying (no connection, 5xx, 429, no head within `head_within`)
+/// is an Err with the reason for the retry metric. A streamed answer's
+/// head comes before its first token, so a stream's head is bounded by
+/// the stall timeout; a whole answer's head comes with the answer, which
+/// only the deadline bounds.
 pub(crate) async fn send_to(
     shared: &Shared,
     endpoint: &EndpointStats,
     path: &PathAndQuery,
     headers: &HeaderMap,
     body: &[u8],
+    head_within: Option<std::time::Duration>,
 ) -> Result<Response<UpstreamBody>, (&'static str, ApiError)> {
     let Some(authority) = endpoint.authority.as_deref() else {
         return Err((
@@ -312,10 +329,25 @@ pub(crate) async fn send_to(
             ),
         ));
     };
-    let sent = shared
+    let send = shared
         .upstream
-        .send(&Method::POST, authority, path.as_str(), headers, body)
-        .await;
+        .send(&Method::POST, authority, path.as_str(), headers, body);
+    let sent = match head_within {
+        None => send.await,
+        Some(limit) => match tokio::time::timeout(limit, send).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                let message = format!(
+                    "the engine at {} sent no response head for {limit:?} (stall timeout)",
+                    endpoint.url
+                );
+                return Err((
+                    "stall_before_first_byte",
+                    failure(shared, endpoint, "upstream_timeout", message),
+                ));
+            }
+        },
+    };
     let response = match sent {
         Ok(response) => response,
         Err(e) => {
@@ -335,9 +367,11 @@ pub(crate) async fn send_to(
         let body = response.into_body();
         // Error bodies are small; the cap keeps a misbehaving engine from
         // making the router buffer a stream.
-        let bytes = Limited::new(body, 64 * 1024)
-            .collect()
+        let read = Limited::new(body, 64 * 1024).collect();
+        let bytes = tokio::time::timeout(shared.settings.stall_timeout, read)
             .await
+            .ok()
+            .and_then(Result::ok)
             .map(|c| c.to_bytes())
             .unwrap_or_default();
         let reason = if status.is_server_error() {

@@ -25,8 +25,9 @@ use crate::proxy::{candidates, send_to};
 use crate::service::Shared;
 use crate::sse::{self, Event, EventFramer};
 use crate::upstream::UpstreamBody;
-use splice::{Spliced, continuation_request, request_refusal, splice_event};
-use transcript::{Seen, Transcript};
+pub(crate) use splice::{Spliced, continuation_request, request_refusal, splice_event};
+use transcript::Seen;
+pub(crate) use transcript::Transcript;
 
 /// How resumption is bounded; `router.yaml`'s `resume` section.
 #[derive(Debug, Clone)]
@@ -201,7 +202,7 @@ impl Resumable {
 
     /// The first engine's events pass unchanged; the transcript follows.
     fn follow(&mut self, events: Bytes) -> Relayed {
-        for (end, event) in sse::payloads(&events) {
+        for (span, event) in sse::payloads(&events) {
             let seen = match event {
                 Event::Done => {
                     self.transcript.note_done();
@@ -210,9 +211,8 @@ impl Resumable {
                 Event::Data(payload) => self.transcript.observe(&payload),
             };
             if let Seen::EngineError(message) = seen {
-                let start = end - event_len(&events[..end]);
                 return Relayed {
-                    bytes: events.slice(..start),
+                    bytes: events.slice(..span.start),
                     engine_error: Some(message),
                 };
             }
@@ -297,15 +297,6 @@ impl Resumable {
     }
 }
 
-/// Bytes of the last event in `events` (which ends with it).
-fn event_len(events: &[u8]) -> usize {
-    let body = &events[..events.len() - 2];
-    match body.windows(2).rposition(|w| w == b"\n\n") {
-        Some(i) => events.len() - (i + 2),
-        None => events.len(),
-    }
-}
-
 /// Sends the continuation to the best replica not yet tried, moving on as
 /// a first attempt would when one cannot take it.
 async fn open(
@@ -334,7 +325,8 @@ async fn open(
         };
         let endpoint = pool.swap_remove(index);
         let in_flight = endpoint.start_request();
-        match send_to(&shared, &endpoint, &path, &headers, &body).await {
+        let head_within = Some(settings.stall_timeout);
+        match send_to(&shared, &endpoint, &path, &headers, &body, head_within).await {
             Ok(response) if response.status().is_success() => {
                 return Ok(Continuation {
                     body: response.into_body(),
@@ -358,15 +350,4 @@ async fn open(
         }
     }
     Err(last_error.unwrap_or_else(no_replica))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_len_finds_the_last_event() {
-        assert_eq!(event_len(b"data: a\n\ndata: bc\n\n"), 10);
-        assert_eq!(event_len(b"data: a\n\n"), 9);
-    }
 }

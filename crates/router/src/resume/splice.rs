@@ -109,12 +109,18 @@ fn refusal_of(field: impl Fn(&str) -> Option<Value>, route: Route) -> Option<&'s
     for (name, reason) in [
         ("logprobs", "logprobs"),
         ("top_logprobs", "logprobs"),
+        // vLLM: logprobs of the prompt, which a continuation changes.
+        ("prompt_logprobs", "logprobs"),
         ("echo", "echo"),
         ("guided_json", "structured_output"),
         ("guided_regex", "structured_output"),
         ("guided_choice", "structured_output"),
         ("guided_grammar", "structured_output"),
         ("structured_outputs", "structured_output"),
+        // SGLang's constraints: a continuation would start the grammar over.
+        ("regex", "structured_output"),
+        ("ebnf", "structured_output"),
+        ("json_schema", "structured_output"),
     ] {
         if field(name).is_some_and(|v| is_set(&v)) {
             return Some(reason);
@@ -301,6 +307,17 @@ mod tests {
             continuation_request(&chat(r#","response_format":{"type":"json_object"}"#), &t),
             Err("structured_output")
         );
+        assert_eq!(
+            continuation_request(&chat(r#","prompt_logprobs":0"#), &t),
+            Err("logprobs")
+        );
+        for sglang in [r#","regex":"[a-z]+""#, r#","ebnf":"root ::= [a-z]+""#] {
+            assert_eq!(
+                continuation_request(&chat(sglang), &t),
+                Err("structured_output"),
+                "{sglang}"
+            );
+        }
         assert!(continuation_request(&chat(r#","logprobs":false,"n":1"#), &t).is_ok());
         assert_eq!(
             continuation_request(&chat(r#","max_tokens":1"#), &t),

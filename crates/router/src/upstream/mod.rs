@@ -33,6 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub use body::UpstreamBody;
+pub(crate) use wire::take_head;
 
 /// Engines behind uvicorn (vLLM, SGLang) close a kept-alive connection
 /// after 5 s of silence; one idle for this long is not worth the risk of
@@ -305,11 +306,14 @@ async fn exchange(
         if buffer.capacity() - buffer.len() < 1024 {
             buffer.reserve(8 * 1024);
         }
+        // Nothing at all came back: the engine closed the connection
+        // without reading the request. An interim answer proves it read it.
+        let silent = buffer.is_empty() && interim == 0;
         match stream.read_buf(&mut buffer).await {
-            Ok(0) if buffer.is_empty() => return Err(Exchange::ClosedBeforeAnswer),
+            Ok(0) if silent => return Err(Exchange::ClosedBeforeAnswer),
             Ok(0) => return Err(Exchange::Failed(UpstreamError::Closed)),
             Ok(_) => {}
-            Err(e) if buffer.is_empty() && e.kind() == io::ErrorKind::ConnectionReset => {
+            Err(e) if silent && e.kind() == io::ErrorKind::ConnectionReset => {
                 return Err(Exchange::ClosedBeforeAnswer);
             }
             Err(e) => return Err(Exchange::Failed(e.into())),

@@ -158,6 +158,23 @@ async fn an_idle_connection_the_engine_closed_is_replaced() {
 }
 
 #[tokio::test]
+async fn a_close_after_an_interim_answer_is_not_sent_again() {
+    // The engine acknowledged the request (100 Continue) and then closed:
+    // it read the request, so it must not go out a second time.
+    let continue_then_close: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+    let (addr, mut requests) = scripted(vec![vec![SHORT, continue_then_close], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    assert!(matches!(
+        post(&upstream, addr).await,
+        Err(UpstreamError::Closed)
+    ));
+    requests.recv().await.unwrap();
+    requests.recv().await.unwrap();
+    assert!(requests.try_recv().is_err(), "the request was sent twice");
+}
+
+#[tokio::test]
 async fn a_body_cut_short_is_an_error() {
     let answer: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\n\r\nonly this";
     let (addr, _requests) = scripted(vec![vec![answer]]).await;

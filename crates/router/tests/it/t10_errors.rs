@@ -170,14 +170,19 @@ async fn upstream_4xx_never_ejects_but_dead_endpoints_are_ejected_and_probed_bac
     let c = client();
     let url = format!("{}/v1/chat/completions", router.url());
 
-    for _ in 0..5 {
-        let (status, body) = post(&c, &url, chat_body("unserved", false, 2), &[])
+    for stream in [false, true, false, true, true] {
+        let (status, body) = post(&c, &url, chat_body("unserved", stream, 2), &[])
             .await
             .unwrap();
         assert_eq!(
             status, 404,
             "the engine's own 404 reaches the client: {body}"
         );
+        // As the engine wrote it, streamed request or not: one JSON error.
+        let error: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("stream {stream}: not the engine's JSON ({e}): {body}"));
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("unserved"), "{body}");
     }
     // Every request succeeds: a refused connection moves to the live engine.
     for i in 0..12 {
@@ -252,4 +257,66 @@ async fn until_ejected(
         Err(format!("{ejected_gauge} is {gauge:?}"))
     })
     .await
+}
+
+/// An engine that takes connections and never answers (a hung API
+/// server): a stream sent there moves to another replica after the stall
+/// timeout instead of waiting out the request deadline, and the hung
+/// engine is ejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_to_an_engine_that_never_answers_moves_on_after_the_stall_timeout() {
+    let live = Sim::start(SMALL, &["m"], &[]);
+    // The kernel completes the handshakes and takes the requests; nothing
+    // ever reads or answers them.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!("http://{}", hung.local_addr().unwrap());
+    live.wait_ready().await;
+    let settings = Settings {
+        stall_timeout: Duration::from_secs(1),
+        consecutive_failures: 2,
+        ..test_settings()
+    };
+    let router = TestRouter::start(
+        settings,
+        vec![model(
+            "m",
+            &[],
+            vec![Endpoint::ready(&hung_url), Endpoint::ready(live.url())],
+        )],
+    )
+    .await;
+    let c = client();
+    let url = format!("{}/v1/chat/completions", router.url());
+    let metrics_url = format!("{}/metrics", router.url());
+    let stalled = "llmgw_router_retries_total{model=\"m\",reason=\"stall_before_first_byte\"}";
+    let hung_ejected = format!("llmgw_router_endpoint_ejected{{endpoint=\"{hung_url}\"}}");
+    // The balancer draws at random: ask until the hung engine was drawn
+    // twice (its failure threshold); every stream must still be answered,
+    // well within the 60 s request deadline.
+    let mut metrics = String::new();
+    for i in 0..40 {
+        let answer = tokio::time::timeout(
+            Duration::from_secs(20),
+            post(&c, &url, chat_body("m", true, 4), &[]),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("stream {i} waited on the hung engine"))
+        .unwrap();
+        assert_eq!(answer.0, 200, "stream {i}: {}", answer.1);
+        let read = read_stream(&answer.1);
+        assert!(
+            read.error.is_none() && read.done,
+            "stream {i}: {}",
+            answer.1
+        );
+        metrics = get(&metrics_url).await.expect("metrics").1;
+        if metric(&metrics, &hung_ejected) == Some(1.0) {
+            break;
+        }
+    }
+    assert_eq!(metric(&metrics, &hung_ejected), Some(1.0), "{metrics}");
+    assert!(
+        metric(&metrics, stalled).is_some_and(|n| n >= 2.0),
+        "{metrics}"
+    );
 }

@@ -1,6 +1,7 @@
 //! The bounds of mid-stream failover: resumptions per stream, the memory
 //! all streams may hold, and the per-request switch.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use llmgw_router::{Endpoint, ResumeSettings, Settings};
@@ -287,4 +288,117 @@ async fn an_event_without_end_is_not_held_without_limit() {
     let tail = &answer.1[answer.1.len().saturating_sub(600)..];
     assert!(tail.contains("without ending"), "{tail}");
     assert!(tail.ends_with("data: [DONE]\n\n"), "{tail}");
+}
+
+/// Engines on `listeners` ports that answer the i-th request of all of
+/// them together with `answers[i]` (raw bytes after the response head; the
+/// connection closes after it) and keep every request body.
+async fn scripted_engines(
+    listeners: usize,
+    answers: Vec<&'static str>,
+) -> (Vec<String>, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answers = Arc::new(Mutex::new(answers.into_iter()));
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let mut urls = Vec::new();
+    for _ in 0..listeners {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(format!("http://{}", listener.local_addr().unwrap()));
+        let (answers, requests) = (Arc::clone(&answers), Arc::clone(&requests));
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The head, then as many body bytes as it declares.
+                let body = loop {
+                    let Ok(n @ 1..) = socket.read(&mut buf).await else {
+                        break None;
+                    };
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).into_owned();
+                    let Some(head_end) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = text[..head_end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse::<usize>().unwrap())
+                        })
+                        .unwrap_or(0);
+                    if request.len() >= head_end + 4 + length {
+                        break Some(text[head_end + 4..].to_string());
+                    }
+                };
+                let Some(body) = body else { continue };
+                if request.starts_with(b"GET") {
+                    // Health probes and metrics scrapes: healthy, no figures.
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = socket.write_all(ok.as_bytes()).await;
+                    continue;
+                }
+                requests.lock().unwrap().push(body);
+                let answer = answers.lock().unwrap().next().unwrap_or("");
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                let _ = socket.write_all(format!("{head}{answer}").as_bytes()).await;
+            }
+        });
+    }
+    (urls, requests)
+}
+
+/// Events whose lines end with CRLF (the SSE format allows LF, CRLF and
+/// CR) are framed as events: a whole answer passes as it came, and one
+/// cut mid-way is resumed from exactly the text the client read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_ended_by_crlf_are_followed_and_resumed() {
+    const ROLE: &str = "data: {\"id\":\"chatcmpl-a\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\r\n\r\n";
+    const HELLO: &str = "data: {\"id\":\"chatcmpl-a\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\r\n\r\n";
+    const THERE: &str = "data: {\"id\":\"chatcmpl-a\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"},\"finish_reason\":null}]}\r\n\r\n";
+    const FINISH: &str = "data: {\"id\":\"chatcmpl-a\",\"created\":7,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+    const REST: &str = "data: {\"id\":\"chatcmpl-b\",\"created\":9,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\r\n\r\ndata: {\"id\":\"chatcmpl-b\",\"created\":9,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" friend\"},\"finish_reason\":\"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n";
+    let client_reads = |answer: &str| read_stream(&answer.replace("\r\n", "\n"));
+
+    // Whole: the client reads the answer unchanged.
+    let whole: &'static str = Box::leak(format!("{ROLE}{HELLO}{THERE}{FINISH}").into_boxed_str());
+    let (urls, _) = scripted_engines(1, vec![whole]).await;
+    let router = TestRouter::start(
+        test_settings(),
+        vec![model("m", &[], vec![Endpoint::ready(&urls[0])])],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let (status, answer) = post(&client(), &url, tagged_chat_body("crlf", true, 10), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer, whole);
+
+    // Cut after two words: the second engine is asked to continue them.
+    let cut: &'static str = Box::leak(format!("{ROLE}{HELLO}{THERE}").into_boxed_str());
+    let (urls, requests) = scripted_engines(2, vec![cut, REST]).await;
+    let endpoints = urls.iter().map(Endpoint::ready).collect();
+    let router = TestRouter::start(test_settings(), vec![model("m", &[], endpoints)]).await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let (status, answer) = post(&client(), &url, tagged_chat_body("crlf cut", true, 10), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    let read = client_reads(&answer);
+    assert_eq!(read.error, None, "{answer}");
+    assert_eq!(read.text, "Hello there friend", "{answer}");
+    assert_eq!(read.ids.len(), 1, "{answer}");
+    assert_eq!(read.finish_reason.as_deref(), Some("stop"), "{answer}");
+    assert!(read.done, "{answer}");
+    let requests = requests.lock().unwrap();
+    assert_eq!(requests.len(), 2, "{requests:?}");
+    let continuation: serde_json::Value = serde_json::from_str(&requests[1]).unwrap();
+    let messages = continuation["messages"].as_array().unwrap();
+    assert_eq!(
+        messages.last().unwrap(),
+        &serde_json::json!({"role": "assistant", "content": "Hello there"}),
+        "{continuation}"
+    );
+    assert_eq!(continuation["continue_final_message"], true);
 }
