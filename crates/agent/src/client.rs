@@ -382,9 +382,7 @@ impl StreamClient {
                         why: format!("{addr} sent nothing for {:.1}s (leader_timeout {silence_limit:?})", last_heard.elapsed().as_secs_f64()),
                     };
                 }
-                Some(status) = self.statuses.recv() => {
-                    self.unsent.push_back(status);
-                }
+                Some(status) = self.statuses.recv() => queue_status(&mut self.unsent, status),
             }
         }
     }
@@ -551,6 +549,16 @@ impl StreamClient {
     }
 }
 
+/// Queues a status for the leader, replacing one of the same shard not yet
+/// sent: the leader keeps only a shard's latest state, and a node cut off
+/// for hours must not pile up every transition it went through.
+fn queue_status(unsent: &mut VecDeque<ShardStatus>, status: ShardStatus) {
+    match unsent.iter_mut().find(|s| s.shard_id == status.shard_id) {
+        Some(older) => *older = status,
+        None => unsent.push_back(status),
+    }
+}
+
 /// Waits (at most a second) until the transport has taken everything
 /// queued on the stream.
 async fn flush(tx: &mpsc::Sender<AgentMessage>) {
@@ -635,5 +643,36 @@ mod tests {
             assert!(d >= base / 10 && d <= max, "{attempt}: {d:?}");
         }
         assert!(backoff(base, max, 0) <= base);
+    }
+
+    #[test]
+    fn queued_statuses_keep_the_latest_of_each_shard_in_first_seen_order() {
+        use llmgw_proto::agent::ShardState;
+        let status = |shard: &str, state: ShardState| ShardStatus {
+            shard_id: shard.into(),
+            state: state as i32,
+            ..Default::default()
+        };
+        let mut unsent = VecDeque::new();
+        for (shard, state) in [
+            ("a", ShardState::Starting),
+            ("b", ShardState::Starting),
+            ("a", ShardState::Loading),
+            ("a", ShardState::Ready),
+            ("b", ShardState::Failed),
+        ] {
+            queue_status(&mut unsent, status(shard, state));
+        }
+        let queued: Vec<(&str, i32)> = unsent
+            .iter()
+            .map(|s| (s.shard_id.as_str(), s.state))
+            .collect();
+        assert_eq!(
+            queued,
+            [
+                ("a", ShardState::Ready as i32),
+                ("b", ShardState::Failed as i32)
+            ]
+        );
     }
 }

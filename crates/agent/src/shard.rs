@@ -55,6 +55,15 @@ pub struct Deferred {
     pub exits: mpsc::UnboundedSender<ExitNotice>,
 }
 
+/// What a draining engine's metrics say about the requests it serves.
+enum InFlight {
+    Count(f64),
+    /// No metrics endpoint, or no request series on it: nothing to wait for.
+    NotReported,
+    /// The metrics could not be read this time.
+    Unreadable(String),
+}
+
 pub struct ShardTask {
     pub settings: Arc<SupervisorConfig>,
     /// What the state file says; its processes are the shard's processes.
@@ -311,14 +320,25 @@ impl Run {
     /// it reports none) or the deadline passes. True when it has ended.
     async fn tick_draining(&mut self, until: Instant) -> bool {
         let in_flight = self.in_flight().await;
-        let done = matches!(in_flight, Some(n) if n <= 0.0) || in_flight.is_none();
+        let done = match &in_flight {
+            InFlight::Count(n) => *n <= 0.0,
+            InFlight::NotReported => true,
+            // A busy engine is exactly the one whose metrics are slow:
+            // never take "could not read" for "nothing in flight".
+            InFlight::Unreadable(_) => false,
+        };
         if !done && Instant::now() < until {
             return false;
         }
         let why = match in_flight {
-            Some(n) if n > 0.0 => format!("drain deadline passed with {n} request(s) in flight"),
-            Some(_) => "drained: no requests in flight".to_string(),
-            None => "drained: the engine reports no request metrics".to_string(),
+            InFlight::Count(n) if n > 0.0 => {
+                format!("drain deadline passed with {n} request(s) in flight")
+            }
+            InFlight::Count(_) => "drained: no requests in flight".to_string(),
+            InFlight::NotReported => "drained: the engine reports no request metrics".to_string(),
+            InFlight::Unreadable(why) => {
+                format!("drain deadline passed; the requests in flight could not be read ({why})")
+            }
         };
         self.stop(why).await;
         true
@@ -347,11 +367,20 @@ impl Run {
         }
     }
 
-    async fn in_flight(&self) -> Option<f64> {
-        let url = self.task.record.readiness.metrics_url()?;
+    async fn in_flight(&self) -> InFlight {
+        let Some(url) = self.task.record.readiness.metrics_url() else {
+            return InFlight::NotReported;
+        };
         match probe::get(&url, Duration::from_secs(5)).await {
-            Probe::Answer { status: 200, body } => probe::requests_in_flight(&body),
-            _ => None,
+            Probe::Answer { status: 200, body } => {
+                probe::requests_in_flight(&body).map_or(InFlight::NotReported, InFlight::Count)
+            }
+            Probe::Answer { status: 404, .. } => InFlight::NotReported,
+            Probe::Answer { status, .. } => {
+                InFlight::Unreadable(format!("/metrics answered {status}"))
+            }
+            Probe::Refused => InFlight::Unreadable("/metrics: connection refused".to_string()),
+            Probe::Broken(why) => InFlight::Unreadable(format!("/metrics: {why}")),
         }
     }
 

@@ -12,6 +12,7 @@ use llmgw_engines::{LaunchPlan, ProcessRole};
 use llmgw_proto::agent::{RunningShard, ShardState, ShardStatus};
 use tokio::sync::mpsc;
 
+use crate::logfile;
 use crate::process::{self, ExitNotice};
 use crate::report::{Reporter, is_terminal, unix_ms};
 use crate::shard::{self, Control, Deferred, Launch, ShardTask};
@@ -102,6 +103,40 @@ fn already_running(entry: &Entry, shard_id: &str, hash: &str) -> Outcome {
     ))
 }
 
+/// The answer to a start for a shard that already ended here: a shard id
+/// runs once (the leader replaces a failed or stopped replica as a whole,
+/// under new ids), so a leader asking again never heard how it ended. It
+/// hears now: the last status goes again, output tail and all.
+fn already_ended(entry: &Entry, shard_id: &str) -> Outcome {
+    entry.reporter.resend();
+    Outcome::refused(format!(
+        "shard {shard_id} already ended on this node ({}: {}); a shard runs once, and its \
+         last status was sent again",
+        entry.reporter.state().as_str_name(),
+        entry.reporter.last().message
+    ))
+}
+
+/// Ended shards kept so that a start naming one is answered with how it
+/// ended; past this many the oldest are forgotten, so a node that has run
+/// shards for months does not keep them all.
+const KEEP_ENDED: usize = 256;
+
+fn forget_oldest_ended(shards: &mut BTreeMap<String, Entry>) {
+    let mut ended: Vec<(u64, String)> = shards
+        .iter()
+        .filter(|(_, e)| !e.live())
+        .map(|(id, e)| (e.reporter.last().at_unix_ms, id.clone()))
+        .collect();
+    if ended.len() < KEEP_ENDED {
+        return;
+    }
+    ended.sort_unstable();
+    for (_, id) in &ended[..=ended.len() - KEEP_ENDED] {
+        shards.remove(id);
+    }
+}
+
 /// What the other live shards hold: GPUs and ports a new one must not take.
 fn held_by_others(shards: &BTreeMap<String, Entry>, shard_id: &str) -> Vec<Held> {
     shards
@@ -160,9 +195,12 @@ impl Supervisor {
     pub fn start(&self, spec: LaunchSpec, term: u64) -> Outcome {
         let hash = spec.hash();
         let mut shards = self.shards();
-        if let Some(entry) = shards.get(&spec.shard_id).filter(|e| e.live()) {
-            return already_running(entry, &spec.shard_id, &hash);
+        match shards.get(&spec.shard_id) {
+            Some(entry) if entry.live() => return already_running(entry, &spec.shard_id, &hash),
+            Some(entry) => return already_ended(entry, &spec.shard_id),
+            None => {}
         }
+        forget_oldest_ended(&mut shards);
         let held = held_by_others(&shards, &spec.shard_id);
         let reporter = Reporter::new(
             &spec.shard_id,
@@ -203,12 +241,21 @@ impl Supervisor {
             readiness,
             spec: spec.clone(),
         };
-        if let Err(e) = statefile::write(&self.inner.settings.work_dir, &record) {
-            // Without the file a restarted agent would not find this engine;
-            // it still runs, and the operator is told.
-            tracing::error!(shard = %spec.shard_id, "could not write the state file: {e}");
-        }
         reporter.set_pid(records.last().map_or(0, |r| r.pid as u32));
+        if let Err(e) = statefile::write(&self.inner.settings.work_dir, &record) {
+            // Without its record a restarted agent would neither adopt nor
+            // stop this engine, and would start it a second time on the
+            // same GPUs: it does not run at all.
+            for process in &records {
+                llmgw_procfs::signal_group(process.pgid, libc::SIGKILL);
+            }
+            let msg = format!(
+                "refused: the state file could not be written ({e}); an engine a restarted \
+                 agent could not find is not started"
+            );
+            reporter.send(ShardState::Failed, msg.clone());
+            return Outcome::refused(msg);
+        }
         let pids = Arc::new(Mutex::new(records.iter().map(|r| r.pid).collect()));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         tokio::spawn(shard::run(ShardTask {
@@ -426,6 +473,7 @@ impl Supervisor {
                 let why = "no process of the shard is alive".to_string();
                 tracing::info!(%file, shard = %record.shard_id, "removing stale state file: {why}");
                 let _ = std::fs::remove_file(&path);
+                self.ended_while_away(record);
                 out.push(Adoption::Stale { file, why });
                 continue;
             }
@@ -469,6 +517,46 @@ impl Supervisor {
              environment) cannot be adopted without its record and was stopped",
             process::SHARD_ENV
         )
+    }
+
+    /// A shard whose engine exited while no agent watched it: the leader
+    /// still counts it as running, so it is reported failed, with what the
+    /// engine last wrote, and kept as ended.
+    fn ended_while_away(&self, record: ShardRecord) {
+        let reporter = Reporter::new(
+            &record.shard_id,
+            &record.spec.replica_id,
+            u32::from(record.spec.port),
+            self.inner.events.clone(),
+        );
+        let engine = record
+            .processes
+            .iter()
+            .rev()
+            .find(|p| p.role == "engine")
+            .or(record.processes.last());
+        reporter.set_pid(engine.map_or(0, |p| p.pid as u32));
+        let tail = engine.map_or_else(Vec::new, |p| {
+            logfile::tail(&p.log, self.inner.settings.log_lines)
+        });
+        reporter.send_full(
+            ShardState::Failed,
+            "the engine exited while the agent was not running; its exit status is unknown",
+            tail,
+            None,
+        );
+        let (closed, _) = mpsc::unbounded_channel();
+        self.shards().insert(
+            record.shard_id.clone(),
+            Entry {
+                spec: record.spec,
+                spec_hash: record.spec_hash,
+                ports: Vec::new(),
+                pids: Arc::new(Mutex::new(Vec::new())),
+                reporter,
+                control: closed,
+            },
+        );
     }
 
     fn adopt(&self, record: ShardRecord) {

@@ -518,3 +518,167 @@ async fn a_restarted_supervisor_adopts_live_engines_and_removes_stale_files() {
     );
     assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
 }
+
+/// The next status the supervisor sends, whatever it is.
+async fn next_status(h: &mut Harness) -> llmgw_proto::agent::ShardStatus {
+    let status = tokio::time::timeout(LONG, h.events.recv())
+        .await
+        .expect("no status within the deadline")
+        .expect("the status channel closed");
+    h.history.push(status.clone());
+    status
+}
+
+/// A shard id runs once: the leader replaces a failed replica under new
+/// ids, so a start naming a shard that already ended here comes from a
+/// leader that never heard it end (the report lost with a stream). It is
+/// told again, tail and all, and nothing is launched twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_ended_is_reported_again_not_launched_again() {
+    let setup = NodeSetup::default();
+    let mut h = Harness::new(&setup);
+    let port = free_port();
+    assert!(h.start(spec("once", Engine::Vllm, &[0], port)).accepted);
+    h.wait_for("once", ShardState::Ready, LONG).await;
+    let pids = h.supervisor.pids("once");
+    signal_group(pids[0], libc::SIGKILL);
+    let failed = h.wait_for("once", ShardState::Failed, LONG).await;
+    assert!(!failed.output_tail.is_empty(), "{failed:?}");
+
+    let again = h.start(spec("once", Engine::Vllm, &[0], port));
+    assert!(
+        !again.accepted && again.message.contains("already ended"),
+        "{again:?}"
+    );
+    let resent = next_status(&mut h).await;
+    assert_eq!(resent.state, ShardState::Failed as i32, "{resent:?}");
+    assert_eq!(resent.message, failed.message);
+    assert_eq!(resent.output_tail, failed.output_tail);
+    assert!(resent.seq > failed.seq, "a resent status must be news");
+    assert!(h.supervisor.running().is_empty());
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "something serves on the ended shard's port"
+    );
+}
+
+/// An engine that died while the agent was down: the leader still counts
+/// it as running, so the restarted agent reports it failed with the
+/// engine's last output, and a start naming it (the leader's `Registered`)
+/// launches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_died_while_the_agent_was_down_is_reported_failed() {
+    let setup = NodeSetup::default();
+    let mut h = Harness::new(&setup);
+    let port = free_port();
+    assert!(h.start(spec("gone", Engine::Vllm, &[0], port)).accepted);
+    h.wait_for("gone", ShardState::Ready, LONG).await;
+    let record_path = llmgw_agent::shards_dir(h.dir.path()).join("gone.json");
+    let record = std::fs::read(&record_path).unwrap();
+    let pids = h.supervisor.pids("gone");
+    // The agent "stops" here: its record stays as it was when the engine
+    // died, which this supervisor (still running) would otherwise remove.
+    signal_group(pids[0], libc::SIGKILL);
+    h.wait_for("gone", ShardState::Failed, LONG).await;
+    std::fs::write(&record_path, &record).unwrap();
+
+    let adoptions = h.restart(&setup);
+    assert!(
+        matches!(adoptions.as_slice(), [llmgw_agent::Adoption::Stale { .. }]),
+        "{adoptions:?}"
+    );
+    let reported = next_status(&mut h).await;
+    assert_eq!(reported.shard_id, "gone");
+    assert_eq!(reported.state, ShardState::Failed as i32, "{reported:?}");
+    assert!(
+        reported.message.contains("while the agent was not running"),
+        "{}",
+        reported.message
+    );
+    assert!(!reported.output_tail.is_empty(), "{reported:?}");
+    assert!(!reported.replica_id.is_empty(), "{reported:?}");
+    assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
+
+    let again = h.start(spec("gone", Engine::Vllm, &[0], port));
+    assert!(!again.accepted, "{again:?}");
+    assert!(h.supervisor.running().is_empty());
+}
+
+/// A metrics endpoint that fails is not an idle engine: a drain keeps the
+/// engine serving until its deadline instead of stopping it with requests
+/// in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_never_takes_unreadable_metrics_for_an_idle_engine() {
+    use std::io::{Read, Write};
+    let mut h = Harness::new(&NodeSetup::default());
+    let port = free_port();
+    let mut s = spec("blind", Engine::Vllm, &[0], port);
+    s.env.insert("LLMGW_SIM_ITL".into(), "25ms".into());
+    s.env
+        .insert("LLMGW_SIM_FAULT".into(), "metrics_error".into());
+    assert!(h.start(s).accepted);
+    h.wait_for("blind", ShardState::Ready, LONG).await;
+
+    // A stream read up to its first token is in flight for sure.
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body =
+        r#"{"model":"qwen-small","prompt":"hi","max_tokens":40,"ignore_eos":true,"stream":true}"#;
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&read).contains("data:") {
+        let n = socket.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended before its first token");
+        read.extend_from_slice(&buf[..n]);
+    }
+    let stream = std::thread::spawn(move || {
+        let _ = socket.read_to_end(&mut read);
+        String::from_utf8_lossy(&read).into_owned()
+    });
+
+    assert!(
+        h.supervisor
+            .drain("blind", Duration::from_secs(10), "test")
+            .accepted
+    );
+    let stopped = h.wait_for("blind", ShardState::Stopped, LONG).await;
+    assert!(
+        stopped.message.contains("could not be read") && stopped.message.contains("500"),
+        "{}",
+        stopped.message
+    );
+    let answer = stream.join().unwrap();
+    assert!(answer.contains("[DONE]"), "the stream was cut: {answer}");
+}
+
+/// An engine whose state file cannot be written is not left running: a
+/// restarted agent would neither adopt nor stop it, and would start the
+/// shard a second time on the same GPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_whose_state_file_cannot_be_written_does_not_run() {
+    let mut h = Harness::new(&NodeSetup::default());
+    let port = free_port();
+    // The file is written through a temporary next to it: a directory of
+    // that name makes the write fail as a full or read-only disk would.
+    let shards = llmgw_agent::shards_dir(h.dir.path());
+    std::fs::create_dir_all(shards.join(".unrecorded.json.tmp")).unwrap();
+    let outcome = h.start(spec("unrecorded", Engine::Vllm, &[0], port));
+    assert!(
+        !outcome.accepted && outcome.message.contains("state file"),
+        "{outcome:?}"
+    );
+    let failed = h.wait_for("unrecorded", ShardState::Failed, LONG).await;
+    assert!(failed.message.contains("state file"), "{}", failed.message);
+    assert!(failed.pid > 0, "{failed:?}");
+    let pids = [failed.pid as i32];
+    assert!(
+        wait_until(LONG, || async { all_gone(&pids) }).await,
+        "the engine runs without a record: {pids:?}"
+    );
+    assert!(h.supervisor.running().is_empty());
+}

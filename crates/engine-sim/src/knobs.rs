@@ -46,6 +46,9 @@ pub enum Fault {
     Stall,
     /// `/health` answers 503 once serving.
     Unhealthy,
+    /// `/metrics` answers 500 (a metrics endpoint that breaks under load
+    /// while the engine keeps serving).
+    MetricsError,
     /// SIGTERM is ignored by the engine and its workers, from the start
     /// (an engine stuck in a CUDA call), so only SIGKILL ends them.
     IgnoreSigterm,
@@ -178,6 +181,7 @@ pub fn parse_faults(text: &str, source_name: &str) -> Result<Vec<Fault>, KnobErr
             ("ttft_spike", Some(d)) => Fault::TtftSpike(parse_duration(d).ok_or_else(bad)?),
             ("stall", None) => Fault::Stall,
             ("unhealthy", None) => Fault::Unhealthy,
+            ("metrics_error", None) => Fault::MetricsError,
             ("ignore_sigterm", None) => Fault::IgnoreSigterm,
             _ => return Err(bad()),
         };

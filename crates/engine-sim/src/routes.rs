@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::generate::{self, Stop};
 use crate::http::{self, Handler, HandlerResult, SimResponse, StreamCut};
+use crate::knobs::Fault;
 use crate::persona::Engine;
 use crate::plan::{self, Rejection};
 use crate::state::{EngineState, Phase};
@@ -113,6 +114,9 @@ impl EngineApp {
                 };
                 http::json(200, format!("{{\"server_load\":{load}}}"))
             }
+            "/metrics" if get && s.cfg.knobs.faults.contains(&Fault::MetricsError) => {
+                http::text(500, "text/plain", "Internal Server Error")
+            }
             "/metrics" if get => http::text(
                 200,
                 PROMETHEUS,
@@ -173,6 +177,9 @@ impl EngineApp {
                 "text/plain",
                 "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
             ),
+            "/metrics" if get && s.cfg.knobs.faults.contains(&Fault::MetricsError) => {
+                http::text(500, "text/plain", "Internal Server Error")
+            }
             "/metrics" if get && s.cfg.enable_metrics => http::text(
                 200,
                 PROMETHEUS,

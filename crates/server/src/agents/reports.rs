@@ -37,7 +37,14 @@ pub async fn write_reports(control: ControlPlane, mut reports: mpsc::UnboundedRe
 fn to_command(fleet: &FleetState, report: Report) -> Option<Command> {
     let status = &report.status;
     let state = shard_state(status.state)?;
-    let Some(replica) = fleet.replicas.get(&status.replica_id) else {
+    // An agent answering for a shard it does not know (its engine gone
+    // with the agent's own restart) cannot name the replica; the shard id
+    // does.
+    let replica_id = match status.replica_id.as_str() {
+        "" => replica_of_shard(&status.shard_id).unwrap_or_default(),
+        named => named,
+    };
+    let Some(replica) = fleet.replicas.get(replica_id) else {
         tracing::debug!(shard = %status.shard_id, "status for a replica that no longer exists");
         return None;
     };
@@ -76,4 +83,26 @@ fn to_command(fleet: &FleetState, report: Report) -> Option<Command> {
         seq: status.seq,
         at_ms,
     })
+}
+
+/// The replica a shard id (`<replica>-r<rank>`) belongs to.
+fn replica_of_shard(shard_id: &str) -> Option<&str> {
+    let (replica, rank) = shard_id.rsplit_once("-r")?;
+    rank.parse::<u32>().ok().map(|_| replica)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replica_of_shard;
+
+    #[test]
+    fn a_shard_id_names_its_replica() {
+        assert_eq!(
+            replica_of_shard("llama-3-8b-7f3a-r0"),
+            Some("llama-3-8b-7f3a")
+        );
+        assert_eq!(replica_of_shard("m-r1-r12"), Some("m-r1"));
+        assert_eq!(replica_of_shard("m-rx"), None);
+        assert_eq!(replica_of_shard("plain"), None);
+    }
 }
