@@ -58,9 +58,33 @@ async function load() {
   render();
 }
 
+// Events can come many times a second on a busy fleet, and reading every
+// view of a large one takes a while: one load at a time, and the next no
+// sooner than the last one took (at least 150 ms), so the console never
+// spends more than half its time (or the peer's) reloading.
 let pending = null;
+let loading = false;
+let again = false;
+let lastLoadMs = 0;
 function reloadSoon() {
-  if (!pending) pending = setTimeout(() => { pending = null; load(); }, 150);
+  if (loading) { again = true; return; }
+  if (!pending) pending = setTimeout(reload, Math.max(150, lastLoadMs));
+}
+// After the operator acted: at once, unless a load is already running.
+function reloadNow() {
+  if (loading) { again = true; return; }
+  clearTimeout(pending);
+  reload();
+}
+async function reload() {
+  pending = null;
+  loading = true;
+  const started = performance.now();
+  try { await load(); } finally {
+    lastLoadMs = performance.now() - started;
+    loading = false;
+    if (again) { again = false; reloadSoon(); }
+  }
 }
 
 // Server-sent events over fetch, so the token goes in a header. A new
@@ -274,7 +298,7 @@ async function act(button) {
   } catch (e) {
     view.notice = { text: `${action} refused: ${e.message}`, refused: true };
   }
-  load();
+  reloadNow();
 }
 
 document.addEventListener("click", (event) => {
@@ -287,8 +311,8 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
   sessionStorage.setItem("llmgw-token", view.token);
   document.getElementById("token").value = "";
   restartEvents();
-  load();
+  reloadNow();
 });
 window.addEventListener("hashchange", render);
-load();
+reloadNow();
 follow();
