@@ -174,6 +174,50 @@ async fn a_killed_agent_is_unreachable_then_lost_and_returns_with_fresh_inventor
         .await;
 }
 
+/// An agent restarted within the TTL (its stream cut, then opened again)
+/// leaves its node ready: liveness counts from the last heartbeat, not
+/// from the moment the stream ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_restarted_within_the_ttl_leaves_its_node_ready() {
+    // A TTL far above what a restart takes, even on a loaded machine.
+    let cluster =
+        Cluster::start("liveness:\n  node_ttl: 20s\n  lost_after: 60s\n  leader_grace: 1s\n");
+    let leader = cluster.wait_leader().await;
+    let mut agent = Agent::start(&cluster, "node-r", L40S_PCIE, 1);
+    cluster
+        .eventually("registered", || {
+            all_connected(&cluster, leader, &["node-r"])
+        })
+        .await;
+    // The scenario: past the leader's grace period, the agent is down for
+    // a few liveness rounds (one a second), well within the TTL.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    agent.kill();
+    cluster
+        .eventually("the leader saw the stream end", || async {
+            let node = nodes(&cluster, leader).await?;
+            match node.get("node-r") {
+                Some(n) if !connected(n) => Ok(()),
+                other => Err(format!("{:?}", other.map(|n| &n.stream))),
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    agent.spawn();
+    cluster
+        .eventually("back on its stream", || {
+            all_connected(&cluster, leader, &["node-r"])
+        })
+        .await;
+    let unreachable = status_changes(&cluster, "unreachable");
+    assert!(
+        unreachable.is_empty(),
+        "a node was marked unreachable while its agent restarted within the TTL:\n{}\n{}",
+        unreachable.join("\n"),
+        cluster.log_tails()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_from_an_older_term_are_refused_and_the_refusal_is_visible() {
     let cluster = Cluster::start(LIVENESS);

@@ -42,7 +42,21 @@ struct Session {
 #[derive(Default)]
 struct State {
     sessions: HashMap<String, Session>,
+    /// When nodes whose stream ended were last heard: a stream cut for
+    /// less than the TTL (an agent restarting, a connection reset) must
+    /// not make its node unreachable, so liveness keeps counting from the
+    /// last heartbeat, not from the cut.
+    departed: HashMap<String, Instant>,
     refusals: HashMap<String, VecDeque<Refusal>>,
+}
+
+impl State {
+    /// Removes `node`'s session, remembering when it was last heard.
+    fn end_session(&mut self, node: &str) -> Option<Session> {
+        let ended = self.sessions.remove(node)?;
+        self.departed.insert(node.to_owned(), ended.last_heard);
+        Some(ended)
+    }
 }
 
 #[derive(Default)]
@@ -120,6 +134,7 @@ impl Hub {
             .map_err(|e| format!("cannot answer node {node}: {e}"))?;
         let now = Instant::now();
         let mut state = self.lock();
+        state.departed.remove(node);
         state.sessions.insert(
             node.to_owned(),
             Session {
@@ -140,7 +155,7 @@ impl Hub {
     pub fn close(&self, node: &str, session: u64) {
         let mut state = self.lock();
         if state.sessions.get(node).is_some_and(|s| s.id == session) {
-            state.sessions.remove(node);
+            state.end_session(node);
         }
     }
 
@@ -149,7 +164,7 @@ impl Hub {
     pub fn close_with(&self, node: &str, session: u64, why: Status) {
         let mut state = self.lock();
         if state.sessions.get(node).is_some_and(|s| s.id == session)
-            && let Some(closed) = state.sessions.remove(node)
+            && let Some(closed) = state.end_session(node)
         {
             let _ = closed.tx.try_send(Err(why));
         }
@@ -161,6 +176,8 @@ impl Hub {
         let mut state = self.lock();
         let count = state.sessions.len();
         state.sessions.clear();
+        // Heartbeats this peer received say nothing once another leads.
+        state.departed.clear();
         count
     }
 
@@ -205,8 +222,15 @@ impl Hub {
     }
 
     /// When the node was last heard from on an open stream.
-    pub fn last_heard(&self, node: &str) -> Option<Instant> {
-        self.lock().sessions.get(node).map(|s| s.last_heard)
+    /// When each node this peer has heard from while leading was last
+    /// heard, stream open or not.
+    pub fn heard_times(&self) -> HashMap<String, Instant> {
+        let state = self.lock();
+        let mut heard = state.departed.clone();
+        for (node, session) in &state.sessions {
+            heard.insert(node.clone(), session.last_heard);
+        }
+        heard
     }
 
     pub fn connected(&self) -> usize {
@@ -295,7 +319,7 @@ impl Hub {
                 // An agent this far behind gets a fresh start: it reconnects
                 // and `Registered` tells it everything again.
                 tracing::warn!(node, %error, "agent stream is not keeping up; closing it");
-                state.sessions.remove(node);
+                state.end_session(node);
                 return;
             }
         }
@@ -432,5 +456,23 @@ mod tests {
         hub.open("n1", 1, tx2, &[], Duration::ZERO).unwrap();
         hub.close("n1", old);
         assert!(hub.view("n1").connected);
+    }
+
+    #[test]
+    fn a_node_whose_stream_ended_is_still_heard_when_it_last_was() {
+        let hub = Hub::default();
+        let (tx, _rx) = mpsc::channel(16);
+        let session = hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        let heard = hub.heard_times()["n1"];
+        hub.close("n1", session);
+        assert!(!hub.view("n1").connected);
+        assert_eq!(hub.heard_times().get("n1"), Some(&heard));
+        // A new stream counts from its own opening.
+        let (tx, _rx) = mpsc::channel(16);
+        hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        assert!(hub.heard_times()["n1"] >= heard);
+        // A peer that stops leading forgets every node.
+        hub.close_all();
+        assert!(hub.heard_times().is_empty());
     }
 }

@@ -113,7 +113,7 @@ pub async fn run_liveness(
             continue;
         };
         let in_grace = now.duration_since(since) < settings.grace;
-        let heard = heard_from(&hub);
+        let heard = hub.heard_times();
         let at_ms = now_ms();
         let changes = verdicts(&control, &heard, now, at_ms, in_grace, &settings);
         if changes.is_empty() {
@@ -169,14 +169,6 @@ fn refresh_trust(
         );
         *trusted = Some(Trust { term, since: now });
     }
-}
-
-/// When each node with an open stream was last heard from.
-fn heard_from(hub: &Hub) -> HashMap<String, Instant> {
-    hub.nodes()
-        .into_iter()
-        .filter_map(|node| hub.last_heard(&node).map(|at| (node, at)))
-        .collect()
 }
 
 /// A status change judged for one node.
