@@ -25,6 +25,37 @@ pub struct NodeFacts {
 
 pub use llmgw_api::check_node_id;
 
+/// The most of each thing one node may report. Far above any machine
+/// (eight or sixteen GPUs, a few HCAs), and low enough that a registration
+/// costs the leader nothing whatever an agent sends.
+const MAX_GPUS: usize = 64;
+const MAX_LINKS: usize = MAX_GPUS * (MAX_GPUS - 1) / 2;
+const MAX_HCAS: usize = 128;
+const MAX_FABRICS: usize = 64;
+const MAX_ENGINES: usize = 16;
+const MAX_LABELS: usize = 64;
+const MAX_WARNINGS: usize = 64;
+
+fn check_counts(register: &pb::Register, inventory: &pb::Inventory) -> Result<(), String> {
+    for (what, count, most) in [
+        ("GPUs", inventory.gpus.len(), MAX_GPUS),
+        ("GPU links", inventory.links.len(), MAX_LINKS),
+        ("HCAs", inventory.hcas.len(), MAX_HCAS),
+        ("inventory warnings", inventory.warnings.len(), MAX_WARNINGS),
+        ("fabrics", register.fabrics.len(), MAX_FABRICS),
+        ("engines", register.engines.len(), MAX_ENGINES),
+        ("labels", register.labels.len(), MAX_LABELS),
+    ] {
+        if count > most {
+            return Err(format!(
+                "node {}: Register lists {count} {what}; a node may report at most {most}",
+                register.node_id
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
     check_node_id(&register.node_id)?;
     if register.mgmt_addr.trim().is_empty() {
@@ -34,21 +65,20 @@ pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
         ));
     }
     let inventory = register.inventory.clone().unwrap_or_default();
-    let nvlink_peers = |index: u32| -> Vec<u32> {
-        let mut peers: Vec<u32> = inventory
-            .links
-            .iter()
-            .filter(|l| l.kind == pb::LinkKind::Nvlink as i32)
-            .filter_map(|l| match (l.a == index, l.b == index) {
-                (true, _) => Some(l.b),
-                (_, true) => Some(l.a),
-                _ => None,
-            })
-            .collect();
+    check_counts(register, &inventory)?;
+    let mut nvlink_peers: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for link in inventory
+        .links
+        .iter()
+        .filter(|l| l.kind == pb::LinkKind::Nvlink as i32 && l.a != l.b)
+    {
+        nvlink_peers.entry(link.a).or_default().push(link.b);
+        nvlink_peers.entry(link.b).or_default().push(link.a);
+    }
+    for peers in nvlink_peers.values_mut() {
         peers.sort_unstable();
         peers.dedup();
-        peers
-    };
+    }
     let gpus = inventory
         .gpus
         .iter()
@@ -56,7 +86,7 @@ pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
             index: g.index,
             model: g.name.clone(),
             memory_mb: g.memory_total_mib,
-            nvlink_peers: nvlink_peers(g.index),
+            nvlink_peers: nvlink_peers.get(&g.index).cloned().unwrap_or_default(),
             uuid: g.uuid.clone(),
             pci_bus_id: g.pci_bus_id.clone(),
         })
@@ -179,13 +209,51 @@ pub fn shard_state(state: i32) -> Option<ShardState> {
     }
 }
 
+/// What a failure keeps of the engine's output: it is replicated to every
+/// peer and kept with the replica's history, so a progress bar written
+/// without newlines, or an agent sending megabytes, must not put them in
+/// the log. The last lines are the ones that explain a crash.
+const TAIL_BYTES: usize = 64 * 1024;
+const TAIL_LINE_BYTES: usize = 2048;
+const MESSAGE_BYTES: usize = 4096;
+
+/// The last lines of `tail` that fit in [`TAIL_BYTES`], each cut to
+/// [`TAIL_LINE_BYTES`].
+fn bounded_tail(tail: &[String]) -> Vec<String> {
+    let mut kept = Vec::new();
+    let mut left = TAIL_BYTES;
+    for line in tail.iter().rev() {
+        let line = clip(line, TAIL_LINE_BYTES);
+        if line.len() > left {
+            break;
+        }
+        left -= line.len();
+        kept.push(line);
+    }
+    kept.reverse();
+    kept
+}
+
+/// `text` cut to about `limit` bytes on a character boundary, saying how
+/// much was left out.
+fn clip(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} more bytes)", &text[..end], text.len() - end)
+}
+
 /// The failure a status carries: its message with the exit code or signal,
-/// and the engine's output tail.
+/// and the engine's output tail, both bounded.
 pub fn failure(status: &pb::ShardStatus, at_ms: u64) -> Option<ShardFailure> {
     if status.state != pb::ShardState::Failed as i32 {
         return None;
     }
-    let mut message = status.message.clone();
+    let mut message = clip(&status.message, MESSAGE_BYTES);
     if let Some(code) = status.exit_code {
         message.push_str(&format!(" (exit code {code})"));
     }
@@ -194,7 +262,7 @@ pub fn failure(status: &pb::ShardStatus, at_ms: u64) -> Option<ShardFailure> {
     }
     Some(ShardFailure {
         message,
-        output_tail: status.output_tail.clone(),
+        output_tail: bounded_tail(&status.output_tail),
         at_ms,
     })
 }
@@ -282,5 +350,92 @@ mod tests {
         let mut no_addr = register();
         no_addr.mgmt_addr.clear();
         assert!(node_facts(&no_addr).unwrap_err().contains("mgmt_addr"));
+    }
+
+    #[test]
+    fn a_register_listing_more_than_any_machine_has_is_refused() {
+        let mut huge = register();
+        let inventory = huge.inventory.as_mut().unwrap();
+        inventory.gpus = (0..100_000)
+            .map(|index| pb::Gpu {
+                index,
+                ..pb::Gpu::default()
+            })
+            .collect();
+        assert_eq!(
+            node_facts(&huge).unwrap_err(),
+            "node gpu-a-01: Register lists 100000 GPUs; a node may report at most 64"
+        );
+        let mut links = register();
+        links.inventory.as_mut().unwrap().links = vec![pb::GpuLink::default(); 500_000];
+        assert!(node_facts(&links).unwrap_err().contains("500000 GPU links"));
+    }
+
+    #[test]
+    fn nvlink_peers_come_from_both_ends_of_each_link() {
+        let mut three = register();
+        let inventory = three.inventory.as_mut().unwrap();
+        inventory.gpus.push(pb::Gpu {
+            index: 2,
+            ..pb::Gpu::default()
+        });
+        inventory.links.push(pb::GpuLink {
+            a: 2,
+            b: 0,
+            kind: pb::LinkKind::Nvlink as i32,
+            nvlinks: 18,
+        });
+        inventory.links.push(pb::GpuLink {
+            a: 1,
+            b: 2,
+            kind: pb::LinkKind::Pix as i32,
+            nvlinks: 0,
+        });
+        let facts = node_facts(&three).unwrap();
+        let peers: Vec<Vec<u32>> = facts
+            .inventory
+            .gpus
+            .iter()
+            .map(|g| g.nvlink_peers.clone())
+            .collect();
+        assert_eq!(peers, [vec![1, 2], vec![0], vec![0]]);
+    }
+
+    #[test]
+    fn a_failure_keeps_the_last_lines_of_the_output_within_a_budget() {
+        let status = |tail: Vec<String>, message: String| pb::ShardStatus {
+            state: pb::ShardState::Failed as i32,
+            message,
+            output_tail: tail,
+            exit_code: Some(1),
+            ..pb::ShardStatus::default()
+        };
+        let short: Vec<String> = (0..5).map(|i| format!("line {i}")).collect();
+        let kept = failure(&status(short.clone(), "crashed".into()), 1).unwrap();
+        assert_eq!(kept.output_tail, short);
+        assert_eq!(kept.message, "crashed (exit code 1)");
+
+        // A progress bar without newlines, then the traceback that matters.
+        let mut spew = vec!["#".repeat(1 << 20)];
+        spew.extend((0..1000).map(|i| format!("Traceback line {i:04} {}", "x".repeat(100))));
+        let kept = failure(&status(spew, "é".repeat(1 << 20)), 1).unwrap();
+        let bytes: usize = kept.output_tail.iter().map(String::len).sum();
+        assert!(bytes <= TAIL_BYTES, "{bytes}");
+        assert!(
+            kept.output_tail
+                .last()
+                .unwrap()
+                .starts_with("Traceback line 0999")
+        );
+        assert!(
+            kept.message.len() < MESSAGE_BYTES + 64,
+            "{}",
+            kept.message.len()
+        );
+        assert!(
+            kept.message.ends_with("more bytes) (exit code 1)"),
+            "{}",
+            &kept.message[kept.message.len() - 40..]
+        );
     }
 }

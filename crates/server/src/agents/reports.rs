@@ -3,6 +3,7 @@
 //! written.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_state::{Command, FleetState};
@@ -11,30 +12,83 @@ use tokio::sync::mpsc;
 use super::service::Report;
 use llmgw_agent_wire::{failure, shard_state};
 
-/// Runs until the channel closes. Reports that arrive while this peer does
-/// not lead are dropped: agents report to the leader only, and the next
-/// leader learns the current state from the next transitions and
-/// registrations.
-pub async fn write_reports(control: ControlPlane, mut reports: mpsc::UnboundedReceiver<Report>) {
-    let mut batch = Vec::new();
-    while reports.recv_many(&mut batch, 4096).await > 0 {
-        // The latest report per shard wins.
-        let mut latest: HashMap<String, Report> = HashMap::new();
-        for report in batch.drain(..) {
-            latest.insert(report.status.shard_id.clone(), report);
-        }
-        let commands: Vec<Command> = control.read(|fleet| {
-            latest
-                .into_values()
-                .filter_map(|report| to_command(fleet, report))
-                .collect()
-        });
-        let _ =
-            crate::propose::propose_all(&control, crate::propose::Author::Agent, commands).await;
+/// Where reports go: the replicated state they are checked against and
+/// the log they are written to.
+trait Ledger {
+    /// The commands `reports` make, read against the current state.
+    fn commands<'a>(&self, reports: impl Iterator<Item = &'a Report>) -> Vec<Command>;
+    /// Writes `commands`; false when some did not commit.
+    async fn write(&self, commands: Vec<Command>) -> bool;
+    /// Another peer leads: the reports are its to take, and agents report
+    /// there once they find it.
+    fn another_leads(&self) -> bool;
+}
+
+impl Ledger for ControlPlane {
+    fn commands<'a>(&self, reports: impl Iterator<Item = &'a Report>) -> Vec<Command> {
+        self.read(|fleet| reports.filter_map(|r| to_command(fleet, r)).collect())
+    }
+
+    async fn write(&self, commands: Vec<Command>) -> bool {
+        crate::propose::propose_all(self, crate::propose::Author::Agent, commands).await
+    }
+
+    fn another_leads(&self) -> bool {
+        self.leader().is_some_and(|(id, _)| id != self.id())
     }
 }
 
-fn to_command(fleet: &FleetState, report: Report) -> Option<Command> {
+/// The first wait before reports that did not commit are tried again, and
+/// the longest (the wait doubles while writes keep failing).
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const LAST_RETRY: Duration = Duration::from_secs(8);
+
+/// Runs until the channel closes. An agent sends each status once, so a
+/// report whose write failed (a lease lapsing for a moment, a full disk, a
+/// slow commit) is tried again until it commits; otherwise a stop or a
+/// drain would wait for it forever. Reports are dropped only once another
+/// peer leads: agents find it and tell it from their registrations.
+pub async fn write_reports(control: ControlPlane, reports: mpsc::UnboundedReceiver<Report>) {
+    write_reports_to(&control, reports).await;
+}
+
+async fn write_reports_to(ledger: &impl Ledger, mut reports: mpsc::UnboundedReceiver<Report>) {
+    let mut batch = Vec::new();
+    // The latest report per node and shard not yet written. Keyed by node
+    // too: a node naming another's shard (refused later) must not displace
+    // that node's own report.
+    let mut pending: HashMap<(String, String), Report> = HashMap::new();
+    let mut retry_after = FIRST_RETRY;
+    loop {
+        let received = if pending.is_empty() {
+            Some(reports.recv_many(&mut batch, 4096).await)
+        } else {
+            tokio::time::timeout(retry_after, reports.recv_many(&mut batch, 4096))
+                .await
+                .ok()
+        };
+        if received == Some(0) {
+            return;
+        }
+        for report in batch.drain(..) {
+            let key = (report.node.clone(), report.status.shard_id.clone());
+            pending.insert(key, report);
+        }
+        if ledger.another_leads() {
+            pending.clear();
+            continue;
+        }
+        let commands = ledger.commands(pending.values());
+        if ledger.write(commands).await {
+            pending.clear();
+            retry_after = FIRST_RETRY;
+        } else {
+            retry_after = (retry_after * 2).min(LAST_RETRY);
+        }
+    }
+}
+
+fn to_command(fleet: &FleetState, report: &Report) -> Option<Command> {
     let status = &report.status;
     let state = shard_state(status.state)?;
     // An agent answering for a shard it does not know (its engine gone
@@ -93,7 +147,107 @@ fn replica_of_shard(shard_id: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
-    use super::replica_of_shard;
+    use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A log that refuses its first `failures` writes and records what it
+    /// was asked.
+    struct FlakyLedger {
+        failures: AtomicUsize,
+        writes: AtomicUsize,
+        asked: Mutex<Vec<Vec<(String, String)>>>,
+    }
+
+    impl FlakyLedger {
+        fn failing(failures: usize) -> Self {
+            FlakyLedger {
+                failures: AtomicUsize::new(failures),
+                writes: AtomicUsize::new(0),
+                asked: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    impl Ledger for FlakyLedger {
+        fn commands<'a>(&self, reports: impl Iterator<Item = &'a Report>) -> Vec<Command> {
+            let mut keys: Vec<(String, String)> = reports
+                .map(|r| (r.node.clone(), r.status.shard_id.clone()))
+                .collect();
+            keys.sort();
+            let commands = vec![Command::Unknown; keys.len()];
+            self.asked.lock().unwrap().push(keys);
+            commands
+        }
+
+        async fn write(&self, _commands: Vec<Command>) -> bool {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_err()
+        }
+
+        fn another_leads(&self) -> bool {
+            false
+        }
+    }
+
+    fn report(node: &str, shard: &str) -> Report {
+        Report {
+            node: node.into(),
+            status: llmgw_proto::agent::ShardStatus {
+                shard_id: shard.into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Feeds `reports` to the writer and runs it until `ledger` has seen
+    /// `writes` writes (or ten seconds passed), then closes the channel.
+    async fn run_until(ledger: &FlakyLedger, reports: Vec<Report>, writes: usize) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        for report in reports {
+            tx.send(report).unwrap();
+        }
+        let watch = async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while ledger.writes.load(Ordering::SeqCst) < writes
+                && std::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            drop(tx);
+        };
+        tokio::join!(write_reports_to(ledger, rx), watch);
+    }
+
+    #[tokio::test]
+    async fn a_report_whose_write_failed_is_written_again_until_it_commits() {
+        let ledger = FlakyLedger::failing(2);
+        run_until(&ledger, vec![report("n1", "r1-r0")], 3).await;
+        assert_eq!(ledger.writes.load(Ordering::SeqCst), 3);
+        let asked = ledger.asked.lock().unwrap();
+        let once = vec![("n1".to_owned(), "r1-r0".to_owned())];
+        assert_eq!(*asked, [once.clone(), once.clone(), once]);
+    }
+
+    #[tokio::test]
+    async fn a_node_naming_another_nodes_shard_does_not_displace_its_report() {
+        let ledger = FlakyLedger::failing(0);
+        let reports = vec![report("owner", "r1-r0"), report("other", "r1-r0")];
+        run_until(&ledger, reports, 1).await;
+        let asked = ledger.asked.lock().unwrap();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(
+            asked[0],
+            [
+                ("other".to_owned(), "r1-r0".to_owned()),
+                ("owner".to_owned(), "r1-r0".to_owned())
+            ]
+        );
+    }
 
     #[test]
     fn a_shard_id_names_its_replica() {
