@@ -508,7 +508,8 @@ impl StreamClient {
 
     /// `Registered` names every shard this node should run: start what is
     /// missing (idempotent for adopted ones), keep draining what drains
-    /// (a reconnect never cuts a drain short), stop the rest.
+    /// (a reconnect never cuts a drain short), leave alone what the leader
+    /// cannot judge, stop the rest.
     fn reconcile(&mut self, registered: Registered, leadership: Leadership) {
         let term = leadership.term;
         if registered.heartbeat_interval_ms > 0 {
@@ -538,6 +539,8 @@ impl StreamClient {
             tracing::info!(accepted = outcome.accepted, "{}", outcome.message);
             wanted.push(drain.shard_id.clone());
         }
+        // Shards whose model this leader cannot read: left as they run.
+        wanted.extend(registered.keep.iter().cloned());
         for running in self.supervisor.running() {
             if !wanted.contains(&running.shard_id) {
                 self.witness

@@ -144,7 +144,7 @@ async fn agent_follows_the_redirect_registers_and_refuses_a_stale_term() {
         })
         .await;
     the_current_leader_stops_it_and_a_repeat_is_acknowledged(&leader, ready.pid).await;
-    registered_is_the_whole_set(&leader, &guard).await;
+    registered_is_the_whole_set(&leader, &supervisor, &guard).await;
     a_drain_listed_in_registered_keeps_draining(&leader, &supervisor, &guard).await;
     task.abort();
 }
@@ -306,17 +306,36 @@ fn registered(
         shards,
         heartbeat_interval_ms: 0,
         drains,
+        keep: Vec::new(),
     })
 }
 
-/// `Registered` is the whole set: what is listed starts, the rest stops.
-async fn registered_is_the_whole_set(leader: &FakePeer, guard: &GroupGuard) {
+/// `Registered` is the whole set: what is listed starts, what is kept (a
+/// leader that cannot read its model) runs on, the rest stops.
+async fn registered_is_the_whole_set(
+    leader: &FakePeer,
+    supervisor: &Supervisor,
+    guard: &GroupGuard,
+) {
     let listed = support::spec("st-1", Engine::Vllm, &[1], free_port());
     leader
         .send(6, 0, registered(vec![listed.to_proto()], vec![]))
         .await;
     let ready = wait_status(leader, 1, "st-1", ShardState::Ready).await;
     guard.add(ready.pid as i32);
+    let kept = Down::Registered(Registered {
+        keep: vec!["st-1".into()],
+        ..Registered::default()
+    });
+    leader.send(6, 0, kept).await;
+    // Commands are acted on in order: once this one is acknowledged, the
+    // `Registered` before it was.
+    leader.send(6, 41, stop_cmd("not-here")).await;
+    assert!(wait_ack(leader, 41).await.accepted);
+    assert!(
+        supervisor.running().iter().any(|r| r.shard_id == "st-1"),
+        "a kept shard was stopped"
+    );
     leader.send(6, 0, registered(vec![], vec![])).await;
     let stopped = wait_status(leader, 1, "st-1", ShardState::Stopped).await;
     assert!(

@@ -19,6 +19,11 @@ pub enum Order {
     Stop {
         reason: String,
     },
+    /// Leave it as it runs: this peer cannot read its model's entry (a
+    /// newer peer wrote it), so it has nothing to say about the shard.
+    Keep {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +122,8 @@ pub fn shard_spec(
 /// Every node's orders, from the replicated state alone, so a new leader
 /// derives exactly what the old one was sending.
 /// The model's entry exists but this peer cannot read it (a newer peer
-/// wrote it): its shards get no orders, so they keep running as they are.
+/// wrote it): its shards are told nothing new, so they keep running as
+/// they are.
 fn unreadable(fleet: &FleetState, model: &str) -> bool {
     fleet
         .models
@@ -151,9 +157,10 @@ fn desired_where(
 ) -> BTreeMap<String, Vec<Desired>> {
     let mut out: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
     for replica in fleet.replicas.values() {
-        if !replica.shards.iter().any(|s| wanted(&s.node)) || unreadable(fleet, &replica.model) {
+        if !replica.shards.iter().any(|s| wanted(&s.node)) {
             continue;
         }
+        let unreadable = unreadable(fleet, &replica.model);
         let failed = replica.state() == ReplicaState::Failed;
         for shard in &replica.shards {
             if shard.state == ShardState::Stopped || !wanted(&shard.node) {
@@ -161,6 +168,12 @@ fn desired_where(
             }
             let shard_id = replica.shard_id(shard.rank);
             let order = match (&replica.stop, failed) {
+                _ if unreadable => Order::Keep {
+                    reason: format!(
+                        "this peer cannot read model {} (written by a newer version)",
+                        replica.model
+                    ),
+                },
                 (Some(stop), false) if stop.drain_deadline_ms.is_some() => Order::Drain {
                     deadline_ms: stop.drain_deadline_ms.unwrap_or_default(),
                     reason: stop.reason.clone(),

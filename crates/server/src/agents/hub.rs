@@ -26,6 +26,8 @@ enum Sent {
     Run(u64),
     Drain,
     Stop,
+    /// Nothing was said: the shard is left as it runs.
+    Keep,
 }
 
 pub type Outbox = mpsc::Sender<Result<ControlMessage, Status>>;
@@ -102,6 +104,7 @@ impl Hub {
         let mut sent = HashMap::new();
         let mut shards = Vec::new();
         let mut drains = Vec::new();
+        let mut keep = Vec::new();
         for want in desired {
             match &want.order {
                 Order::Run(spec) => {
@@ -118,6 +121,10 @@ impl Hub {
                     drains.push(drain_order(&want.shard_id, *deadline_ms, reason));
                 }
                 Order::Stop { .. } => {}
+                Order::Keep { .. } => {
+                    sent.insert(want.shard_id.clone(), Sent::Keep);
+                    keep.push(want.shard_id.clone());
+                }
             }
         }
         let registered = ControlMessage {
@@ -128,6 +135,7 @@ impl Hub {
                 shards,
                 heartbeat_interval_ms: u64::try_from(heartbeat_interval.as_millis()).unwrap_or(0),
                 drains,
+                keep,
             })),
         };
         tx.try_send(Ok(registered))
@@ -285,6 +293,10 @@ impl Hub {
                         reason: reason.clone(),
                     }),
                 ),
+                Order::Keep { .. } => {
+                    session.sent.insert(want.shard_id.clone(), Sent::Keep);
+                    continue;
+                }
             };
             if session.sent.get(&want.shard_id) != Some(&mark) {
                 session.sent.insert(want.shard_id.clone(), mark);
@@ -295,7 +307,7 @@ impl Hub {
             .sent
             .iter()
             .filter(|(id, sent)| {
-                matches!(sent, Sent::Run(_) | Sent::Drain)
+                matches!(sent, Sent::Run(_) | Sent::Drain | Sent::Keep)
                     && !desired.iter().any(|d| &d.shard_id == *id)
             })
             .map(|(id, _)| id.clone())
@@ -456,6 +468,39 @@ mod tests {
         hub.open("n1", 1, tx2, &[], Duration::ZERO).unwrap();
         hub.close("n1", old);
         assert!(hub.view("n1").connected);
+    }
+
+    #[test]
+    fn a_shard_whose_model_this_leader_cannot_read_is_left_as_it_runs() {
+        let hub = Hub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        hub.open("n1", 1, tx, &[spec("s1", 9000)], Duration::ZERO)
+            .unwrap();
+        drain(&mut rx);
+        let keep = Desired {
+            shard_id: "s1".into(),
+            order: Order::Keep {
+                reason: "a newer peer wrote its model".into(),
+            },
+        };
+        hub.sync("n1", std::slice::from_ref(&keep));
+        assert!(drain(&mut rx).is_empty(), "the shard was told something");
+        // A reconnect names it as kept, so the agent does not stop it...
+        let (tx, mut rx) = mpsc::channel(16);
+        hub.open("n1", 1, tx, &[keep], Duration::ZERO).unwrap();
+        match &drain(&mut rx)[..] {
+            [Body::Registered(r)] => {
+                assert_eq!(r.keep, ["s1"]);
+                assert!(r.shards.is_empty() && r.drains.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+        // ...and once its replica is gone from the state, it is stopped.
+        hub.sync("n1", &[]);
+        assert!(
+            matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "s1"),
+            "not stopped"
+        );
     }
 
     #[test]
