@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tonic::Status;
 
 const REFUSALS_KEPT: usize = 10;
+const REFUSAL_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sent {
@@ -219,8 +220,17 @@ impl Hub {
         }));
     }
 
-    pub fn refused(&self, node: &str, refusal: Refusal) {
+    pub fn refused(&self, node: &str, mut refusal: Refusal) {
         self.refusals_total.fetch_add(1, Ordering::Relaxed);
+        // An agent writes the message: keep what a person reads.
+        if refusal.message.len() > REFUSAL_BYTES {
+            let mut end = REFUSAL_BYTES;
+            while !refusal.message.is_char_boundary(end) {
+                end -= 1;
+            }
+            refusal.message.truncate(end);
+            refusal.message.push_str("...");
+        }
         let mut state = self.lock();
         let list = state.refusals.entry(node.to_owned()).or_default();
         list.push_back(refusal);
@@ -313,12 +323,16 @@ impl Hub {
             .map(|(id, _)| id.clone())
             .collect();
         for shard_id in forgotten {
-            session.sent.insert(shard_id.clone(), Sent::Stop);
             messages.push(Body::Stop(StopShard {
                 shard_id,
                 reason: "no longer assigned to this node".into(),
             }));
         }
+        // A stop is sent once; a shard gone from the orders needs no mark,
+        // so a long session does not keep one per shard it ever saw.
+        session
+            .sent
+            .retain(|id, _| desired.iter().any(|d| &d.shard_id == id));
         for body in messages {
             let message = ControlMessage {
                 term: session.term,
@@ -408,11 +422,15 @@ mod tests {
         };
         hub.sync("n1", &[stop_a.clone(), spec("b-r0", 20001)]);
         assert!(matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "a-r0"));
-        hub.sync("n1", &[stop_a]);
+        hub.sync("n1", std::slice::from_ref(&stop_a));
         assert!(
             matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "b-r0"),
             "a shard no longer desired is stopped"
         );
+        hub.sync("n1", &[stop_a]);
+        hub.sync("n1", &[]);
+        assert!(drain(&mut rx).is_empty(), "a stop is sent once");
+        assert!(hub.lock().sessions["n1"].sent.is_empty(), "marks kept");
         hub.close("n1", session);
         assert!(!hub.view("n1").connected);
     }
