@@ -203,13 +203,18 @@ impl Hub {
     /// open and belongs to `term`. The agent leaves a peer that stops
     /// answering.
     pub fn answer_heartbeat(&self, node: &str, session: u64, term: u64, seq: u64) {
-        let state = self.lock();
-        let Some(s) = state.sessions.get(node) else {
+        let mut state = self.lock();
+        let Some(s) = state.sessions.get_mut(node) else {
             return;
         };
-        if s.id != session || s.term != term {
+        if s.id != session || s.term > term {
             return;
         }
+        // This peer lost its lease for a moment and was elected again: the
+        // streams it kept meanwhile go on under the new term (an unanswered
+        // heartbeat would send every agent away, the reconnect storm that
+        // keeping them avoids).
+        s.term = term;
         // A full outbox means the agent is not reading; `sync` closes such
         // a session when it next has something to say.
         let _ = s.tx.try_send(Ok(ControlMessage {
@@ -519,6 +524,25 @@ mod tests {
             matches!(&drain(&mut rx)[..], [Body::Stop(s)] if s.shard_id == "s1"),
             "not stopped"
         );
+    }
+
+    #[test]
+    fn a_session_kept_across_a_new_term_of_this_peer_goes_on_under_it() {
+        let hub = Hub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        let session = hub.open("n1", 7, tx, &[], Duration::ZERO).unwrap();
+        drain(&mut rx);
+        hub.answer_heartbeat("n1", session, 8, 1);
+        let ack = rx
+            .try_recv()
+            .expect("the heartbeat was not answered")
+            .unwrap();
+        assert_eq!(ack.term, 8);
+        hub.sync("n1", &[spec("a-r0", 1)]);
+        assert_eq!(rx.try_recv().unwrap().unwrap().term, 8, "commands too");
+        // A heartbeat judged under an older term than the session's is not.
+        hub.answer_heartbeat("n1", session, 7, 2);
+        assert!(rx.try_recv().is_err());
     }
 
     #[test]
