@@ -470,7 +470,16 @@ impl Supervisor {
                 .iter()
                 .any(|p| llmgw_procfs::is_same_process(p.pid, p.start_time));
             if !alive {
-                let why = "no process of the shard is alive".to_string();
+                // The recorded processes are gone, but workers they started
+                // (same environment) may still hold GPUs and ports.
+                let leftovers = self.stop_tagged(&path);
+                let why = match leftovers.as_slice() {
+                    [] => "no process of the shard is alive".to_string(),
+                    groups => format!(
+                        "no recorded process of the shard is alive; processes it left \
+                         (process groups {groups:?}) were stopped"
+                    ),
+                };
                 tracing::info!(%file, shard = %record.shard_id, "removing stale state file: {why}");
                 let _ = std::fs::remove_file(&path);
                 self.ended_while_away(record);
@@ -497,9 +506,24 @@ impl Supervisor {
     /// a port that the agent does not know about. The leader then sees the
     /// shard is not running and starts it again.
     fn stop_untracked(&self, path: &std::path::Path, why: &str) -> String {
-        let groups = llmgw_procfs::groups_tagged(process::SHARD_ENV, &path.to_string_lossy());
+        let groups = self.stop_tagged(path);
         if groups.is_empty() {
             return format!("{why}; no process of this shard runs");
+        }
+        format!(
+            "{why}; its engine (process groups {groups:?}, found by {} in their \
+             environment) cannot be adopted without its record and was stopped",
+            process::SHARD_ENV
+        )
+    }
+
+    /// Stops the process groups of every process that carries `path` as
+    /// its state file (SIGTERM, then SIGKILL after `stop_timeout`); the
+    /// groups it found.
+    fn stop_tagged(&self, path: &std::path::Path) -> Vec<i32> {
+        let groups = llmgw_procfs::groups_tagged(process::SHARD_ENV, &path.to_string_lossy());
+        if groups.is_empty() {
+            return groups;
         }
         for &pgid in &groups {
             llmgw_procfs::signal_group(pgid, libc::SIGTERM);
@@ -512,11 +536,7 @@ impl Supervisor {
                 llmgw_procfs::signal_group(pgid, libc::SIGKILL);
             }
         });
-        format!(
-            "{why}; its engine (process groups {groups:?}, found by {} in their \
-             environment) cannot be adopted without its record and was stopped",
-            process::SHARD_ENV
-        )
+        groups
     }
 
     /// A shard whose engine exited while no agent watched it: the leader

@@ -581,6 +581,17 @@ async fn an_engine_that_died_while_the_agent_was_down_is_reported_failed() {
     signal_group(pids[0], libc::SIGKILL);
     h.wait_for("gone", ShardState::Failed, LONG).await;
     std::fs::write(&record_path, &record).unwrap();
+    // A worker the engine started, in a group of its own, outlived it.
+    let mut leftover = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("sleep")
+            .arg("600")
+            .env("LLMGW_SHARD_STATE_FILE", &record_path)
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    h.guard.add(leftover.id() as i32);
 
     let adoptions = h.restart(&setup);
     assert!(
@@ -598,6 +609,14 @@ async fn an_engine_that_died_while_the_agent_was_down_is_reported_failed() {
     assert!(!reported.output_tail.is_empty(), "{reported:?}");
     assert!(!reported.replica_id.is_empty(), "{reported:?}");
     assert!(llmgw_agent::read_state_files(h.dir.path()).is_empty());
+    assert!(
+        wait_until(LONG, || {
+            let exited = leftover.try_wait().ok().flatten().is_some();
+            async move { exited }
+        })
+        .await,
+        "a process the dead engine left still runs"
+    );
 
     let again = h.start(spec("gone", Engine::Vllm, &[0], port));
     assert!(!again.accepted, "{again:?}");
