@@ -539,24 +539,25 @@ impl Supervisor {
         groups
     }
 
-    /// A shard whose engine exited while no agent watched it: the leader
-    /// still counts it as running, so it is reported failed, with what the
-    /// engine last wrote, and kept as ended.
-    fn ended_while_away(&self, record: ShardRecord) {
+    /// The reporter of a shard known from its state file, with its engine's
+    /// pid.
+    fn recorded_reporter(&self, record: &ShardRecord) -> Reporter {
         let reporter = Reporter::new(
             &record.shard_id,
             &record.spec.replica_id,
             u32::from(record.spec.port),
             self.inner.events.clone(),
         );
-        let engine = record
-            .processes
-            .iter()
-            .rev()
-            .find(|p| p.role == "engine")
-            .or(record.processes.last());
-        reporter.set_pid(engine.map_or(0, |p| p.pid as u32));
-        let tail = engine.map_or_else(Vec::new, |p| {
+        reporter.set_pid(engine_of(record).map_or(0, |p| p.pid as u32));
+        reporter
+    }
+
+    /// A shard whose engine exited while no agent watched it: the leader
+    /// still counts it as running, so it is reported failed, with what the
+    /// engine last wrote, and kept as ended.
+    fn ended_while_away(&self, record: ShardRecord) {
+        let reporter = self.recorded_reporter(&record);
+        let tail = engine_of(&record).map_or_else(Vec::new, |p| {
             logfile::tail(&p.log, self.inner.settings.log_lines)
         });
         reporter.send_full(
@@ -584,20 +585,7 @@ impl Supervisor {
         for (index, process) in record.processes.iter().enumerate() {
             process::watch_adopted(process, index, exit_tx.clone());
         }
-        let reporter = Reporter::new(
-            &record.shard_id,
-            &record.spec.replica_id,
-            u32::from(record.spec.port),
-            self.inner.events.clone(),
-        );
-        let engine_pid = record
-            .processes
-            .iter()
-            .rev()
-            .find(|p| p.role == "engine")
-            .or(record.processes.last())
-            .map_or(0, |p| p.pid as u32);
-        reporter.set_pid(engine_pid);
+        let reporter = self.recorded_reporter(&record);
         // Until the first check says otherwise.
         reporter.send(
             ShardState::Loading,
@@ -634,6 +622,16 @@ impl Supervisor {
             },
         );
     }
+}
+
+/// A record's engine process (the last one when none is named so).
+fn engine_of(record: &ShardRecord) -> Option<&ProcessRecord> {
+    record
+        .processes
+        .iter()
+        .rev()
+        .find(|p| p.role == "engine")
+        .or(record.processes.last())
 }
 
 pub fn logs_dir(work_dir: &std::path::Path) -> std::path::PathBuf {
