@@ -168,7 +168,9 @@ fn desired_where(
             }
             let shard_id = replica.shard_id(shard.rank);
             let order = match (&replica.stop, failed) {
-                _ if unreadable => Order::Keep {
+                // A stop or drain this leader decided needs no model spec;
+                // only running is the model's to describe.
+                (None, false) if unreadable => Order::Keep {
                     reason: format!(
                         "this peer cannot read model {} (written by a newer version)",
                         replica.model

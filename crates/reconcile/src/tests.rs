@@ -334,7 +334,27 @@ fn replicas_of_an_entry_this_peer_cannot_read_are_left_running() {
         ),
         "left as it runs: {desired:?}"
     );
-    assert_eq!(w.replicas_of("m"), vec![id]);
+    assert_eq!(w.replicas_of("m"), vec![id.clone()]);
+    // What this leader decided itself (a drain's end, a failure) still
+    // reaches the shard: stopping needs no model spec.
+    let stop = Command::StopReplica {
+        id,
+        reason: "node a drained".into(),
+        drain_deadline_ms: None,
+        at_ms: 10,
+    };
+    assert_eq!(w.fleet.apply(&stop), Outcome::Applied);
+    let desired = desired_by_node(&w.fleet, &managed_models(&w.fleet));
+    assert!(
+        matches!(
+            &desired["a"][..],
+            [Desired {
+                order: Order::Stop { .. },
+                ..
+            }]
+        ),
+        "{desired:?}"
+    );
 }
 
 #[test]

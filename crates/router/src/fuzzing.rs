@@ -1,9 +1,10 @@
 //! The router's readers of engine bytes as one function of bytes, for the
 //! fuzz targets (`crates/fuzz-targets`): an engine's answer is outside
 //! input too, and a misbehaving engine ends its own stream, never the
-//! router. Besides never panicking, the readers keep two promises checked
-//! here: framing loses and reorders no byte, and every event a
-//! continuation sends reads back as exactly the payload it carries.
+//! router. Besides never panicking, the readers keep promises checked
+//! here: framing loses and reorders no byte, finds the same events however
+//! the reads split them, and every event a continuation sends reads back
+//! as exactly the payload it carries.
 
 use std::sync::Arc;
 
@@ -46,6 +47,20 @@ pub fn engine_answer(data: &[u8]) {
                 }
             }
         }
+        let whole = EventFramer::default().push(Bytes::copy_from_slice(body));
+        let events = |bytes: &[u8]| -> Vec<Vec<u8>> {
+            payloads(bytes)
+                .map(|(_, event)| match event {
+                    Event::Data(payload) => payload.into_owned(),
+                    Event::Done => b"[DONE]".to_vec(),
+                })
+                .collect()
+        };
+        assert_eq!(
+            events(&relayed),
+            events(&whole),
+            "the events depend on how reads split them"
+        );
         relayed.extend_from_slice(&framer.release(Bytes::new()));
         assert_eq!(relayed, body, "framing changed the stream");
         let original = match route {

@@ -17,6 +17,8 @@ pub struct EventFramer {
     partial: BytesMut,
     /// Where the line whose end has not arrived starts in `partial`.
     line_start: usize,
+    /// How much of `partial` has been searched for line ends.
+    scanned: usize,
     /// `partial` ended with a CR that ended a line: an LF coming first is
     /// the rest of that CRLF, not an empty line.
     ended_with_cr: bool,
@@ -27,26 +29,35 @@ impl EventFramer {
     /// held back and `data` ends on an event boundary, as engines send
     /// them); the rest is held until its end arrives.
     pub fn push(&mut self, data: Bytes) -> Bytes {
+        if data.is_empty() {
+            return data;
+        }
         if self.partial.is_empty() && data.ends_with(b"\n\n") {
             self.ended_with_cr = false;
             return data;
         }
         self.partial.extend_from_slice(&data);
         let mut line_start = self.line_start;
+        let mut search = self.scanned;
         if self.ended_with_cr && self.partial.get(line_start) == Some(&b'\n') {
             line_start += 1;
+            search = line_start;
         }
         self.ended_with_cr = false;
         let mut boundary = None;
-        while let Some((end, next)) = line_at(&self.partial, line_start) {
+        while let Some((end, next)) = line_end(&self.partial, search) {
             if end == line_start {
                 boundary = Some(next);
             }
-            self.ended_with_cr = next == self.partial.len() && self.partial[end] == b'\r';
+            // A CR as the last byte may be half a CRLF.
+            self.ended_with_cr =
+                next == end + 1 && next == self.partial.len() && self.partial[end] == b'\r';
             line_start = next;
+            search = next;
         }
         let whole = boundary.unwrap_or(0);
         self.line_start = line_start - whole;
+        self.scanned = self.partial.len() - whole;
         self.partial.split_to(whole).freeze()
     }
 
@@ -63,6 +74,7 @@ impl EventFramer {
         }
         self.partial.extend_from_slice(&data);
         self.line_start = 0;
+        self.scanned = 0;
         self.ended_with_cr = false;
         self.partial.split().freeze()
     }
@@ -71,6 +83,7 @@ impl EventFramer {
     pub fn discard(&mut self) {
         self.partial.clear();
         self.line_start = 0;
+        self.scanned = 0;
         self.ended_with_cr = false;
     }
 }
@@ -89,8 +102,8 @@ fn blocks(bytes: &[u8]) -> impl Iterator<Item = Block> + '_ {
     std::iter::from_fn(move || {
         let mut line_start = start;
         loop {
-            let (line_end, next) = line_at(bytes, line_start)?;
-            if line_end == line_start {
+            let (text_end, next) = line_end(bytes, line_start)?;
+            if text_end == line_start {
                 let block = Block {
                     whole: start..next,
                     lines_end: line_start,
@@ -103,11 +116,11 @@ fn blocks(bytes: &[u8]) -> impl Iterator<Item = Block> + '_ {
     })
 }
 
-/// The line starting at `from` that has its end in `bytes`: where its
-/// text stops and where the next line starts. A CR as the last byte counts
-/// as a whole line end; an LF that follows it later reads as an empty
-/// line, which ends an empty event, which carries nothing.
-fn line_at(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
+/// The first line end in `bytes` at or after `from`: where the line's text
+/// stops and where the next line starts. A CR as the last byte counts as
+/// a whole line end; an LF that follows it later reads as an empty line,
+/// which ends an empty event, which carries nothing.
+fn line_end(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
     let end = from + memchr::memchr2(b'\n', b'\r', &bytes[from..])?;
     let crlf = bytes[end] == b'\r' && bytes.get(end + 1) == Some(&b'\n');
     Some((end, if crlf { end + 2 } else { end + 1 }))
@@ -117,7 +130,7 @@ fn line_at(bytes: &[u8], from: usize) -> Option<(usize, usize)> {
 fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut from = 0;
     std::iter::from_fn(move || {
-        let (end, next) = line_at(block, from)?;
+        let (end, next) = line_end(block, from)?;
         let line = &block[from..end];
         from = next;
         Some(line)
@@ -228,6 +241,32 @@ mod tests {
         assert_eq!(
             framer.push(Bytes::from_static(b"\n\r\n")),
             Bytes::from_static(b"data: 4\r\ndata: 5\r\n\r\n")
+        );
+    }
+
+    #[test]
+    fn a_crlf_ending_one_read_is_not_half_of_one() {
+        let mut framer = EventFramer::default();
+        assert_eq!(
+            framer.push(Bytes::from_static(b"data: [DONE]\r\n")),
+            Bytes::new()
+        );
+        // An empty read changes nothing.
+        assert_eq!(framer.push(Bytes::new()), Bytes::new());
+        assert_eq!(
+            framer.push(Bytes::from_static(b"\n")),
+            Bytes::from_static(b"data: [DONE]\r\n\n")
+        );
+        // Nor between the halves of a CRLF.
+        assert_eq!(framer.push(Bytes::from_static(b"data: 4\r")), Bytes::new());
+        assert_eq!(framer.push(Bytes::new()), Bytes::new());
+        assert_eq!(
+            framer.push(Bytes::from_static(b"\ndata: 5\n")),
+            Bytes::new()
+        );
+        assert_eq!(
+            framer.push(Bytes::from_static(b"\n")),
+            Bytes::from_static(b"data: 4\r\ndata: 5\n\n")
         );
     }
 

@@ -26,8 +26,14 @@ function headers(extra) {
   return out;
 }
 
+// A read that never answers (a half-open connection to a peer) must not
+// hold the console: every reload waits for the one in flight.
+const API_TIMEOUT_MS = 30000;
+
 async function api(path, options) {
-  const response = await fetch(path, Object.assign({}, options, { headers: headers(options && options.headers) }));
+  const response = await fetch(path, Object.assign({ signal: AbortSignal.timeout(API_TIMEOUT_MS) }, options, {
+    headers: headers(options && options.headers),
+  }));
   const text = await response.text();
   let body = null;
   try { body = text ? JSON.parse(text) : null; } catch (_) { body = text; }
