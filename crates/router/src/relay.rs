@@ -22,6 +22,7 @@ use crate::endpoints::InFlight;
 use crate::metrics::Metrics;
 use crate::openai::ApiError;
 use crate::resume::{Opening, Resumable, why_not};
+use crate::sse;
 use crate::upstream::UpstreamBody;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -156,7 +157,7 @@ impl Relay {
         if let Some(data) = frame.data_ref()
             && !data.is_empty()
         {
-            self.at_event_boundary = data.ends_with(b"\n\n");
+            self.at_event_boundary = sse::ends_an_event(data);
         }
     }
 
@@ -206,7 +207,10 @@ impl Relay {
                 tracing::warn!(endpoint = %url, model = %self.finish.model, "{} after the answer was over; ending the stream", failure.message);
                 self.stop_upstream();
                 if !done_sent {
-                    self.pending_tail = Some(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")));
+                    // A stream passed as it came may have stopped mid-event.
+                    let lead: &[u8] = if self.at_event_boundary { b"" } else { b"\n\n" };
+                    let tail = [lead, b"data: [DONE]\n\n"].concat();
+                    self.pending_tail = Some(Frame::data(Bytes::from(tail)));
                 }
                 return;
             }

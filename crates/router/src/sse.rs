@@ -88,6 +88,16 @@ impl EventFramer {
     }
 }
 
+/// Whether `bytes` end with the blank line that ends an event (a tail
+/// appended after them starts an event of its own).
+pub fn ends_an_event(bytes: &[u8]) -> bool {
+    let before_last_line_end = bytes
+        .strip_suffix(b"\r\n")
+        .or_else(|| bytes.strip_suffix(b"\n"))
+        .or_else(|| bytes.strip_suffix(b"\r"));
+    before_last_line_end.is_some_and(|rest| rest.ends_with(b"\n") || rest.ends_with(b"\r"))
+}
+
 /// One whole event in a byte stream.
 struct Block {
     /// From the event's first byte to the end of the blank line closing it.
@@ -242,6 +252,21 @@ mod tests {
             framer.push(Bytes::from_static(b"\n\r\n")),
             Bytes::from_static(b"data: 4\r\ndata: 5\r\n\r\n")
         );
+    }
+
+    #[test]
+    fn a_blank_line_at_the_end_ends_an_event_whatever_the_line_ends() {
+        for ended in [
+            "data: x\n\n",
+            "data: x\r\n\r\n",
+            "data: x\r\r",
+            "data: x\r\r\n",
+        ] {
+            assert!(ends_an_event(ended.as_bytes()), "{ended:?}");
+        }
+        for open in ["data: x\n", "data: x\r\n", "data: x", ""] {
+            assert!(!ends_an_event(open.as_bytes()), "{open:?}");
+        }
     }
 
     #[test]

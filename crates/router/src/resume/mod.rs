@@ -172,8 +172,10 @@ impl Resumable {
     pub fn relay(&mut self, data: Bytes) -> Relayed {
         if self.spliced_after.is_none() && self.transcript.refusal.is_some() {
             // Not followed: bytes pass as they come, anything held first.
+            let bytes = self.framer.release(data);
+            self.transcript.note_unfollowed(&bytes);
             return Relayed {
-                bytes: self.framer.release(data),
+                bytes,
                 engine_error: None,
             };
         }

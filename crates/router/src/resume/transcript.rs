@@ -209,6 +209,26 @@ impl Transcript {
         self.done = true;
     }
 
+    /// What a stream no longer followed event by event still tells, read
+    /// from its raw bytes: that its answer finished, and that `[DONE]` went
+    /// by, so that a failure after them ends the stream as a lost end does
+    /// and not with an error. Engines write `"finish_reason":"` without
+    /// spaces, and a quote inside a JSON string is escaped, so the key
+    /// cannot come from the text; one split between two reads is missed,
+    /// and the stream then ends as a cut one. An answer of several choices
+    /// is not over when one of them finishes.
+    pub fn note_unfollowed(&mut self, bytes: &[u8]) {
+        if self.refusal == Some("n") {
+            return;
+        }
+        if memchr::memmem::find(bytes, b"\"finish_reason\":\"").is_some() {
+            self.finished = true;
+        }
+        if memchr::memmem::find(bytes, b"data: [DONE]").is_some() {
+            self.done = true;
+        }
+    }
+
     /// Reads one event's JSON payload.
     pub fn observe(&mut self, payload: &[u8]) -> Seen {
         let chunk: Chunk<'_> = match serde_json::from_slice(payload) {

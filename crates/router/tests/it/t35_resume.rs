@@ -291,7 +291,8 @@ async fn an_event_without_end_is_not_held_without_limit() {
 }
 
 /// Engines on `listeners` ports that answer the i-th request of all of
-/// them together with `answers[i]` (raw bytes after the response head; the
+/// them together with `answers[i]` (raw bytes after a 200 event-stream
+/// head, or a whole response when it starts with its own head; the
 /// connection closes after it) and keep every request body.
 async fn scripted_engines(
     listeners: usize,
@@ -340,7 +341,12 @@ async fn scripted_engines(
                 }
                 requests.lock().unwrap().push(body);
                 let answer = answers.lock().unwrap().next().unwrap_or("");
-                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                // An answer with its own head is sent as it is.
+                let head = if answer.starts_with("HTTP/") {
+                    ""
+                } else {
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                };
                 let _ = socket.write_all(format!("{head}{answer}").as_bytes()).await;
             }
         });
@@ -401,4 +407,42 @@ async fn events_ended_by_crlf_are_followed_and_resumed() {
         "{continuation}"
     );
     assert_eq!(continuation["continue_final_message"], true);
+}
+
+/// A stream no longer followed (a tool call) whose engine breaks after the
+/// answer finished lost only its end: the client reads `[DONE]`, not an
+/// error after a complete answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfollowed_stream_broken_after_its_finish_ends_cleanly() {
+    let events = [
+        r#"data: {"id":"c","created":1,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+        r#"data: {"id":"c","created":1,"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"t","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":null}]}"#,
+        r#"data: {"id":"c","created":1,"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+    ];
+    // Chunked, and cut before its last chunk: the body breaks.
+    let mut answer =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_string();
+    for event in events {
+        let chunk = format!("{event}\n\n");
+        answer.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+    }
+    answer.push_str("40\r\ndata: {\"id\"");
+    let (urls, _) = scripted_engines(1, vec![Box::leak(answer.into_boxed_str())]).await;
+    let router = TestRouter::start(
+        test_settings(),
+        vec![model("m", &[], vec![Endpoint::ready(&urls[0])])],
+    )
+    .await;
+    let url = format!("{}/v1/chat/completions", router.url());
+    let (status, answer) = post(&client(), &url, tagged_chat_body("tool", true, 10), &[])
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    assert!(!answer.contains("\"error\""), "{answer}");
+    assert!(
+        answer.contains("\"finish_reason\":\"tool_calls\""),
+        "{answer}"
+    );
+    assert!(answer.ends_with("\n\ndata: [DONE]\n\n"), "{answer}");
 }
