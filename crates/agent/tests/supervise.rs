@@ -592,6 +592,18 @@ async fn an_engine_that_died_while_the_agent_was_down_is_reported_failed() {
             .unwrap()
     };
     h.guard.add(leftover.id() as i32);
+    // Until it has exec'd, the child still has this test's environment.
+    let tag = format!("LLMGW_SHARD_STATE_FILE={}", record_path.display());
+    let environ = format!("/proc/{}/environ", leftover.id());
+    assert!(
+        wait_until(LONG, || {
+            let tagged = std::fs::read(&environ)
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == tag.as_bytes()));
+            async move { tagged }
+        })
+        .await,
+        "the leftover never carried its tag"
+    );
 
     let adoptions = h.restart(&setup);
     assert!(
