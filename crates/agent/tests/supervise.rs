@@ -593,12 +593,12 @@ async fn an_engine_that_died_while_the_agent_was_down_is_reported_failed() {
     };
     h.guard.add(leftover.id() as i32);
     // Until it has exec'd, the child still has this test's environment.
-    let tag = format!("LLMGW_SHARD_STATE_FILE={}", record_path.display());
-    let environ = format!("/proc/{}/environ", leftover.id());
+    let tagged_as = record_path.to_string_lossy().into_owned();
+    let pgid = leftover.id() as i32;
     assert!(
         wait_until(LONG, || {
-            let tagged = std::fs::read(&environ)
-                .is_ok_and(|env| env.split(|b| *b == 0).any(|var| var == tag.as_bytes()));
+            let tagged =
+                llmgw_procfs::groups_tagged("LLMGW_SHARD_STATE_FILE", &tagged_as).contains(&pgid);
             async move { tagged }
         })
         .await,
