@@ -14,6 +14,9 @@ use crate::common::{ConfigError, read_file, relative_to};
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RouterConfig {
     pub listen: SocketAddr,
+    /// Threads serving client traffic, each with its own listening socket;
+    /// None: one per CPU.
+    pub threads: Option<usize>,
     /// Admin API URLs of control-plane peers to watch for endpoints. The
     /// router keeps its last known endpoints while none answers.
     pub control_plane: Vec<String>,
@@ -116,6 +119,7 @@ impl RouterConfig {
 
 const ROUTER_KEYS: &[&str] = &[
     "listen",
+    "threads",
     "control_plane",
     "control_plane_ca",
     "control_plane_token_file",
@@ -186,6 +190,14 @@ impl Decode for RouterConfig {
                 "at most 10; each retry is another replica's time",
             );
         }
+        let threads: Option<usize> = f.optional(cx, "threads");
+        if threads.is_some_and(|n| !(1..=1024).contains(&n)) {
+            f.report(
+                cx,
+                "threads",
+                "between 1 and 1024; leave it out for one per CPU",
+            );
+        }
         let max_body_bytes: usize = f.or(cx, "max_body_bytes", 16 * 1024 * 1024);
         if max_body_bytes < 1024 {
             f.report(cx, "max_body_bytes", "must be at least 1024");
@@ -203,6 +215,7 @@ impl Decode for RouterConfig {
         }
         Some(RouterConfig {
             listen: f.or(cx, "listen", SocketAddr::from(([0, 0, 0, 0], 8080))),
+            threads,
             control_plane,
             control_plane_ca,
             control_plane_token_file,

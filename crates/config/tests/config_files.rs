@@ -299,6 +299,12 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         "router.yaml:1:1: the router has nothing to route",
     ),
     (
+        "router threads out of range",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\nthreads: 0\n",
+        "router.yaml:2:10: threads: between 1 and 1024",
+    ),
+    (
         "unknown balancing policy",
         FileKind::Router,
         "control_plane: [\"http://a:7480\"]\nbalancing:\n  policy: random\n",

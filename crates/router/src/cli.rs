@@ -1,5 +1,6 @@
 //! `llmgw router --config router.yaml`.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -59,8 +60,13 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
             Source::Static(sender) => sender,
             Source::ControlPlane(watcher) => watcher,
         };
-        let router = Router::new(settings, source).bind(config.listen).await?;
-        tracing::info!(listen = %router.local_addr(), "llmgw router serving");
+        let threads = config
+            .threads
+            .and_then(NonZeroUsize::new)
+            .or_else(|| std::thread::available_parallelism().ok())
+            .unwrap_or(NonZeroUsize::MIN);
+        let router = Router::new(settings, source).bind_threads(config.listen, threads)?;
+        tracing::info!(listen = %router.local_addr(), threads, "llmgw router serving");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(RouterError::Runtime)?;
         tokio::select! {

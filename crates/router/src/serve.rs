@@ -3,12 +3,13 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -21,7 +22,7 @@ use crate::resume::ResumeMemory;
 use crate::service::{Shared, handle};
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
-use crate::upstream::{IDLE_LIMIT, Upstream};
+use crate::upstream::{IDLE_LIMIT, Upstream, drive_own_reactor};
 
 /// A router not yet listening.
 pub struct Router {
@@ -29,10 +30,14 @@ pub struct Router {
 }
 
 /// A listening router; dropping it stops the accept loop and the background
-/// tasks (connections already accepted finish on their own).
+/// tasks. Connections already accepted finish on their own when the router
+/// serves on the caller's runtime, and are closed with their threads when
+/// it has threads of its own ([`Router::bind_threads`]).
 pub struct RunningRouter {
     local_addr: SocketAddr,
     tasks: JoinSet<()>,
+    /// Dropped to stop the router's own threads.
+    _stop_threads: Option<watch::Sender<()>>,
 }
 
 impl Router {
@@ -65,9 +70,69 @@ impl Router {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
         })?;
-        let shared = self.shared;
+        let mut tasks = self.background_tasks();
+        tasks.spawn(accept_loop(listener, self.shared));
+        Ok(RunningRouter {
+            local_addr,
+            tasks,
+            _stop_threads: None,
+        })
+    }
+
+    /// Serves client traffic on `threads` threads of its own, each running
+    /// a single-threaded runtime with its own listening socket on `addr`
+    /// (`SO_REUSEPORT`: the kernel spreads connections over them). A
+    /// request and its engine connection stay on the thread that accepted
+    /// it, so relaying never wakes a second thread: on a multi-threaded
+    /// runtime, handing work between workers cost a `futex` call for most
+    /// requests. Engine metrics and probes run on the caller's runtime.
+    pub fn bind_threads(
+        self,
+        addr: SocketAddr,
+        threads: NonZeroUsize,
+    ) -> Result<RunningRouter, RouterError> {
+        let (stop, stopped) = watch::channel(());
+        let mut local_addr = addr;
+        for reactor in 1..=threads.get() {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(RouterError::Runtime)?;
+            // The first socket picks the port when `addr` asks for any;
+            // the others join it.
+            let listener = {
+                let _inside = runtime.enter();
+                reuse_port_listener(local_addr)
+                    .map_err(|source| RouterError::Bind { addr, source })?
+            };
+            local_addr = listener
+                .local_addr()
+                .map_err(|source| RouterError::Bind { addr, source })?;
+            let shared = Arc::clone(&self.shared);
+            let mut stopped = stopped.clone();
+            std::thread::Builder::new()
+                .name(format!("llmgw-router-{reactor}"))
+                .spawn(move || {
+                    drive_own_reactor(reactor);
+                    runtime.block_on(async move {
+                        tokio::select! {
+                            () = accept_loop(listener, shared) => {}
+                            _ = stopped.changed() => {}
+                        }
+                    });
+                })
+                .map_err(RouterError::Runtime)?;
+        }
+        Ok(RunningRouter {
+            local_addr,
+            tasks: self.background_tasks(),
+            _stop_threads: Some(stop),
+        })
+    }
+
+    fn background_tasks(&self) -> JoinSet<()> {
+        let shared = &self.shared;
         let mut tasks = JoinSet::new();
-        tasks.spawn(accept_loop(listener, Arc::clone(&shared)));
         if !shared.settings.metrics_interval.is_zero() {
             tasks.spawn(scrape_loop(
                 shared.upstream.clone(),
@@ -86,8 +151,20 @@ impl Router {
             shared.table.clone(),
         ));
         tasks.spawn(close_idle_connections(shared.upstream.clone()));
-        Ok(RunningRouter { local_addr, tasks })
+        tasks
     }
+}
+
+fn reuse_port_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 impl RunningRouter {

@@ -83,7 +83,7 @@ pub async fn serve(
     let hub = Arc::new(Hub::for_peer(options.id));
     let stop_rx = spawn_shutdown_watch(hub.clone(), shutdown);
     let agents = spawn_agent_loops(&control, &hub, &options, &stop_rx);
-    let router = start_router(&control, options.router_listen).await?;
+    let router = start_router(&control, options.router_listen)?;
     let grpc = spawn_grpc(
         &control,
         agents,
@@ -199,7 +199,7 @@ fn spawn_agent_loops(
 }
 
 /// The OpenAI router inside this peer, when server.yaml asks for one.
-async fn start_router(
+fn start_router(
     control: &ControlPlane,
     listen: Option<SocketAddr>,
 ) -> Result<Option<llmgw_router::RunningRouter>, ServerError> {
@@ -207,9 +207,12 @@ async fn start_router(
         return Ok(None);
     };
     let table = crate::routes::publish(control.clone());
+    // Client traffic gets threads of its own, one per CPU: relaying never
+    // queues behind this peer's Raft and agent-stream tasks, nor they
+    // behind it.
+    let threads = std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
     let router = llmgw_router::Router::new(llmgw_router::Settings::default(), &table)
-        .bind(addr)
-        .await
+        .bind_threads(addr, threads)
         .map_err(|e| ServerError::Serve {
             what: "router",
             message: e.to_string(),

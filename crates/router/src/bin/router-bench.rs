@@ -10,6 +10,7 @@
 //! hand in front of `--sim-port`). See docs/performance.md, section Router.
 
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -36,6 +37,8 @@ struct Options {
     seconds: f64,
     streams: usize,
     concurrency: Vec<usize>,
+    /// Router threads; None: one per CPU, as `llmgw router` does.
+    router_threads: Option<NonZeroUsize>,
     references: Vec<(String, String)>,
     /// Processes of a reference proxy, for its CPU and memory.
     reference_pids: Vec<(String, Vec<i32>)>,
@@ -50,6 +53,7 @@ fn parse_options() -> anyhow::Result<Options> {
         seconds: 5.0,
         streams: 1000,
         concurrency: vec![1, 64, 256],
+        router_threads: None,
         references: Vec::new(),
         reference_pids: Vec::new(),
     };
@@ -68,6 +72,7 @@ fn parse_options() -> anyhow::Result<Options> {
                     .map(str::parse)
                     .collect::<Result<_, _>>()?
             }
+            "--router-threads" => o.router_threads = Some(value()?.parse()?),
             "--reference" => {
                 let v = value()?;
                 let (name, url) = v.split_once('=').context("--reference NAME=URL")?;
@@ -85,7 +90,7 @@ fn parse_options() -> anyhow::Result<Options> {
                 o.reference_pids.push((name.into(), pids));
             }
             other => bail!(
-                "unknown option {other}; options: --sim PATH --sim-port N --router-port N --seconds S --streams N --concurrency 1,64,256 --reference NAME=URL --pids NAME=PID[,PID...]"
+                "unknown option {other}; options: --sim PATH --sim-port N --router-port N --seconds S --streams N --concurrency 1,64,256 --router-threads N --reference NAME=URL --pids NAME=PID[,PID...]"
             ),
         }
     }
@@ -97,7 +102,11 @@ fn main() -> anyhow::Result<()> {
     if args.next().as_deref() == Some("--serve-router") {
         let port: u16 = args.next().context("port")?.parse()?;
         let upstream = args.next().context("upstream URL")?;
-        return serve_router(port, upstream);
+        let threads = match args.next() {
+            Some(n) => n.parse().context("router threads")?,
+            None => std::thread::available_parallelism()?,
+        };
+        return serve_router(port, upstream, threads);
     }
     let o = parse_options()?;
     if !o.sim.exists() {
@@ -110,8 +119,9 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(o))
 }
 
-/// The router alone in this process, so its RSS is its own.
-fn serve_router(port: u16, upstream: String) -> anyhow::Result<()> {
+/// The router alone in this process, so its RSS is its own, serving as
+/// `llmgw router` does: on threads of its own, one per CPU unless told.
+fn serve_router(port: u16, upstream: String, threads: NonZeroUsize) -> anyhow::Result<()> {
     let runtime = llmgw_runtime::multi_thread_runtime()?;
     runtime.block_on(async move {
         let table = RoutingTable {
@@ -124,8 +134,7 @@ fn serve_router(port: u16, upstream: String) -> anyhow::Result<()> {
         };
         let (tx, _) = watch::channel(Arc::new(table));
         let running = Router::new(Settings::default(), &tx)
-            .bind(SocketAddr::from(([127, 0, 0, 1], port)))
-            .await?;
+            .bind_threads(SocketAddr::from(([127, 0, 0, 1], port)), threads)?;
         running.wait().await;
         Ok(())
     })
@@ -260,9 +269,13 @@ async fn run(o: Options) -> anyhow::Result<()> {
     let sim_url = format!("http://127.0.0.1:{}", o.sim_port);
     let router_url = format!("http://127.0.0.1:{}", o.router_port);
     let sim = start_simulator(&o)?;
+    let mut router = Command::new(std::env::current_exe()?);
+    router.args(["--serve-router", &o.router_port.to_string(), &sim_url]);
+    if let Some(threads) = o.router_threads {
+        router.arg(threads.to_string());
+    }
     let router = Guard(
-        Command::new(std::env::current_exe()?)
-            .args(["--serve-router", &o.router_port.to_string(), &sim_url])
+        router
             .stdout(Stdio::null())
             .spawn()
             .context("start the router process")?,

@@ -20,9 +20,11 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -74,8 +76,27 @@ pub const GET_TEXT_LIMIT: usize = 4 << 20;
 /// The pooled client every upstream call goes through; cheap to clone.
 #[derive(Clone)]
 pub struct Upstream {
-    hosts: Arc<Mutex<HashMap<String, Arc<HostPool>>>>,
+    /// Indexed by reactor (see [`drive_own_reactor`]).
+    hosts: Arc<Mutex<Vec<Hosts>>>,
     connect_timeout: Duration,
+}
+
+/// One reactor's pools, by `host:port`.
+type Hosts = HashMap<String, Arc<HostPool>>;
+
+thread_local! {
+    /// Which runtime's reactor this thread's sockets belong to: 0 for the
+    /// caller's runtime, one number per router thread otherwise.
+    static REACTOR: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks this thread as the only one driving a runtime of its own, so the
+/// connections it opens are pooled apart and reused only here. A socket is
+/// registered with the reactor of the runtime that opened it; used from
+/// another thread, every readiness event would wake two threads instead
+/// of one.
+pub(crate) fn drive_own_reactor(reactor: usize) {
+    REACTOR.set(reactor);
 }
 
 /// The idle connections to one `host:port`, most recently used last.
@@ -119,10 +140,16 @@ impl HostPool {
 /// engine's bytes after a complete answer (a late error, a second
 /// response) would be read as the next request's answer, whoever sent it;
 /// an engine that closed the connection while it sat idle shows as
-/// end-of-file. One `recv` that peeks and never waits.
+/// end-of-file. Both wake the reactor, so a connection it saw nothing on
+/// since its answer ended needs no system call; otherwise one `recv` that
+/// peeks and never waits tells.
 #[allow(unsafe_code)]
 fn quiet_and_open(stream: &TcpStream) -> bool {
     use std::os::fd::AsRawFd;
+    let mut nobody_waits = Context::from_waker(Waker::noop());
+    if stream.poll_read_ready(&mut nobody_waits).is_pending() {
+        return true;
+    }
     let mut byte = 0u8;
     // SAFETY: recv(2) writes at most one byte into `byte`, which lives
     // across the call; the descriptor belongs to `stream`, open while it is
@@ -147,7 +174,12 @@ impl Upstream {
     }
 
     fn host(&self, authority: &str) -> Arc<HostPool> {
-        let mut hosts = self.hosts.lock().expect("hosts lock");
+        let reactor = REACTOR.get();
+        let mut all = self.hosts.lock().expect("hosts lock");
+        if all.len() <= reactor {
+            all.resize_with(reactor + 1, HashMap::new);
+        }
+        let hosts = &mut all[reactor];
         if let Some(pool) = hosts.get(authority) {
             return Arc::clone(pool);
         }
@@ -163,9 +195,11 @@ impl Upstream {
     /// left the fleet would stay open until a request went there again,
     /// which never happens.
     pub fn close_idle(&self, limit: Duration) {
-        let mut hosts = self.hosts.lock().expect("hosts lock");
-        // A host whose pool a body still holds keeps its entry.
-        hosts.retain(|_, pool| !pool.close_idle(limit) || Arc::strong_count(pool) > 1);
+        let mut all = self.hosts.lock().expect("hosts lock");
+        for hosts in all.iter_mut() {
+            // A host whose pool a body still holds keeps its entry.
+            hosts.retain(|_, pool| !pool.close_idle(limit) || Arc::strong_count(pool) > 1);
+        }
     }
 
     /// Sends one request to `authority` (`host:port`) and returns once the

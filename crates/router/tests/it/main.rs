@@ -9,3 +9,4 @@ mod t35_resume;
 mod t40_drain;
 mod t50_control_plane;
 mod t60_cancel;
+mod t70_threads;
