@@ -64,6 +64,13 @@ pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
             register.node_id
         ));
     }
+    let id = &register.instance_id;
+    if !(id.is_empty() || (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))) {
+        return Err(format!(
+            "node {}: Register's instance_id must be 32 hex digits",
+            register.node_id
+        ));
+    }
     let inventory = register.inventory.clone().unwrap_or_default();
     check_counts(register, &inventory)?;
     let mut nvlink_peers: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
@@ -350,6 +357,13 @@ mod tests {
         let mut no_addr = register();
         no_addr.mgmt_addr.clear();
         assert!(node_facts(&no_addr).unwrap_err().contains("mgmt_addr"));
+        let mut long_instance = register();
+        long_instance.instance_id = "x".repeat(1 << 20);
+        assert!(
+            node_facts(&long_instance)
+                .unwrap_err()
+                .contains("instance_id must be 32 hex digits")
+        );
     }
 
     #[test]

@@ -99,6 +99,8 @@ pub struct StreamClient {
     witness: Witness,
     /// Commands refused because their leader had been deposed.
     refused_stale: u64,
+    /// Tells the leader this machine from another with the same node id.
+    instance_id: String,
 }
 
 /// Full jitter: uniform in [0, min(max, base * 2^attempt)], at least base/10
@@ -129,6 +131,7 @@ impl StreamClient {
     ) -> Self {
         let heartbeat_interval = config.heartbeat_interval;
         let witness = Witness::open(&config.supervisor.work_dir);
+        let instance_id = crate::instance::load_or_create(&config.supervisor.work_dir);
         StreamClient {
             config,
             inventory,
@@ -140,6 +143,7 @@ impl StreamClient {
             tls: None,
             witness,
             refused_stale: 0,
+            instance_id,
         }
     }
 
@@ -293,6 +297,7 @@ impl StreamClient {
             &self.inventory,
             self.supervisor.running(),
             self.terms.highest().term,
+            &self.instance_id,
         );
         let _ = tx.try_send(AgentMessage {
             body: Some(Up::Register(register)),

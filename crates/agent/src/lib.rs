@@ -13,6 +13,7 @@
 mod client;
 mod durable;
 mod fencing;
+mod instance;
 mod logfile;
 mod probe;
 mod process;

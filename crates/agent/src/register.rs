@@ -97,6 +97,7 @@ pub fn register(
     inv: &Inventory,
     running: Vec<pb::RunningShard>,
     highest_term: u64,
+    instance_id: &str,
 ) -> pb::Register {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -112,5 +113,6 @@ pub fn register(
         running,
         highest_term,
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        instance_id: instance_id.to_owned(),
     }
 }

@@ -80,7 +80,16 @@ fn register(spec: &NodeSpec, highest_term: u64) -> Register {
         running: vec![],
         highest_term,
         agent_version: "fleet-sim".into(),
+        // One instance per simulated node, the same on every reconnect.
+        instance_id: format!("{:032x}", fnv1a(&spec.id)),
     }
+}
+
+fn fnv1a(text: &str) -> u128 {
+    text.bytes()
+        .fold(0x6c62272e07bb014262b821756295c58d, |hash, byte| {
+            (hash ^ u128::from(byte)).wrapping_mul(0x0000000001000000000000000000013b)
+        })
 }
 
 /// A distinct address per node index, as on a real fleet.

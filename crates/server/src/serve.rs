@@ -195,6 +195,7 @@ fn spawn_agent_loops(
         reports,
         heartbeat_interval: std::time::Duration::ZERO,
         registrar: crate::agents::Registrar::spawn(control.clone()),
+        claim_window: options.liveness.ttl,
     }
 }
 

@@ -190,3 +190,70 @@ async fn a_malformed_append_or_snapshot_is_refused_and_the_follower_keeps_replic
     assert!(names.contains(&"after-forgery".to_owned()), "{names:?}");
     assert_eq!(cluster.running().len(), 3, "{}", cluster.log_tails());
 }
+
+/// Two machines configured with the same node id: the second is refused
+/// while the first is connected, with both instances named, and the
+/// node's facts stay the first machine's. The first machine reconnecting
+/// (same instance id) still takes over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_machine_with_a_connected_node_id_is_refused_and_changes_nothing() {
+    use llmgw_proto::agent::agent_message::Body as Up;
+    use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+    use llmgw_proto::agent::{AgentMessage, Register};
+
+    const FIRST: &str = "0123456789abcdef0123456789abcdef";
+    const CLONE: &str = "fedcba9876543210fedcba9876543210";
+    let register = |instance: &str, mgmt_addr: &str| AgentMessage {
+        body: Some(Up::Register(Register {
+            node_id: "twin-1".into(),
+            mgmt_addr: mgmt_addr.into(),
+            instance_id: instance.into(),
+            ..Register::default()
+        })),
+    };
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let endpoint = llmgw_tls::endpoint(&cluster.grpc(leader)).unwrap();
+    let channel = llmgw_tls::connect(&endpoint, None).await.unwrap();
+    let mut client = AgentServiceClient::new(channel);
+    // The first machine's stream stays open while its sender lives.
+    let (first_tx, first_rx) = tokio::sync::mpsc::channel(4);
+    first_tx.send(register(FIRST, "127.0.0.1")).await.unwrap();
+    let mut first = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(first_rx))
+        .await
+        .expect("the first machine registers")
+        .into_inner();
+    first
+        .message()
+        .await
+        .expect("Registered")
+        .expect("Registered");
+
+    let refused = client
+        .connect(tokio_stream::iter([register(CLONE, "127.0.0.2")]))
+        .await
+        .expect_err("the second machine is refused");
+    assert_eq!(refused.code(), tonic::Code::AlreadyExists, "{refused:?}");
+    for named in ["twin-1", FIRST, CLONE] {
+        assert!(refused.message().contains(named), "{}", refused.message());
+    }
+    let (status, node) = cluster.get(leader, "/api/v1/nodes/twin-1").await.unwrap();
+    assert_eq!(status, 200, "{node}");
+    assert_eq!(node["mgmt_addr"], "127.0.0.1", "{node}");
+
+    // The first machine again (its agent restarted): taken over at once.
+    let (again_tx, again_rx) = tokio::sync::mpsc::channel(4);
+    again_tx.send(register(FIRST, "127.0.0.1")).await.unwrap();
+    let mut again = client
+        .connect(tokio_stream::wrappers::ReceiverStream::new(again_rx))
+        .await
+        .expect("the same instance takes over")
+        .into_inner();
+    again
+        .message()
+        .await
+        .expect("Registered")
+        .expect("Registered");
+    drop(first_tx);
+}

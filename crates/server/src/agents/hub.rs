@@ -40,6 +40,8 @@ struct Session {
     opened: Instant,
     last_heard: Instant,
     sent: HashMap<String, Sent>,
+    /// The agent's instance id (its work directory's), empty if unknown.
+    instance: String,
 }
 
 #[derive(Default)]
@@ -153,11 +155,52 @@ impl Hub {
                 opened: now,
                 last_heard: now,
                 sent,
+                instance: String::new(),
             },
         );
         drop(state);
         self.sync(node, desired);
         Ok(id)
+    }
+
+    /// Whether an agent with `instance` may take over `node`'s session.
+    /// Another instance may not while the session was heard within
+    /// `window`: two machines are configured with the same node id, and
+    /// letting each replace the other would flap the node between two
+    /// inventories forever. The same instance (an agent restarting, a cut
+    /// stream) always may, and so may anyone once the session has gone
+    /// silent, or when either side sent no instance id.
+    pub fn claim(&self, node: &str, instance: &str, window: Duration) -> Result<(), String> {
+        let state = self.lock();
+        let Some(session) = state.sessions.get(node) else {
+            return Ok(());
+        };
+        let silent_for = session.last_heard.elapsed();
+        if instance.is_empty()
+            || session.instance.is_empty()
+            || session.instance == instance
+            || silent_for >= window
+        {
+            return Ok(());
+        }
+        Err(format!(
+            "node {node} is already connected from agent instance {} (heard {:.1}s ago); \
+             this agent is instance {instance}: two machines are configured with node_id \
+             {node}. Give each machine its own node_id (a cloned disk image keeps the \
+             instance-id file in the agent's work_dir: delete it on the clone).",
+            session.instance,
+            silent_for.as_secs_f64()
+        ))
+    }
+
+    /// Records which agent instance holds `session`.
+    pub fn set_instance(&self, node: &str, session: u64, instance: &str) {
+        let mut state = self.lock();
+        if let Some(s) = state.sessions.get_mut(node)
+            && s.id == session
+        {
+            s.instance = instance.to_owned();
+        }
     }
 
     /// Ends a session, unless the node has opened a newer one since.
@@ -491,6 +534,34 @@ mod tests {
         hub.open("n1", 1, tx2, &[], Duration::ZERO).unwrap();
         hub.close("n1", old);
         assert!(hub.view("n1").connected);
+    }
+
+    #[test]
+    fn another_machine_cannot_take_a_live_node_but_the_same_one_can() {
+        let hub = Hub::default();
+        let (tx, _rx) = mpsc::channel(16);
+        let window = Duration::from_secs(60);
+        assert_eq!(hub.claim("n1", "aaaa", window), Ok(()), "no session yet");
+        let session = hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        hub.set_instance("n1", session, "aaaa");
+        assert_eq!(hub.claim("n1", "aaaa", window), Ok(()), "its own restart");
+        assert_eq!(
+            hub.claim("n1", "", window),
+            Ok(()),
+            "an agent without an id"
+        );
+        let refused = hub.claim("n1", "bbbb", window).unwrap_err();
+        assert!(
+            refused.contains("node_id n1") && refused.contains("aaaa") && refused.contains("bbbb"),
+            "{refused}"
+        );
+        assert_eq!(
+            hub.claim("n1", "bbbb", Duration::ZERO),
+            Ok(()),
+            "a session silent past the window is anyone's"
+        );
+        hub.close("n1", session);
+        assert_eq!(hub.claim("n1", "bbbb", window), Ok(()), "a closed session");
     }
 
     #[test]

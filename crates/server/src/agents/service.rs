@@ -48,6 +48,9 @@ pub struct AgentStreams {
     pub heartbeat_interval: Duration,
     /// Commits registrations in groups.
     pub registrar: Registrar,
+    /// How recently a node's session must have been heard for a Register
+    /// from another agent instance to be refused (the node TTL).
+    pub claim_window: Duration,
 }
 
 impl AgentStreams {
@@ -142,6 +145,15 @@ impl AgentService for AgentStreams {
                 "agent has seen a newer leader term than this leader's; it will refuse our commands"
             );
         }
+        // Before anything is written: a second machine with this node id
+        // must not replace the live one's facts.
+        if let Err(why) = self
+            .hub
+            .claim(&node, &register.instance_id, self.claim_window)
+        {
+            tracing::error!(node, %remote, "refused a registration: {why}");
+            return Err(Status::already_exists(why));
+        }
         let needs_write = self
             .control
             .read(|fleet| facts.differs_from(fleet.nodes.get(&node)));
@@ -167,6 +179,7 @@ impl AgentService for AgentStreams {
             .hub
             .open(&node, term, tx, &desired, self.heartbeat_interval)
             .map_err(Status::internal)?;
+        self.hub.set_instance(&node, session, &register.instance_id);
         tracing::info!(node, %remote, term, shards = desired.len(), running = register.running.len(), "agent stream open");
         tokio::spawn(read_agent(
             inbound,
