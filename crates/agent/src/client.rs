@@ -34,6 +34,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Added to `leader_timeout` for the registration answer, which may wait
 /// on a Raft commit.
 const REGISTER_SLACK: Duration = Duration::from_secs(3);
+/// A refused registration waits the longest backoff (`reconnect_max`).
+const REFUSED_ATTEMPT: u32 = 20;
 
 /// Why a session with one peer ended.
 #[derive(Debug)]
@@ -49,6 +51,12 @@ enum SessionEnd {
     /// The peer said nothing for `leader_timeout`: paused, cut off, or no
     /// longer leading. The agent asks the other peers first.
     Silent {
+        why: String,
+    },
+    /// The leader refused this agent's registration because another
+    /// machine holds the node id: an operator must fix the config, so the
+    /// agent says so loudly and retries at the longest backoff.
+    Refused {
         why: String,
     },
 }
@@ -222,6 +230,11 @@ impl StreamClient {
                         escalate = false;
                     }
                 }
+                SessionEnd::Refused { why } => {
+                    tracing::error!(peer = %target, %why, "the leader refused this agent's registration");
+                    ask_next = false;
+                    attempt = attempt.max(REFUSED_ATTEMPT);
+                }
                 SessionEnd::Silent { why } => {
                     tracing::warn!(peer = %target, %why, "leaving a silent peer; finding the leader through the others");
                     avoid = Some(Avoid {
@@ -311,6 +324,11 @@ impl StreamClient {
                 .await
             {
                 Ok(Ok(r)) => r.into_inner(),
+                Ok(Err(status)) if status.code() == tonic::Code::AlreadyExists => {
+                    return Err(SessionEnd::Refused {
+                        why: format!("{addr}: {}", status.message()),
+                    });
+                }
                 Ok(Err(status)) => {
                     return Err(lost(format!("{addr} refused the stream: {status}")));
                 }
