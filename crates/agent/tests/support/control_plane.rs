@@ -52,6 +52,12 @@ impl AgentService for Fake {
         };
         let mut inbound = request.into_inner();
         if let Some(leader) = &self.redirect_to {
+            // Like the real peers: the Register is read before the
+            // redirect is answered. Read after it, the message could be
+            // lost to the agent closing the stream on the redirect.
+            if let Ok(Some(m)) = inbound.message().await {
+                self.shared.received.lock().unwrap().push((connection, m));
+            }
             let _ = tx
                 .send(Ok(ControlMessage {
                     term: self.term,
@@ -65,12 +71,6 @@ impl AgentService for Fake {
                 }))
                 .await;
             // Dropping tx closes the stream after the redirect.
-            let shared = self.shared.clone();
-            tokio::spawn(async move {
-                if let Ok(Some(m)) = inbound.message().await {
-                    shared.received.lock().unwrap().push((connection, m));
-                }
-            });
             return Ok(Response::new(ReceiverStream::new(rx)));
         }
         *self.shared.down.lock().unwrap() = Some(tx.clone());
