@@ -175,6 +175,9 @@ pub struct Transcript {
     pub done: bool,
     /// Why this stream can no longer be resumed, once something says so.
     pub refusal: Option<&'static str>,
+    /// The end of the last bytes [`Transcript::note_unfollowed`] read, so a
+    /// key split between two reads is still found.
+    seam: Vec<u8>,
     max_text_bytes: usize,
     charge: Charge,
 }
@@ -190,6 +193,7 @@ impl Transcript {
             finished: false,
             done: false,
             refusal: None,
+            seam: Vec::new(),
             max_text_bytes,
             charge,
         }
@@ -214,19 +218,43 @@ impl Transcript {
     /// by, so that a failure after them ends the stream as a lost end does
     /// and not with an error. Engines write `"finish_reason":"` without
     /// spaces, and a quote inside a JSON string is escaped, so the key
-    /// cannot come from the text; one split between two reads is missed,
-    /// and the stream then ends as a cut one. An answer of several choices
-    /// is not over when one of them finishes.
+    /// cannot come from the text. A key split between two reads is found
+    /// across the seam. An answer of several choices is not over when one
+    /// of them finishes.
     pub fn note_unfollowed(&mut self, bytes: &[u8]) {
-        if self.refusal == Some("n") {
+        const FINISHED: &[u8] = b"\"finish_reason\":\"";
+        const DONE: &[u8] = b"data: [DONE]";
+        const SEAM: usize = if FINISHED.len() > DONE.len() {
+            FINISHED.len() - 1
+        } else {
+            DONE.len() - 1
+        };
+        if self.refusal == Some("n") || bytes.is_empty() {
             return;
         }
-        if memchr::memmem::find(bytes, b"\"finish_reason\":\"").is_some() {
+        // The seam and the start of `bytes`: only there can a key begun
+        // in an earlier read end.
+        let mut buffer = [0u8; 2 * SEAM];
+        let head = &bytes[..bytes.len().min(SEAM)];
+        let joined_len = self.seam.len() + head.len();
+        buffer[..self.seam.len()].copy_from_slice(&self.seam);
+        buffer[self.seam.len()..joined_len].copy_from_slice(head);
+        let joined = &buffer[..joined_len];
+        let found = |key: &[u8]| {
+            memchr::memmem::find(joined, key).is_some()
+                || memchr::memmem::find(bytes, key).is_some()
+        };
+        if found(FINISHED) {
             self.finished = true;
         }
-        if memchr::memmem::find(bytes, b"data: [DONE]").is_some() {
+        if found(DONE) {
             self.done = true;
         }
+        // When `bytes` is shorter than the seam, `joined` holds all of it.
+        let tail = if bytes.len() >= SEAM { bytes } else { joined };
+        self.seam.clear();
+        self.seam
+            .extend_from_slice(&tail[tail.len().saturating_sub(SEAM)..]);
     }
 
     /// Reads one event's JSON payload.
@@ -326,6 +354,35 @@ mod tests {
         assert_eq!(memory.used(), 9);
         drop(t);
         assert_eq!(memory.used(), 0);
+    }
+
+    #[test]
+    fn an_unfollowed_stream_finds_its_finish_and_done_split_across_reads() {
+        let stream = concat!(
+            r#"data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}"#,
+            "\n\n",
+            r#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            "\n\ndata: [DONE]\n\n",
+        )
+        .as_bytes();
+        let finish_at = memchr::memmem::find(stream, b"\"finish_reason\":\"").unwrap();
+        let done_at = memchr::memmem::find(stream, b"[DONE]").unwrap();
+        for cut in 1..stream.len() {
+            let (mut t, _) = transcript(Route::Chat, 1024, 1024);
+            t.refuse("logprobs");
+            t.note_unfollowed(&stream[..cut]);
+            assert_eq!(t.finished, cut >= finish_at + 17, "finish, cut at {cut}");
+            assert_eq!(t.done, cut >= done_at + 6, "done, cut at {cut}");
+            t.note_unfollowed(&stream[cut..]);
+            assert!(t.finished && t.done, "cut at {cut}");
+        }
+        // One byte at a time: every key spans reads.
+        let (mut t, _) = transcript(Route::Chat, 1024, 1024);
+        t.refuse("logprobs");
+        for byte in stream {
+            t.note_unfollowed(std::slice::from_ref(byte));
+        }
+        assert!(t.finished && t.done);
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub(crate) use wire::take_head;
 pub const IDLE_LIMIT: Duration = Duration::from_secs(4);
 /// Idle connections kept per host; more are closed when they finish.
 const MAX_IDLE_PER_HOST: usize = 1024;
+/// An engine that closes an idle connection just as a request goes out on
+/// it closes at once, without reading it; one that stays silent longer
+/// after the request and then closes had read it (and died, or dropped
+/// it), so the request is not sent to it a second time.
+pub(crate) const IDLE_CLOSE_RACE: Duration = Duration::from_secs(1);
 /// A response head larger than this is refused (engines send a few hundred
 /// bytes).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -334,16 +339,20 @@ async fn exchange(
             _ => Exchange::Failed(e.into()),
         });
     }
+    let written = Instant::now();
     let mut buffer = BytesMut::with_capacity(8 * 1024);
     let mut interim = 0;
     loop {
         if buffer.capacity() - buffer.len() < 1024 {
             buffer.reserve(8 * 1024);
         }
-        // Nothing at all came back: the engine closed the connection
-        // without reading the request. An interim answer proves it read it.
+        // Nothing at all came back, at once: the engine closed the
+        // connection without reading the request. An interim answer, or
+        // a long silence first, says it read it.
         let silent = buffer.is_empty() && interim == 0;
-        match stream.read_buf(&mut buffer).await {
+        let result = stream.read_buf(&mut buffer).await;
+        let silent = silent && written.elapsed() < IDLE_CLOSE_RACE;
+        match result {
             Ok(0) if silent => return Err(Exchange::ClosedBeforeAnswer),
             Ok(0) => return Err(Exchange::Failed(UpstreamError::Closed)),
             Ok(_) => {}

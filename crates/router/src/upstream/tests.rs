@@ -10,7 +10,7 @@ use hyper::{Method, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{Upstream, UpstreamError};
+use super::{IDLE_CLOSE_RACE, Upstream, UpstreamError};
 
 /// Reads one request (head and `content-length` body) off `stream`; None
 /// when the client closed instead.
@@ -163,6 +163,43 @@ async fn a_close_after_an_interim_answer_is_not_sent_again() {
     // it read the request, so it must not go out a second time.
     let continue_then_close: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
     let (addr, mut requests) = scripted(vec![vec![SHORT, continue_then_close], vec![SHORT]]).await;
+    let upstream = Upstream::new(Duration::from_secs(2));
+    assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
+    assert!(matches!(
+        post(&upstream, addr).await,
+        Err(UpstreamError::Closed)
+    ));
+    requests.recv().await.unwrap();
+    requests.recv().await.unwrap();
+    assert!(requests.try_recv().is_err(), "the request was sent twice");
+}
+
+#[tokio::test]
+async fn a_close_long_after_the_request_is_not_sent_again() {
+    // The engine read the second request, worked on it and died without a
+    // word: sending it again would run it twice.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, mut requests) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            // Each connection answers its first request; the second is
+            // read, met with silence, and the connection closed.
+            tokio::spawn(async move {
+                if read_request(&mut stream).await.is_none() {
+                    return;
+                }
+                let _ = seen.send(());
+                stream.write_all(SHORT).await.unwrap();
+                if read_request(&mut stream).await.is_some() {
+                    let _ = seen.send(());
+                    tokio::time::sleep(IDLE_CLOSE_RACE + Duration::from_millis(300)).await;
+                }
+            });
+        }
+    });
     let upstream = Upstream::new(Duration::from_secs(2));
     assert_eq!(post(&upstream, addr).await.unwrap().1, "hello");
     assert!(matches!(
