@@ -4,6 +4,7 @@
 //! anything: restarts are the leader's decision.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,8 @@ enum Phase {
 
 /// Consecutive failed health checks before a ready shard is reported unhealthy.
 const UNHEALTHY_AFTER: u32 = 3;
-/// How long a group may take to vanish after SIGKILL.
+/// The longest a group may take to vanish after SIGKILL (an engine's exit
+/// frees GPU memory, which takes a moment).
 const KILL_GRACE: Duration = Duration::from_secs(10);
 /// Group membership is polled this often while stopping.
 const STOP_POLL: Duration = Duration::from_millis(100);
@@ -76,6 +78,10 @@ pub struct ShardTask {
     pub reporter: Reporter,
     /// Adopted shards begin by finding out where their engine is.
     pub adopted: bool,
+    /// Set when processes of the shard outlived SIGKILL: the shard has
+    /// ended, but its GPUs and ports stay taken while they run. Shared
+    /// with the supervisor, which refuses new shards on them.
+    pub lingering: Arc<AtomicBool>,
 }
 
 struct Run {
@@ -85,6 +91,8 @@ struct Run {
     since: Instant,
     failed_checks: u32,
     last_wait: String,
+    /// Processes (pid, state) still there after SIGKILL.
+    survivors: Vec<(i32, char)>,
 }
 
 /// Drives a shard to its end.
@@ -97,6 +105,7 @@ pub async fn run(task: ShardTask) {
         since: Instant::now(),
         failed_checks: 0,
         last_wait: String::new(),
+        survivors: Vec::new(),
     };
     run.drive().await;
 }
@@ -400,10 +409,11 @@ impl Run {
         self.task.reporter.send_full(
             ShardState::Failed,
             format!(
-                "{} (pid {}) {} {when}",
+                "{} (pid {}) {} {when}{}",
                 record.role,
                 record.pid,
-                info.describe()
+                info.describe(),
+                self.survivors_note()
             ),
             tail,
             Some(info),
@@ -425,7 +435,17 @@ impl Run {
         self.finish(ShardState::Stopped, msg, false);
     }
 
+    /// The final status. A shard whose processes outlived SIGKILL has not
+    /// stopped: it ends as failed, saying which processes hold on.
     fn finish(&mut self, state: ShardState, msg: String, with_tail: bool) {
+        let (state, msg) = if self.survivors.is_empty() {
+            (state, msg)
+        } else {
+            (
+                ShardState::Failed,
+                format!("{msg}{}", self.survivors_note()),
+            )
+        };
         let engine = self.engine_index();
         let tail = match self.task.record.processes.get(engine) {
             Some(record) if with_tail => logfile::tail(&record.log, self.task.settings.log_lines),
@@ -466,10 +486,51 @@ impl Run {
                 llmgw_procfs::signal_group(record.pgid, libc::SIGKILL);
             }
         }
-        if !self.wait_groups_gone(Instant::now() + KILL_GRACE).await {
-            tracing::error!(shard = %self.task.reporter.shard_id, "processes survived SIGKILL");
+        // As patient as with SIGTERM, up to KILL_GRACE.
+        let grace = self.task.settings.stop_timeout.min(KILL_GRACE);
+        if !self.wait_groups_gone(Instant::now() + grace).await {
+            self.survivors = self
+                .task
+                .record
+                .processes
+                .iter()
+                .flat_map(|r| llmgw_procfs::group_members_with_state(r.pgid))
+                .collect();
+            self.task.lingering.store(true, Ordering::Relaxed);
+            tracing::error!(
+                shard = %self.task.reporter.shard_id,
+                survivors = ?self.survivors,
+                "processes survived SIGKILL; their GPUs and ports stay reserved"
+            );
         }
         true
+    }
+
+    /// What the final status says about processes that outlived SIGKILL;
+    /// empty when there are none.
+    fn survivors_note(&self) -> String {
+        if self.survivors.is_empty() {
+            return String::new();
+        }
+        let processes: Vec<String> = self
+            .survivors
+            .iter()
+            .map(|(pid, state)| match llmgw_procfs::state_meaning(*state) {
+                "" => format!("pid {pid} (state {state})"),
+                meaning => format!("pid {pid} (state {state}, {meaning})"),
+            })
+            .collect();
+        let spec = &self.task.record.spec;
+        let gpus: Vec<String> = spec.gpus.iter().map(u32::to_string).collect();
+        let ports = match self.task.record.port {
+            Some(port) => format!(" and port {port}"),
+            None => String::new(),
+        };
+        format!(
+            "; {} survived SIGKILL: GPU(s) {}{ports} stay reserved on this node until they exit",
+            processes.join(", "),
+            gpus.join(", ")
+        )
     }
 
     /// Waits until no live process is left in any of the shard's groups,

@@ -4,6 +4,7 @@
 //! succeeds and repeats the current status.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,11 +67,31 @@ struct Entry {
     pids: Arc<Mutex<Vec<i32>>>,
     reporter: Reporter,
     control: mpsc::UnboundedSender<Control>,
+    /// The shard ended, but processes of it outlived SIGKILL.
+    lingering: Arc<AtomicBool>,
 }
 
 impl Entry {
     fn live(&self) -> bool {
         !is_terminal(self.reporter.state()) && !self.control.is_closed()
+    }
+
+    /// Processes of this ended shard that outlived SIGKILL and still run:
+    /// they hold its GPUs and ports as long as they do.
+    fn survivors(&self) -> Vec<i32> {
+        if !self.lingering.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
+        let pids = self.pids.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let left: Vec<i32> = pids
+            .iter()
+            .flat_map(|&pgid| llmgw_procfs::group_members(pgid))
+            .collect();
+        if left.is_empty() {
+            tracing::info!(shard = %self.spec.shard_id, "the processes that survived SIGKILL have exited; their GPUs and ports are free");
+            self.lingering.store(false, Ordering::Relaxed);
+        }
+        left
     }
 }
 
@@ -125,7 +146,8 @@ const KEEP_ENDED: usize = 256;
 fn forget_oldest_ended(shards: &mut BTreeMap<String, Entry>) {
     let mut ended: Vec<(u64, String)> = shards
         .iter()
-        .filter(|(_, e)| !e.live())
+        // One whose processes outlived SIGKILL is kept: it holds GPUs.
+        .filter(|(_, e)| !e.live() && !e.lingering.load(Ordering::Relaxed))
         .map(|(id, e)| (e.reporter.last().at_unix_ms, id.clone()))
         .collect();
     if ended.len() < KEEP_ENDED {
@@ -137,15 +159,30 @@ fn forget_oldest_ended(shards: &mut BTreeMap<String, Entry>) {
     }
 }
 
-/// What the other live shards hold: GPUs and ports a new one must not take.
+/// What the other live shards hold, and ended ones whose processes
+/// outlived SIGKILL: GPUs and ports a new one must not take.
 fn held_by_others(shards: &BTreeMap<String, Entry>, shard_id: &str) -> Vec<Held> {
     shards
         .values()
-        .filter(|e| e.live() && e.spec.shard_id != shard_id)
-        .map(|e| Held {
-            shard_id: e.spec.shard_id.clone(),
-            gpus: e.spec.gpus.clone(),
-            ports: e.ports.clone(),
+        .filter(|e| e.spec.shard_id != shard_id)
+        .filter_map(|e| {
+            let holder = if e.live() {
+                e.spec.shard_id.clone()
+            } else {
+                let survivors = e.survivors();
+                if survivors.is_empty() {
+                    return None;
+                }
+                format!(
+                    "{}, which ended but whose processes {survivors:?} survived SIGKILL",
+                    e.spec.shard_id
+                )
+            };
+            Some(Held {
+                shard_id: holder,
+                gpus: e.spec.gpus.clone(),
+                ports: e.ports.clone(),
+            })
         })
         .collect()
 }
@@ -258,6 +295,7 @@ impl Supervisor {
         }
         let pids = Arc::new(Mutex::new(records.iter().map(|r| r.pid).collect()));
         let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let lingering = Arc::new(AtomicBool::new(false));
         tokio::spawn(shard::run(ShardTask {
             settings: self.inner.settings.clone(),
             record,
@@ -271,6 +309,7 @@ impl Supervisor {
             control: control_rx,
             reporter: reporter.clone(),
             adopted: false,
+            lingering: lingering.clone(),
         }));
         let shard_id = spec.shard_id.clone();
         shards.insert(
@@ -282,6 +321,7 @@ impl Supervisor {
                 pids,
                 reporter,
                 control: control_tx,
+                lingering,
             },
         );
         Outcome::accepted(format!("shard {shard_id} launched"))
@@ -576,6 +616,7 @@ impl Supervisor {
                 pids: Arc::new(Mutex::new(Vec::new())),
                 reporter,
                 control: closed,
+                lingering: Arc::default(),
             },
         );
     }
@@ -600,6 +641,7 @@ impl Supervisor {
             .collect();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let pids = Arc::new(Mutex::new(record.processes.iter().map(|p| p.pid).collect()));
+        let lingering = Arc::new(AtomicBool::new(false));
         tokio::spawn(shard::run(ShardTask {
             settings: self.inner.settings.clone(),
             record: record.clone(),
@@ -609,6 +651,7 @@ impl Supervisor {
             control: control_rx,
             reporter: reporter.clone(),
             adopted: true,
+            lingering: lingering.clone(),
         }));
         self.shards().insert(
             record.shard_id.clone(),
@@ -619,6 +662,7 @@ impl Supervisor {
                 pids,
                 reporter,
                 control: control_tx,
+                lingering,
             },
         );
     }

@@ -7,7 +7,7 @@
 //! Pids are the kernel's `pid_t` (`i32`) throughout; [`to_pid`] converts the
 //! `u32` that `std::process` hands out.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The fields of `/proc/PID/stat` llmgw uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,13 +65,53 @@ pub fn stat(pid: i32) -> Option<ProcStat> {
 
 /// Process `pid` runs: it exists and is not a zombie waiting to be reaped.
 pub fn alive(pid: i32) -> bool {
-    stat(pid).is_some_and(|s| !s.is_zombie())
+    running_state(Path::new("/proc"), pid).is_some()
 }
 
 /// True when `pid` is a live (not zombie) process that started at
 /// `start_time`: the same process, not a later one given the same pid.
 pub fn is_same_process(pid: i32, start_time: u64) -> bool {
-    stat(pid).is_some_and(|s| !s.is_zombie() && s.start_time == start_time)
+    stat(pid).is_some_and(|s| s.start_time == start_time)
+        && running_state(Path::new("/proc"), pid).is_some()
+}
+
+/// The state of process `pid` (`R`, `S`, `D`, ...) while any thread of it
+/// runs; None when it is gone or a zombie. A process whose first thread
+/// ended while another runs on shows `Z` for itself, yet still holds its
+/// memory and devices (a thread stuck in a driver call does exactly that
+/// after SIGKILL): its state is then that of a live thread.
+fn running_state(proc_root: &Path, pid: i32) -> Option<char> {
+    let dir = proc_root.join(pid.to_string());
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| parse_stat(&t))
+    };
+    let leader = read(dir.join("stat"))?;
+    if !leader.is_zombie() {
+        return Some(leader.state);
+    }
+    std::fs::read_dir(dir.join("task"))
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&tid| tid != pid)
+        .filter_map(|tid| read(dir.join("task").join(tid.to_string()).join("stat")))
+        .find(|thread| !thread.is_zombie())
+        .map(|thread| thread.state)
+}
+
+/// What a process state letter means, for messages about processes that
+/// would not end.
+pub fn state_meaning(state: char) -> &'static str {
+    match state {
+        'D' => {
+            "uninterruptible sleep: waiting in the kernel, often on a GPU driver or a hung filesystem"
+        }
+        'R' => "running",
+        'S' => "sleeping",
+        'T' | 't' => "stopped",
+        _ => "",
+    }
 }
 
 /// CPU seconds (user and system) process `pid` has used so far.
@@ -127,10 +167,18 @@ fn parse_rss_kib(status: &str) -> Option<u64> {
 
 /// Live processes whose process group is `pgid`.
 pub fn group_members(pgid: i32) -> Vec<i32> {
+    group_members_with_state(pgid)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Live processes whose process group is `pgid`, each with its state.
+pub fn group_members_with_state(pgid: i32) -> Vec<(i32, char)> {
     group_members_in(Path::new("/proc"), pgid)
 }
 
-fn group_members_in(proc_root: &Path, pgid: i32) -> Vec<i32> {
+fn group_members_in(proc_root: &Path, pgid: i32) -> Vec<(i32, char)> {
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return Vec::new();
     };
@@ -140,8 +188,9 @@ fn group_members_in(proc_root: &Path, pgid: i32) -> Vec<i32> {
             std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
                 .ok()
                 .and_then(|t| parse_stat(&t))
-                .is_some_and(|s| s.pgrp == pgid && !s.is_zombie())
+                .is_some_and(|s| s.pgrp == pgid)
         })
+        .filter_map(|pid| Some((pid, running_state(proc_root, pid)?)))
         .collect()
 }
 
@@ -222,6 +271,31 @@ mod tests {
         assert_eq!((s.ppid, s.pgrp, s.session), (4200, 4200, 4200));
         assert_eq!((s.user_ticks, s.system_ticks), (3, 1));
         assert_eq!(s.start_time, 987654);
+    }
+
+    #[test]
+    fn a_zombie_leader_with_a_thread_stuck_in_the_kernel_is_still_there() {
+        let root = std::env::temp_dir().join(format!("llmgw-procfs-{}", me()));
+        let stat_line = |pid: i32, state: char| {
+            format!(
+                "{pid} (engine) {state} 1 4200 4200 0 -1 0 0 0 0 0 3 1 0 0 20 0 2 0 777 1000 100"
+            )
+        };
+        let write = |path: PathBuf, text: String| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        // 4200 leads its group; its first thread ended, 4201 is stuck.
+        write(root.join("4200/stat"), stat_line(4200, 'Z'));
+        write(root.join("4200/task/4200/stat"), stat_line(4200, 'Z'));
+        write(root.join("4200/task/4201/stat"), stat_line(4201, 'D'));
+        // 4300: a zombie of the same group whose threads all ended.
+        write(root.join("4300/stat"), stat_line(4300, 'Z'));
+        write(root.join("4300/task/4300/stat"), stat_line(4300, 'Z'));
+        assert_eq!(running_state(&root, 4200), Some('D'));
+        assert_eq!(running_state(&root, 4300), None);
+        assert_eq!(group_members_in(&root, 4200), vec![(4200, 'D')]);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
