@@ -122,6 +122,11 @@ impl Run {
                 format!("started {} process(es)", self.task.record.processes.len()),
             );
         }
+        if let Some(why) = self.task.record.stopping.clone() {
+            self.stop(format!("{why} (finished by the restarted agent)"))
+                .await;
+            return;
+        }
         if let Some(deferred) = self.task.deferred.take()
             && !self.launch_deferred(deferred).await
         {
@@ -423,6 +428,12 @@ impl Run {
     /// SIGTERM to every group, SIGKILL after `stop_timeout`, then the final
     /// status.
     async fn stop(&mut self, why: String) {
+        // Recorded first, so an agent restarted before the engine is gone
+        // finishes this stop rather than adopting the engine as running.
+        self.task.record.stopping = Some(why.clone());
+        if let Err(e) = statefile::write(&self.work_dir(), &self.task.record) {
+            tracing::warn!(shard = %self.task.reporter.shard_id, "could not record the stop in the state file: {e}");
+        }
         let killed = self.terminate().await;
         let msg = if killed {
             format!(

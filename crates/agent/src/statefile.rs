@@ -80,6 +80,11 @@ pub struct ShardRecord {
     pub processes: Vec<ProcessRecord>,
     pub readiness: ReadyRule,
     pub spec: LaunchSpec,
+    /// Why the shard is being stopped, once its stop has begun: an agent
+    /// that restarts meanwhile finishes the stop instead of adopting the
+    /// engine as running, or reporting its end as a crash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<String>,
 }
 
 pub fn shards_dir(work_dir: &Path) -> PathBuf {

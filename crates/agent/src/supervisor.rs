@@ -277,6 +277,7 @@ impl Supervisor {
             processes: records.clone(),
             readiness,
             spec: spec.clone(),
+            stopping: None,
         };
         reporter.set_pid(records.last().map_or(0, |r| r.pid as u32));
         if let Err(e) = statefile::write(&self.inner.settings.work_dir, &record) {
@@ -594,18 +595,27 @@ impl Supervisor {
 
     /// A shard whose engine exited while no agent watched it: the leader
     /// still counts it as running, so it is reported failed, with what the
-    /// engine last wrote, and kept as ended.
+    /// engine last wrote, and kept as ended. One whose stop had begun
+    /// ended as asked: it is reported stopped.
     fn ended_while_away(&self, record: ShardRecord) {
         let reporter = self.recorded_reporter(&record);
-        let tail = engine_of(&record).map_or_else(Vec::new, |p| {
-            logfile::tail(&p.log, self.inner.settings.log_lines)
-        });
-        reporter.send_full(
-            ShardState::Failed,
-            "the engine exited while the agent was not running; its exit status is unknown",
-            tail,
-            None,
-        );
+        match &record.stopping {
+            Some(why) => reporter.send(
+                ShardState::Stopped,
+                format!("{why}; the engine ended while the agent was restarting"),
+            ),
+            None => {
+                let tail = engine_of(&record).map_or_else(Vec::new, |p| {
+                    logfile::tail(&p.log, self.inner.settings.log_lines)
+                });
+                reporter.send_full(
+                    ShardState::Failed,
+                    "the engine exited while the agent was not running; its exit status is unknown",
+                    tail,
+                    None,
+                );
+            }
+        }
         let (closed, _) = mpsc::unbounded_channel();
         self.shards().insert(
             record.shard_id.clone(),
@@ -627,11 +637,13 @@ impl Supervisor {
             process::watch_adopted(process, index, exit_tx.clone());
         }
         let reporter = self.recorded_reporter(&record);
-        // Until the first check says otherwise.
-        reporter.send(
-            ShardState::Loading,
-            "adopted from an earlier agent; checking health",
-        );
+        if record.stopping.is_none() {
+            // Until the first check says otherwise.
+            reporter.send(
+                ShardState::Loading,
+                "adopted from an earlier agent; checking health",
+            );
+        }
         let ports = record
             .port
             .into_iter()
