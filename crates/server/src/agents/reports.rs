@@ -8,6 +8,7 @@ use std::time::Duration;
 use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_state::{Command, FleetState};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::service::Report;
 use llmgw_agent_wire::{failure, shard_state};
@@ -59,13 +60,15 @@ async fn write_reports_to(ledger: &impl Ledger, mut reports: mpsc::UnboundedRece
     // that node's own report.
     let mut pending: HashMap<(String, String), Report> = HashMap::new();
     let mut retry_after = FIRST_RETRY;
+    // Set while writes fail: reports that arrive before it join the
+    // pending ones and wait with them, so a leader that cannot commit
+    // tries at the pace of its backoff, not at the pace agents report.
+    let mut retry_at: Option<Instant> = None;
     loop {
-        let received = if pending.is_empty() {
-            Some(reports.recv_many(&mut batch, 4096).await)
-        } else {
-            tokio::time::timeout(retry_after, reports.recv_many(&mut batch, 4096))
-                .await
-                .ok()
+        let wait = reports.recv_many(&mut batch, 4096);
+        let received = match retry_at {
+            None => Some(wait.await),
+            Some(due) => tokio::time::timeout_at(due, wait).await.ok(),
         };
         if received == Some(0) {
             return;
@@ -74,15 +77,21 @@ async fn write_reports_to(ledger: &impl Ledger, mut reports: mpsc::UnboundedRece
             let key = (report.node.clone(), report.status.shard_id.clone());
             pending.insert(key, report);
         }
+        if retry_at.is_some_and(|due| Instant::now() < due) {
+            continue;
+        }
         if ledger.another_leads() {
             pending.clear();
+            retry_at = None;
             continue;
         }
         let commands = ledger.commands(pending.values());
         if ledger.write(commands).await {
             pending.clear();
             retry_after = FIRST_RETRY;
+            retry_at = None;
         } else {
+            retry_at = Some(Instant::now() + retry_after);
             retry_after = (retry_after * 2).min(LAST_RETRY);
         }
     }
@@ -231,6 +240,40 @@ mod tests {
         let asked = ledger.asked.lock().unwrap();
         let once = vec![("n1".to_owned(), "r1-r0".to_owned())];
         assert_eq!(*asked, [once.clone(), once.clone(), once]);
+    }
+
+    #[tokio::test]
+    async fn reports_arriving_while_writes_fail_wait_for_the_backoff() {
+        // No write commits: 40 reports arrive over about 400 ms.
+        let ledger = FlakyLedger::failing(usize::MAX);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let arrivals = async move {
+            for i in 0..40 {
+                tx.send(report("n1", &format!("r{i}-r0"))).unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        let started = std::time::Instant::now();
+        tokio::join!(write_reports_to(&ledger, rx), arrivals);
+        let writes = ledger.writes.load(Ordering::SeqCst);
+        // One write at once, then one when each wait of the backoff ends
+        // (250 ms, then 500 ms, ...), not one per arrival.
+        let mut due = Vec::new();
+        let (mut at, mut wait) = (Duration::ZERO, FIRST_RETRY);
+        while at < started.elapsed() {
+            due.push(at);
+            at += wait;
+            wait = (wait * 2).min(LAST_RETRY);
+        }
+        assert!(
+            writes <= due.len(),
+            "{writes} writes in {:?} for 40 reports; the backoff allows {}",
+            started.elapsed(),
+            due.len()
+        );
+        // The last attempt carried every report that had arrived by then.
+        let asked = ledger.asked.lock().unwrap();
+        assert!(asked.last().unwrap().len() > 1, "{asked:?}");
     }
 
     #[tokio::test]
