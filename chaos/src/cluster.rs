@@ -91,6 +91,9 @@ pub struct Cluster {
     /// Lazy disks under the peers' data directories (power-cut runs
     /// only); unmounted when the cluster is dropped.
     pub disks: BTreeMap<u64, crate::powercut::LazyDisk>,
+    /// Small tmpfs disks under the peers' data directories (disk-full runs
+    /// only); unmounted when the cluster is dropped.
+    pub small_disks: BTreeMap<u64, crate::small_disks::SmallDisk>,
 }
 
 impl Cluster {
@@ -120,6 +123,7 @@ impl Cluster {
             http: admin_client(&access, Duration::from_secs(3)),
             access,
             disks: BTreeMap::new(),
+            small_disks: BTreeMap::new(),
         };
         let ids: Vec<u64> = (1..=count).collect();
         for &id in &ids {

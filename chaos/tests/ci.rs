@@ -1,4 +1,4 @@
-//! The chaos suite's CI subset: two short scenarios against a real cluster
+//! The chaos suite's CI subset: a few short scenarios against a real cluster
 //! in network namespaces, and proof that the checks can fail.
 //!
 //! The scenarios need root and `ip netns`; without them each test prints
@@ -177,6 +177,29 @@ fn a_leader_cut_off_from_its_peers_costs_the_fleet_nothing() {
     }
     assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
     assert!(report.router_ok >= 10, "router load ran: {report:?}");
+}
+
+/// The leader's data disk fills up under a fleet: it refuses writes as
+/// `disk_full`, hands leadership over, the fleet does not notice, and it
+/// takes writes again once space returns.
+#[test]
+fn a_leader_whose_disk_fills_hands_over_and_costs_the_fleet_nothing() {
+    let Some(report) = run("leader-disk-full-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        "full-peer-refused-writes",
+        "full-peer-gave-up-leadership",
+        "full-peer-writes-again",
+        invariants::NO_UNREACHABLE_WHILE_HEALTHY,
+        invariants::NO_RETIREMENT_WHILE_REACHABLE,
+        invariants::ROUTER_HEALTHY_SERVED,
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
 }
 
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test

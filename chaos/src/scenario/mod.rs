@@ -18,7 +18,8 @@
 //!   right after a placement;
 //! * `silent_peers.rs`: peers that go silent (paused, cut off, partitioned
 //!   one way, restarted) under a fleet;
-//! * `power_cut.rs`: power cuts of peers on lazy disks.
+//! * `power_cut.rs`: power cuts of peers on lazy disks;
+//! * `disk_full.rs`: a peer's data disk filling up under a fleet.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -26,6 +27,7 @@
 
 mod control_plane;
 mod ctx;
+mod disk_full;
 mod fleet_faults;
 mod leadership;
 mod power_cut;
@@ -55,6 +57,18 @@ pub type ScheduleFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ScenarioErr
 /// leads at that moment.
 pub type Schedule = for<'a> fn(&'a mut Ctx) -> ScheduleFuture<'a>;
 
+/// What the peers' data directories sit on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disks {
+    /// The run directory's own filesystem.
+    Host,
+    /// Lazy disks that a power cut rolls back to what was synced
+    /// (`crate::powercut`).
+    Lazy,
+    /// A small tmpfs each, which a schedule can fill (`crate::small_disks`).
+    Small,
+}
+
 /// One entry of the catalogue.
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {
@@ -64,9 +78,8 @@ pub struct Scenario {
     pub extra_yaml: &'static str,
     /// Whether the run has a fleet: agents, engines, models, routers.
     pub fleet: bool,
-    /// Whether the peers' data directories sit on lazy disks that a power
-    /// cut can roll back to what was synced (`crate::powercut`).
-    pub lazy_disks: bool,
+    /// What the peers' data directories sit on.
+    pub disks: Disks,
     /// The faults, injected once the load runs; the runner heals whatever
     /// the schedule leaves behind.
     pub schedule: Schedule,
@@ -80,7 +93,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL the leader, restart it; twice",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::leader_sigkill(ctx)),
     },
     Scenario {
@@ -88,7 +101,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL a follower, restart it; twice",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::follower_kill_restart(ctx)),
     },
     Scenario {
@@ -96,7 +109,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut the leader off from both followers (clients still reach it), then heal",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::leader_isolated_minority(ctx)),
     },
     Scenario {
@@ -104,7 +117,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything the leader sends to the followers, heal; then everything one follower sends",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::one_way_partition(ctx)),
     },
     Scenario {
@@ -112,7 +125,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "10-30% packet loss (and delay where the kernel has netem) on every peer",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::lossy_links(ctx)),
     },
     Scenario {
@@ -120,7 +133,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader past the election timeout, then SIGCONT",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::leader_sigstop(ctx)),
     },
     Scenario {
@@ -128,7 +141,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "a burst of concurrent writes, SIGKILL the leader in the middle of it, restart",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::write_burst_crash(ctx)),
     },
     Scenario {
@@ -136,7 +149,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGKILL all three peers, restart them spread out",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::whole_cluster_restart(ctx)),
     },
     Scenario {
@@ -144,7 +157,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "isolate a follower while writes purge the log (tiny snapshot thresholds), heal: it must catch up by snapshot",
         extra_yaml: SMALL_SNAPSHOTS,
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::follower_lag_snapshot(ctx)),
     },
     Scenario {
@@ -152,7 +165,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut one agent's control stream for less than node_ttl: the node never goes unreachable, its replicas are untouched",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_below_ttl(ctx)),
     },
     Scenario {
@@ -160,7 +173,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut one agent's control stream past lost_after, heal: its replicas are re-placed, the returning node stops its old shards",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_past_lost(ctx)),
     },
     Scenario {
@@ -168,7 +181,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drain a node, SIGKILL the leader mid-drain, restart it: the drain completes with exactly one replacement",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(fleet_faults::failover_during_drain(ctx)),
     },
     Scenario {
@@ -176,7 +189,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "add a model whose engine crashes while loading: it is retried with backoff while the other models keep serving",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(fleet_faults::engine_crash_loop(ctx)),
     },
     Scenario {
@@ -184,7 +197,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "add peer 4 and SIGKILL the leader while the change is in flight, then remove a follower",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(control_plane::peer_replacement(ctx)),
     },
     Scenario {
@@ -192,7 +205,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader for 10 s under a fleet: agents re-home, no node is marked down, no replica moves",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_10s(ctx)),
     },
     Scenario {
@@ -200,7 +213,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP the leader for 30 s under a fleet (five times lost_after): agents re-home, no node is marked down",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_30s(ctx)),
     },
     Scenario {
@@ -208,7 +221,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "SIGSTOP a follower for 10 s under a fleet: no term change, the leader keeps its agent streams",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::follower_sigstop_10s(ctx)),
     },
     Scenario {
@@ -216,7 +229,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "cut the leader off from both peers (agents and clients still reach it) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::leader_cut_from_peers(ctx)),
     },
     Scenario {
@@ -224,7 +237,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything the leader sends to both peers (agents and clients untouched) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::one_way_leader_to_peers(ctx)),
     },
     Scenario {
@@ -232,7 +245,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drop everything both peers send to the leader (agents and clients untouched) for 2 x lost_after",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::one_way_peers_to_leader(ctx)),
     },
     Scenario {
@@ -240,15 +253,23 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "the leader in a minority of one for 60 s (agents and clients reach every peer), then heal",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::partition_60s(ctx)),
+    },
+    Scenario {
+        name: "leader-disk-full-fleet",
+        about: "fill the leader's data disk below raft.min_free_disk_mb for 2 x lost_after under a fleet, then free it: writes refused there, leadership handed over, nothing moves, writes taken again",
+        extra_yaml: disk_full::YAML,
+        fleet: true,
+        disks: Disks::Small,
+        schedule: |ctx| Box::pin(disk_full::leader_disk_full(ctx)),
     },
     Scenario {
         name: "rolling-restart-fleet",
         about: "restart all three peers one after another (SIGTERM, start, caught up) under router and admin load",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(silent_peers::rolling_restart(ctx)),
     },
     Scenario {
@@ -256,7 +277,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drain a node, SIGSTOP the leader with the drain's orders in flight until a follower leads, SIGCONT: no agent executes the deposed leader's commands, the drain completes",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(leadership::deposed_leader_during_drain(ctx)),
     },
     Scenario {
@@ -264,7 +285,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "drain a node; while a replica drains, cut the node's control stream below node_ttl: the drain keeps running, no request fails",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(leadership::reconnect_during_drain(ctx)),
     },
     Scenario {
@@ -272,7 +293,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "scale a model up, SIGKILL the leader the moment the placement is committed: the new leader carries the same replica to ready",
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
-        lazy_disks: false,
+        disks: Disks::Host,
         schedule: |ctx| Box::pin(leadership::leader_kill_after_placement(ctx)),
     },
     Scenario {
@@ -280,7 +301,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "lazy disks: cut the power of the leader or a follower under load (unsynced writes dropped, sometimes torn), restart; twice",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: true,
+        disks: Disks::Lazy,
         schedule: |ctx| Box::pin(power_cut::one_peer(ctx)),
     },
     Scenario {
@@ -288,7 +309,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "lazy disks: cut the power of all three peers at once during a write burst, restart them",
         extra_yaml: "",
         fleet: false,
-        lazy_disks: true,
+        disks: Disks::Lazy,
         schedule: |ctx| Box::pin(power_cut::all_peers(ctx)),
     },
     Scenario {
@@ -296,7 +317,7 @@ pub const CATALOGUE: &[Scenario] = &[
         about: "lazy disks, tiny snapshot thresholds: isolate a follower until the log is purged past it, heal, cut its power while the snapshot arrives, restart",
         extra_yaml: SMALL_SNAPSHOTS,
         fleet: false,
-        lazy_disks: true,
+        disks: Disks::Lazy,
         schedule: |ctx| Box::pin(power_cut::during_snapshot_install(ctx)),
     },
 ];

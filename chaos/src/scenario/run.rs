@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use super::ctx::Evidence;
 use super::record::{forge, forge_gpu, write_fleet_history, write_history};
 use super::setup::{Catalog, catalogs, final_reads, setup_fleet, wait_converged};
-use super::{Ctx, RunOptions, RunReport, Scenario, ScenarioError};
+use super::{Ctx, Disks, RunOptions, RunReport, Scenario, ScenarioError};
 use crate::cluster::{Cluster, Members};
 use crate::fleet::{self, FleetLog, FleetSample, RouterLog};
 use crate::history::{History, OpRecord, Outcome};
@@ -99,8 +99,10 @@ async fn set_up(
         scenario.extra_yaml,
         scenario.fleet,
     )?;
-    if scenario.lazy_disks {
-        cluster.mount_lazy_disks()?;
+    match scenario.disks {
+        Disks::Host => {}
+        Disks::Lazy => cluster.mount_lazy_disks()?,
+        Disks::Small => cluster.mount_small_disks()?,
     }
     for id in 1..=3 {
         cluster.spawn(id)?;

@@ -41,7 +41,7 @@ fn check_rejoined(ctx: &mut Ctx, peer: u64) {
 
 /// Sleeps `total`, noting the first moment at which one of `among`
 /// names a leader of `among` (a new leader on the majority side).
-async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: Duration) {
+pub(super) async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: Duration) {
     let started = Instant::now();
     let mut seen = None;
     while started.elapsed() < total {

@@ -1,0 +1,210 @@
+//! A peer whose data disk fills up under a fleet: the leader's. While it
+//! is short of space it refuses writes with `507 disk_full`, hands
+//! leadership to a peer with room (agents re-home, routers keep serving,
+//! no node is marked down), and once space returns it takes writes again
+//! by itself. The peers' data directories are small tmpfs disks
+//! (`crate::small_disks`); `raft.min_free_disk_mb` is [`RESERVE_MB`].
+
+use std::time::{Duration, Instant};
+
+use super::silent_peers::hold_watching_majority;
+use super::{Ctx, ScenarioError};
+use crate::history::Outcome;
+use crate::invariants::Checked;
+use crate::linearizability::RegOp;
+use crate::load::{self, LeaderSample};
+
+pub const FULL_PEER_REFUSED_WRITES: &str = "full-peer-refused-writes";
+pub const FULL_PEER_GAVE_UP_LEADERSHIP: &str = "full-peer-gave-up-leadership";
+pub const FULL_PEER_WRITES_AGAIN: &str = "full-peer-writes-again";
+
+/// `raft.min_free_disk_mb` in this scenario.
+pub const RESERVE_MB: u64 = 32;
+/// The fleet's short liveness (`fleet::LIVENESS_YAML`) and the reserve.
+pub const YAML: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 6s\n  leader_grace: 4s\nraft:\n  min_free_disk_mb: 32\n";
+/// What filling leaves free: below the reserve, with room for the entries
+/// the peer still appends as a follower.
+const LEAVE_MB: u64 = 16;
+/// How long the disk stays full: twice `lost_after`, so a node wrongly
+/// judged by a leader that cannot write would be lost meanwhile.
+const FULL_FOR: Duration = Duration::from_secs(12);
+/// The full leader checks its disk every second, then hands over.
+const HAND_OVER_WITHIN_US: u64 = 5_000_000;
+/// How long the peer has to take a write once space returns.
+const WRITES_AGAIN_WITHIN: Duration = Duration::from_secs(30);
+
+pub(super) async fn leader_disk_full(ctx: &mut Ctx) -> Result<(), ScenarioError> {
+    let full = ctx.leader().await?;
+    let free_mb = ctx
+        .cluster
+        .small_disk(full)
+        .and_then(|disk| disk.fill(LEAVE_MB))
+        .map_err(ScenarioError::Setup)?;
+    let full_us = ctx.history.now_us();
+    ctx.fault(format!(
+        "peer {full}'s data disk filled: {free_mb} MiB free, below raft.min_free_disk_mb {RESERVE_MB}"
+    ));
+    let refused = refuses_writes(ctx, full).await;
+    ctx.extra_checks.push(refused);
+    let others = ctx.followers(full);
+    hold_watching_majority(ctx, &others, FULL_FOR).await;
+
+    let freed_us = ctx.history.now_us();
+    ctx.cluster
+        .small_disk(full)
+        .and_then(|disk| disk.free())
+        .map_err(ScenarioError::Setup)?;
+    ctx.fault(format!("peer {full}'s data disk has room again"));
+    ctx.check_later(move |ev| gave_up_leadership(&ev.leader_samples, full, full_us, freed_us));
+    let again = writes_again(ctx, full).await;
+    ctx.extra_checks.push(again);
+    ctx.hold(6000, 8000).await;
+    Ok(())
+}
+
+/// A write through the full peer is refused as `disk_full`, naming its
+/// data directory.
+async fn refuses_writes(ctx: &mut Ctx, full: u64) -> Checked {
+    let url = format!(
+        "{}{}",
+        ctx.cluster.admin(full),
+        llmgw_api::paths::model("chaos-disk-full-refused")
+    );
+    let answer = ctx
+        .cluster
+        .http
+        .put(&url)
+        .header("content-type", "application/json")
+        .body(load::model_body("chaos-disk-full-refused", "1"))
+        .send()
+        .await;
+    let violations = match answer {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap_or_default();
+            if status == 507 && body.contains("disk_full") && body.contains("min_free_disk_mb") {
+                Vec::new()
+            } else {
+                vec![format!("HTTP {status}: {body}")]
+            }
+        }
+        Err(e) => vec![format!("no answer: {e}")],
+    };
+    Checked::new(
+        FULL_PEER_REFUSED_WRITES,
+        format!("a write through peer {full} while its disk was full"),
+        violations,
+    )
+}
+
+/// From `HAND_OVER_WITHIN_US` after the disk filled until space returned,
+/// no peer names the full peer as its leader.
+fn gave_up_leadership(samples: &[LeaderSample], full: u64, full_us: u64, freed_us: u64) -> Checked {
+    let from = full_us + HAND_OVER_WITHIN_US;
+    let led: Vec<String> = samples
+        .iter()
+        .filter(|s| s.at_us >= from && s.answered_us <= freed_us && s.leader == Some(full))
+        .map(|s| {
+            format!(
+                "peer {} named peer {full} leader of term {} at {:.1}s",
+                s.peer,
+                s.term,
+                s.at_us as f64 / 1e6
+            )
+        })
+        .collect();
+    let scope = format!(
+        "leaders named from {:.1}s (the disk filled at {:.1}s) to {:.1}s (space returned)",
+        from as f64 / 1e6,
+        full_us as f64 / 1e6,
+        freed_us as f64 / 1e6
+    );
+    let violations = match led.len() {
+        0 => Vec::new(),
+        n if n > 5 => {
+            let mut first = led[..5].to_vec();
+            first.push(format!("... {} more", n - 5));
+            first
+        }
+        _ => led,
+    };
+    Checked::new(FULL_PEER_GAVE_UP_LEADERSHIP, scope, violations)
+}
+
+/// Once space returned, a write through the full peer succeeds within
+/// `WRITES_AGAIN_WITHIN`, with no restart.
+async fn writes_again(ctx: &mut Ctx, full: u64) -> Checked {
+    let started = Instant::now();
+    let base = ctx.cluster.admin(full);
+    let mut last = String::new();
+    let mut tries = 0;
+    while started.elapsed() < WRITES_AGAIN_WITHIN {
+        tries += 1;
+        let key = format!("chaos-disk-full-again-{tries}");
+        match load::perform(&ctx.cluster.http, &base, &key, &RegOp::Write("1".into())).await {
+            Outcome::Ok(_) => {
+                ctx.fault(format!(
+                    "peer {full} took a write again {:.1}s after space returned",
+                    started.elapsed().as_secs_f64()
+                ));
+                return Checked::new(
+                    FULL_PEER_WRITES_AGAIN,
+                    format!("writes through peer {full} after space returned"),
+                    Vec::new(),
+                );
+            }
+            other => last = format!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Checked::new(
+        FULL_PEER_WRITES_AGAIN,
+        format!("writes through peer {full} after space returned"),
+        vec![format!(
+            "no write through peer {full} succeeded within {WRITES_AGAIN_WITHIN:?} ({tries} tries); the last: {last}"
+        )],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at_s: f64, peer: u64, leader: u64) -> LeaderSample {
+        let at_us = (at_s * 1e6) as u64;
+        LeaderSample {
+            at_us,
+            answered_us: at_us + 1_000,
+            peer,
+            term: 1,
+            leader: Some(leader),
+        }
+    }
+
+    #[test]
+    fn a_full_peer_still_named_leader_after_the_hand_over_time_is_a_violation() {
+        // Full at 10 s, freed at 30 s: named leader until 14 s is allowed.
+        let (full_us, freed_us) = (10_000_000, 30_000_000);
+        let handed_over = [sample(9.0, 2, 1), sample(14.0, 2, 1), sample(15.0, 2, 3)];
+        let checked = gave_up_leadership(&handed_over, 1, full_us, freed_us);
+        assert!(checked.violations.is_empty(), "{:?}", checked.violations);
+
+        let kept = [sample(15.0, 2, 3), sample(16.0, 3, 1), sample(31.0, 2, 1)];
+        let checked = gave_up_leadership(&kept, 1, full_us, freed_us);
+        assert_eq!(
+            checked.violations,
+            ["peer 3 named peer 1 leader of term 1 at 16.0s"]
+        );
+    }
+
+    #[test]
+    fn the_yaml_is_the_fleets_liveness_and_the_reserve() {
+        assert_eq!(
+            YAML,
+            format!(
+                "{}raft:\n  min_free_disk_mb: {RESERVE_MB}\n",
+                crate::fleet::LIVENESS_YAML
+            )
+        );
+    }
+}
