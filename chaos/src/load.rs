@@ -108,6 +108,10 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
         },
         (RegOp::Read, 404) => Outcome::Ok(RegRet::Value(None)),
         (_, 400..=499) => Outcome::Failed(format!("HTTP {status}: {body}")),
+        // A peer short of disk space refuses a write before proposing it.
+        (_, 507) if body.contains("\"disk_full\"") => {
+            Outcome::Failed(format!("HTTP {status}: {body}"))
+        }
         _ => Outcome::Unknown(format!("HTTP {status}: {body}")),
     }
 }
