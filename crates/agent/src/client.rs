@@ -538,6 +538,11 @@ impl StreamClient {
         if registered.heartbeat_interval_ms > 0 {
             self.heartbeat_interval = Duration::from_millis(registered.heartbeat_interval_ms);
         }
+        // First, so that what is sent again below is numbered above what
+        // the control plane already holds.
+        for (shard_id, applied) in &registered.report_seqs {
+            self.supervisor.raise_report_floor(shard_id, *applied);
+        }
         let mut wanted = Vec::new();
         for spec in &registered.shards {
             match LaunchSpec::from_proto(spec) {

@@ -111,6 +111,31 @@ impl Reporter {
         let _ = self.events.send(status);
     }
 
+    /// The control plane has applied report `applied` of this shard. When
+    /// that is above the last report sent from here (numbered by a clock
+    /// that stepped back across an agent restart), what was sent since was
+    /// dropped as stale: the last status goes again, numbered above it.
+    pub fn raise_floor(&self, applied: u64) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.seq >= applied {
+            return;
+        }
+        last.seq = applied;
+        if last.state == ShardState::Unspecified as i32 {
+            // Nothing reported yet: the next status is numbered above it.
+            return;
+        }
+        last.at_unix_ms = unix_ms();
+        last.seq = next_seq(applied);
+        tracing::info!(
+            shard = %self.shard_id,
+            applied,
+            seq = last.seq,
+            "the control plane applied a later report than this agent sent; sending the status again"
+        );
+        let _ = self.events.send(last.clone());
+    }
+
     /// Sends the last status again (an idempotent command repeated), as a
     /// new report: it is what the agent sees now.
     pub fn resend(&self) {
@@ -123,4 +148,43 @@ impl Reporter {
 
 pub fn is_terminal(state: ShardState) -> bool {
     matches!(state, ShardState::Stopped | ShardState::Failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_the_control_plane_outnumbered_goes_again_numbered_above_it() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reporter = Reporter::new("s-r0", "s", 8000, tx);
+        reporter.send(ShardState::Ready, "ready");
+        let sent = rx.try_recv().unwrap();
+
+        // The control plane knows this number: nothing to do.
+        reporter.raise_floor(sent.seq);
+        assert!(rx.try_recv().is_err());
+
+        // It applied a later one (an earlier run of the agent, its clock an
+        // hour ahead): the status goes again above it.
+        let applied = sent.seq + 3_600_000_000;
+        reporter.raise_floor(applied);
+        let again = rx.try_recv().unwrap();
+        assert_eq!(again.state, ShardState::Ready as i32);
+        assert_eq!(again.message, "ready");
+        assert!(again.seq > applied, "{} <= {applied}", again.seq);
+        reporter.send(ShardState::Draining, "draining");
+        assert!(rx.try_recv().unwrap().seq > again.seq);
+    }
+
+    #[test]
+    fn a_shard_that_reported_nothing_yet_numbers_its_first_report_above_the_floor() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reporter = Reporter::new("s-r0", "s", 8000, tx);
+        let applied = unix_micros() + 3_600_000_000;
+        reporter.raise_floor(applied);
+        assert!(rx.try_recv().is_err(), "nothing to send again");
+        reporter.send(ShardState::Loading, "adopted");
+        assert!(rx.try_recv().unwrap().seq > applied);
+    }
 }

@@ -455,6 +455,14 @@ impl Supervisor {
         }
     }
 
+    /// Tells a shard's reporter the number of the last report the control
+    /// plane applied for it (see [`Reporter::raise_floor`]).
+    pub fn raise_report_floor(&self, shard_id: &str, applied: u64) {
+        if let Some(entry) = self.shards().get(shard_id) {
+            entry.reporter.raise_floor(applied);
+        }
+    }
+
     /// The latest status of every shard the supervisor knows.
     pub fn statuses(&self) -> Vec<ShardStatus> {
         self.shards().values().map(|e| e.reporter.last()).collect()

@@ -304,9 +304,8 @@ fn registered(
 ) -> Down {
     Down::Registered(Registered {
         shards,
-        heartbeat_interval_ms: 0,
         drains,
-        keep: Vec::new(),
+        ..Registered::default()
     })
 }
 
@@ -323,6 +322,34 @@ async fn registered_is_the_whole_set(
         .await;
     let ready = wait_status(leader, 1, "st-1", ShardState::Ready).await;
     guard.add(ready.pid as i32);
+    // The leader applied a later report of st-1 than this agent sent (an
+    // earlier run of it, its clock an hour ahead): the status goes again,
+    // numbered above it.
+    let applied = ready.seq + 3_600_000_000;
+    leader
+        .send(
+            6,
+            0,
+            Down::Registered(Registered {
+                shards: vec![listed.to_proto()],
+                report_seqs: [("st-1".to_owned(), applied)].into(),
+                ..Registered::default()
+            }),
+        )
+        .await;
+    leader
+        .wait_for(
+            "st-1 READY numbered above the leader's",
+            LONG,
+            |_, body| match body {
+                Up::ShardStatus(s) if s.shard_id == "st-1" && s.seq > applied => {
+                    assert_eq!(s.state, ShardState::Ready as i32, "{s:?}");
+                    Some(())
+                }
+                _ => None,
+            },
+        )
+        .await;
     let kept = Down::Registered(Registered {
         keep: vec!["st-1".into()],
         ..Registered::default()

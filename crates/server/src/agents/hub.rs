@@ -101,6 +101,7 @@ impl Hub {
         term: u64,
         tx: Outbox,
         desired: &[Desired],
+        report_seqs: HashMap<String, u64>,
         heartbeat_interval: Duration,
     ) -> Result<u64, String> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
@@ -139,6 +140,7 @@ impl Hub {
                 heartbeat_interval_ms: u64::try_from(heartbeat_interval.as_millis()).unwrap_or(0),
                 drains,
                 keep,
+                report_seqs,
             })),
         };
         tx.try_send(Ok(registered))
@@ -448,11 +450,21 @@ mod tests {
     fn registered_carries_the_whole_set_and_sync_sends_only_changes() {
         let hub = Hub::default();
         let (tx, mut rx) = mpsc::channel(16);
+        let applied = HashMap::from([("a-r0".to_owned(), 1_700_000_000_000_000)]);
         let session = hub
-            .open("n1", 7, tx, &[spec("a-r0", 20000)], Duration::ZERO)
+            .open(
+                "n1",
+                7,
+                tx,
+                &[spec("a-r0", 20000)],
+                applied.clone(),
+                Duration::ZERO,
+            )
             .unwrap();
         let sent = drain(&mut rx);
-        assert!(matches!(&sent[..], [Body::Registered(r)] if r.shards.len() == 1));
+        assert!(
+            matches!(&sent[..], [Body::Registered(r)] if r.shards.len() == 1 && r.report_seqs == applied)
+        );
 
         hub.sync("n1", &[spec("a-r0", 20000)]);
         assert!(drain(&mut rx).is_empty(), "nothing changed, nothing sent");
@@ -499,6 +511,7 @@ mod tests {
             7,
             tx,
             &[draining.clone(), spec("b-r0", 20001)],
+            HashMap::new(),
             Duration::ZERO,
         )
         .unwrap();
@@ -518,7 +531,8 @@ mod tests {
     fn every_message_carries_the_session_term() {
         let hub = Hub::default();
         let (tx, mut rx) = mpsc::channel(16);
-        hub.open("n1", 42, tx, &[], Duration::ZERO).unwrap();
+        hub.open("n1", 42, tx, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         hub.sync("n1", &[spec("a-r0", 1)]);
         while let Ok(message) = rx.try_recv() {
             assert_eq!(message.unwrap().term, 42);
@@ -530,8 +544,11 @@ mod tests {
         let hub = Hub::default();
         let (tx1, _rx1) = mpsc::channel(16);
         let (tx2, _rx2) = mpsc::channel(16);
-        let old = hub.open("n1", 1, tx1, &[], Duration::ZERO).unwrap();
-        hub.open("n1", 1, tx2, &[], Duration::ZERO).unwrap();
+        let old = hub
+            .open("n1", 1, tx1, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
+        hub.open("n1", 1, tx2, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         hub.close("n1", old);
         assert!(hub.view("n1").connected);
     }
@@ -542,7 +559,9 @@ mod tests {
         let (tx, _rx) = mpsc::channel(16);
         let window = Duration::from_secs(60);
         assert_eq!(hub.claim("n1", "aaaa", window), Ok(()), "no session yet");
-        let session = hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        let session = hub
+            .open("n1", 1, tx, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         hub.set_instance("n1", session, "aaaa");
         assert_eq!(hub.claim("n1", "aaaa", window), Ok(()), "its own restart");
         assert_eq!(
@@ -568,8 +587,15 @@ mod tests {
     fn a_shard_whose_model_this_leader_cannot_read_is_left_as_it_runs() {
         let hub = Hub::default();
         let (tx, mut rx) = mpsc::channel(16);
-        hub.open("n1", 1, tx, &[spec("s1", 9000)], Duration::ZERO)
-            .unwrap();
+        hub.open(
+            "n1",
+            1,
+            tx,
+            &[spec("s1", 9000)],
+            HashMap::new(),
+            Duration::ZERO,
+        )
+        .unwrap();
         drain(&mut rx);
         let keep = Desired {
             shard_id: "s1".into(),
@@ -581,7 +607,8 @@ mod tests {
         assert!(drain(&mut rx).is_empty(), "the shard was told something");
         // A reconnect names it as kept, so the agent does not stop it...
         let (tx, mut rx) = mpsc::channel(16);
-        hub.open("n1", 1, tx, &[keep], Duration::ZERO).unwrap();
+        hub.open("n1", 1, tx, &[keep], HashMap::new(), Duration::ZERO)
+            .unwrap();
         match &drain(&mut rx)[..] {
             [Body::Registered(r)] => {
                 assert_eq!(r.keep, ["s1"]);
@@ -601,7 +628,9 @@ mod tests {
     fn a_session_kept_across_a_new_term_of_this_peer_goes_on_under_it() {
         let hub = Hub::default();
         let (tx, mut rx) = mpsc::channel(16);
-        let session = hub.open("n1", 7, tx, &[], Duration::ZERO).unwrap();
+        let session = hub
+            .open("n1", 7, tx, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         drain(&mut rx);
         hub.answer_heartbeat("n1", session, 8, 1);
         let ack = rx
@@ -620,14 +649,17 @@ mod tests {
     fn a_node_whose_stream_ended_is_still_heard_when_it_last_was() {
         let hub = Hub::default();
         let (tx, _rx) = mpsc::channel(16);
-        let session = hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        let session = hub
+            .open("n1", 1, tx, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         let heard = hub.heard_times()["n1"];
         hub.close("n1", session);
         assert!(!hub.view("n1").connected);
         assert_eq!(hub.heard_times().get("n1"), Some(&heard));
         // A new stream counts from its own opening.
         let (tx, _rx) = mpsc::channel(16);
-        hub.open("n1", 1, tx, &[], Duration::ZERO).unwrap();
+        hub.open("n1", 1, tx, &[], HashMap::new(), Duration::ZERO)
+            .unwrap();
         assert!(hub.heard_times()["n1"] >= heard);
         // A peer that stops leading forgets every node.
         hub.close_all();

@@ -3,6 +3,7 @@
 //! something changed), answers with `Registered`, and then reads
 //! heartbeats, shard statuses and acks until the stream ends.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use super::registrar::Registrar;
 use llmgw_agent_wire::node_facts;
 use llmgw_api::Refusal;
 use llmgw_reconcile::{desired_for_node, managed_models};
+use llmgw_state::FleetState;
 
 /// How long a new stream may take to send its `Register`.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -171,13 +173,23 @@ impl AgentService for AgentStreams {
             self.redirect(&node, &tx);
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         }
-        let desired = self.control.read(|fleet| {
+        let (desired, report_seqs) = self.control.read(|fleet| {
             let models = managed_models(fleet);
-            desired_for_node(fleet, &models, &node)
+            (
+                desired_for_node(fleet, &models, &node),
+                report_seqs(fleet, &node),
+            )
         });
         let session = self
             .hub
-            .open(&node, term, tx, &desired, self.heartbeat_interval)
+            .open(
+                &node,
+                term,
+                tx,
+                &desired,
+                report_seqs,
+                self.heartbeat_interval,
+            )
             .map_err(Status::internal)?;
         self.hub.set_instance(&node, session, &register.instance_id);
         tracing::info!(node, %remote, term, shards = desired.len(), running = register.running.len(), "agent stream open");
@@ -266,4 +278,20 @@ async fn read_agent(
         }
     }
     hub.close(&node, session);
+}
+
+/// The number of the last report applied for each shard assigned to
+/// `node`, which `Registered` tells the agent.
+fn report_seqs(fleet: &FleetState, node: &str) -> HashMap<String, u64> {
+    fleet
+        .replicas
+        .values()
+        .flat_map(|replica| {
+            replica
+                .shards
+                .iter()
+                .filter(|shard| shard.node == node && shard.report_seq > 0)
+                .map(|shard| (replica.shard_id(shard.rank), shard.report_seq))
+        })
+        .collect()
 }
