@@ -49,7 +49,12 @@ pub enum CtlCommand {
     },
     /// GPU nodes: status, time since the last heartbeat, GPUs, fabrics and
     /// shards; with a NODE, its whole inventory.
-    Nodes { node: Option<String> },
+    Nodes {
+        node: Option<String>,
+        /// Only nodes in this status: ready, unreachable or lost.
+        #[arg(long, conflicts_with = "node")]
+        status: Option<String>,
+    },
     /// Why each replica of a model is where it is, or why it is pending.
     Explain { model: String },
     /// Model replicas and their shards.

@@ -56,11 +56,17 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
     let output = args.output;
     match args.command.clone() {
         CtlCommand::Cluster { action } => cluster(client, output, action).await,
-        CtlCommand::Nodes { node: None } => {
-            let answer = client.get_from_leader(paths::NODES).await?;
+        CtlCommand::Nodes { node: None, status } => {
+            let path = match status {
+                Some(status) => format!("{}?status={status}", paths::NODES),
+                None => paths::NODES.to_owned(),
+            };
+            let answer = client.get_from_leader(&path).await?;
             show(output, &answer, |nodes: &Vec<NodeView>| render_nodes(nodes))
         }
-        CtlCommand::Nodes { node: Some(node) } => {
+        CtlCommand::Nodes {
+            node: Some(node), ..
+        } => {
             let answer = client.get_from_leader(&paths::node(&node)).await?;
             show(output, &answer, crate::render::node_detail)
         }

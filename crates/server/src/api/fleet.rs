@@ -1,21 +1,34 @@
 //! Nodes and replicas.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
+use axum::http::HeaderValue;
+use axum::http::header::LINK;
+use axum::response::{IntoResponse, Response};
 use llmgw_api::{DrainQuery, NodeShard, NodeView, ReplicaView};
 use llmgw_raft::now_ms;
-use llmgw_state::{Command, FleetState, NodeRecord, ShardState};
+use llmgw_state::{Command, FleetState, NodeRecord, NodeStatus, ShardState};
 
 use super::{ApiError, ApiState, ReadQuery};
 use llmgw_reconcile::endpoint;
 
 /// Every node's shards, in one pass over the replicas.
 fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
+    shards_where(fleet, |_| true)
+}
+
+/// The shards of the nodes in `ids`, in one pass over the replicas.
+fn shards_on<'a>(fleet: &'a FleetState, ids: &BTreeSet<&str>) -> BTreeMap<&'a str, Vec<NodeShard>> {
+    shards_where(fleet, |node| ids.contains(node))
+}
+
+fn shards_where(fleet: &FleetState, on: impl Fn(&str) -> bool) -> BTreeMap<&str, Vec<NodeShard>> {
     let mut out: BTreeMap<&str, Vec<NodeShard>> = BTreeMap::new();
     for replica in fleet.replicas.values() {
-        for shard in &replica.shards {
+        for shard in replica.shards.iter().filter(|s| on(&s.node)) {
             out.entry(shard.node.as_str()).or_default().push(NodeShard {
                 shard: replica.shard_id(shard.rank),
                 replica: replica.id.clone(),
@@ -49,23 +62,108 @@ fn node_view(
     }
 }
 
+/// Filters and pages for `GET /api/v1/nodes`: at 10,000 nodes the whole
+/// list is tens of MiB, built while the state is read-locked.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct NodeListQuery {
+    /// Only nodes in this status: `ready`, `unreachable` or `lost`.
+    status: Option<String>,
+    /// Only nodes whose id sorts after this one: the previous page's last.
+    after: Option<String>,
+    /// At most this many nodes, 1 to `MAX_NODES_PER_PAGE`; when more are
+    /// left, the `Link` header names the next page.
+    limit: Option<usize>,
+}
+
+pub const MAX_NODES_PER_PAGE: usize = 10_000;
+
+impl NodeListQuery {
+    fn status(&self) -> Result<Option<NodeStatus>, ApiError> {
+        let Some(wanted) = self.status.as_deref() else {
+            return Ok(None);
+        };
+        [NodeStatus::Ready, NodeStatus::Unreachable, NodeStatus::Lost]
+            .into_iter()
+            .find(|s| s.as_str() == wanted)
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "status={wanted:?} is not a node status: ready, unreachable or lost"
+                ))
+            })
+    }
+
+    fn limit(&self) -> Result<usize, ApiError> {
+        match self.limit {
+            None => Ok(usize::MAX),
+            Some(n) if (1..=MAX_NODES_PER_PAGE).contains(&n) => Ok(n),
+            Some(n) => Err(ApiError::bad_request(format!(
+                "limit={n} is out of range: 1 to {MAX_NODES_PER_PAGE}"
+            ))),
+        }
+    }
+
+    /// The next page's link, after `last`. Node ids and the statuses that
+    /// pass `status()` need no escaping in a URL.
+    fn next_page(&self, last: &str, limit: usize) -> String {
+        let status = match &self.status {
+            Some(status) => format!("status={status}&"),
+            None => String::new(),
+        };
+        format!(
+            "<{}?{status}after={last}&limit={limit}>; rel=\"next\"",
+            llmgw_api::paths::NODES
+        )
+    }
+}
+
 pub async fn nodes(
     State(state): State<ApiState>,
     Query(query): Query<ReadQuery>,
-) -> Result<Json<Vec<NodeView>>, ApiError> {
+    Query(list): Query<NodeListQuery>,
+) -> Result<Response, ApiError> {
+    let status = list.status()?;
+    let limit = list.limit()?;
     state.before_read(&query).await?;
     let leading = state.control.leading_term().is_some();
-    Ok(Json(state.control.read(|fleet| {
-        let mut shards = shards_by_node(fleet);
-        fleet
+    let (views, more) = state.control.read(|fleet| {
+        let from = match &list.after {
+            Some(after) => Bound::Excluded(after.clone()),
+            None => Bound::Unbounded,
+        };
+        let mut matching = fleet
             .nodes
-            .values()
+            .range((from, Bound::Unbounded))
+            .map(|(_, record)| record)
+            .filter(|record| status.is_none_or(|s| record.status == s));
+        let page: Vec<&NodeRecord> = matching.by_ref().take(limit).collect();
+        let more = matching.next().is_some();
+        let mut shards = if page.len() == fleet.nodes.len() {
+            shards_by_node(fleet)
+        } else {
+            let ids: BTreeSet<&str> = page.iter().map(|r| r.id.as_str()).collect();
+            shards_on(fleet, &ids)
+        };
+        let views: Vec<NodeView> = page
+            .into_iter()
             .map(|record| {
                 let mine = shards.remove(record.id.as_str()).unwrap_or_default();
                 node_view(&state, record, mine, leading)
             })
-            .collect()
-    })))
+            .collect();
+        (views, more)
+    });
+    let next = match views.last() {
+        Some(last) if more => Some(list.next_page(&last.record.id, limit)),
+        _ => None,
+    };
+    let mut response = Json(views).into_response();
+    if let Some(next) = next
+        && let Ok(value) = HeaderValue::from_str(&next)
+    {
+        response.headers_mut().insert(LINK, value);
+    }
+    Ok(response)
 }
 
 pub async fn node(
