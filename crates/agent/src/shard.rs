@@ -220,10 +220,20 @@ impl Run {
                 }
             }
         }
-        if let Err(e) = statefile::write(&self.work_dir(), &self.task.record) {
+        if let Err(e) = self.write_record().await {
             tracing::error!(shard = %self.task.reporter.shard_id, "could not write the state file: {e}");
         }
         true
+    }
+
+    /// Writes the shard's state file on a blocking thread: a durable write
+    /// ends with two fsyncs, which a busy disk can stretch to seconds, and
+    /// the runtime's threads carry every other shard's checks meanwhile.
+    async fn write_record(&self) -> std::io::Result<()> {
+        let (work_dir, record) = (self.work_dir(), self.task.record.clone());
+        tokio::task::spawn_blocking(move || statefile::write(&work_dir, &record))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
     fn begin_drain(&mut self, deadline: Duration, reason: &str) {
@@ -431,7 +441,7 @@ impl Run {
         // Recorded first, so an agent restarted before the engine is gone
         // finishes this stop rather than adopting the engine as running.
         self.task.record.stopping = Some(why.clone());
-        if let Err(e) = statefile::write(&self.work_dir(), &self.task.record) {
+        if let Err(e) = self.write_record().await {
             tracing::warn!(shard = %self.task.reporter.shard_id, "could not record the stop in the state file: {e}");
         }
         let killed = self.terminate().await;
