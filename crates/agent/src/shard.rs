@@ -41,6 +41,8 @@ const UNHEALTHY_AFTER: u32 = 3;
 const KILL_GRACE: Duration = Duration::from_secs(10);
 /// Group membership is polled this often while stopping.
 const STOP_POLL: Duration = Duration::from_millis(100);
+/// Processes that outlived SIGKILL are looked for this often.
+const SURVIVOR_POLL: Duration = Duration::from_secs(1);
 
 /// A process of the plan and the file its output goes to.
 #[derive(Debug, Clone)]
@@ -420,7 +422,7 @@ impl Run {
         };
         self.terminate().await;
         let tail = logfile::tail(&record.log, self.task.settings.log_lines);
-        statefile::remove(&self.work_dir(), &self.task.reporter.shard_id);
+        self.forget_record();
         self.task.reporter.send_full(
             ShardState::Failed,
             format!(
@@ -472,7 +474,7 @@ impl Run {
             Some(record) if with_tail => logfile::tail(&record.log, self.task.settings.log_lines),
             _ => Vec::new(),
         };
-        statefile::remove(&self.work_dir(), &self.task.reporter.shard_id);
+        self.forget_record();
         let exit = self.exited.get(engine).copied().flatten();
         self.task.reporter.send_full(state, msg, tail, exit);
     }
@@ -523,8 +525,50 @@ impl Run {
                 survivors = ?self.survivors,
                 "processes survived SIGKILL; their GPUs and ports stay reserved"
             );
+            // Kept, so that an agent restarted while they run knows them
+            // and finishes the stop itself.
+            if self.task.record.stopping.is_none() {
+                self.task.record.stopping = Some("ended; its processes survived SIGKILL".into());
+            }
+            if let Err(e) = self.write_record().await {
+                tracing::warn!(shard = %self.task.reporter.shard_id, "could not keep the state file: {e}");
+            }
+            self.watch_survivors();
         }
         true
+    }
+
+    /// The shard is over: its state file goes, unless processes that
+    /// outlived SIGKILL still run ([`Run::watch_survivors`] removes it
+    /// once they are gone).
+    fn forget_record(&self) {
+        if self.survivors.is_empty() {
+            statefile::remove(&self.work_dir(), &self.task.reporter.shard_id);
+        }
+    }
+
+    /// Waits for the processes that outlived SIGKILL to be gone, then frees
+    /// what they held: the reservation of the shard's GPUs and ports, and
+    /// its state file.
+    fn watch_survivors(&self) {
+        let groups: Vec<i32> = self.task.record.processes.iter().map(|r| r.pgid).collect();
+        let work_dir = self.work_dir();
+        let shard_id = self.task.reporter.shard_id.clone();
+        let lingering = Arc::clone(&self.task.lingering);
+        tokio::spawn(async move {
+            while groups
+                .iter()
+                .any(|&pgid| !llmgw_procfs::group_members(pgid).is_empty())
+            {
+                tokio::time::sleep(SURVIVOR_POLL).await;
+            }
+            statefile::remove(&work_dir, &shard_id);
+            lingering.store(false, Ordering::Relaxed);
+            tracing::info!(
+                shard = %shard_id,
+                "the processes that survived SIGKILL have exited; their GPUs and ports are free"
+            );
+        });
     }
 
     /// What the final status says about processes that outlived SIGKILL;

@@ -83,15 +83,9 @@ impl Entry {
             return Vec::new();
         }
         let pids = self.pids.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let left: Vec<i32> = pids
-            .iter()
+        pids.iter()
             .flat_map(|&pgid| llmgw_procfs::group_members(pgid))
-            .collect();
-        if left.is_empty() {
-            tracing::info!(shard = %self.spec.shard_id, "the processes that survived SIGKILL have exited; their GPUs and ports are free");
-            self.lingering.store(false, Ordering::Relaxed);
-        }
-        left
+            .collect()
     }
 }
 

@@ -153,10 +153,11 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
     let Some(fs) = Mounted::mount(models.path()) else {
         return;
     };
-    let mut h = Harness::new(&NodeSetup {
+    let setup = NodeSetup {
         stop_timeout: Duration::from_secs(1),
         ..NodeSetup::default()
-    });
+    };
+    let mut h = Harness::new(&setup);
     let port = free_port();
     let mut stuck = spec("stuck", Engine::Vllm, &[0], port);
     stuck.source = fs.model_dir();
@@ -209,11 +210,46 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
         same_port.message
     );
 
-    // The kernel lets go: the engine ends, and the GPU is free again.
+    // The state file stays while they run: an agent restarted meanwhile
+    // finds them, finishes the stop itself and keeps the GPU reserved.
+    let adoptions = h.restart(&setup);
+    assert!(
+        matches!(
+            adoptions.as_slice(),
+            [llmgw_agent::Adoption::Adopted { .. }]
+        ),
+        "{adoptions:?}"
+    );
+    let again = h.wait_for("stuck", ShardState::Failed, LONG).await;
+    assert!(
+        again.message.contains("survived SIGKILL") && again.message.contains("restarted agent"),
+        "{}",
+        again.message
+    );
+    let same_gpu = h.start(spec("same-gpu-again", Engine::Vllm, &[0], free_port()));
+    assert!(
+        same_gpu
+            .message
+            .contains("GPU 0 is in use by shard stuck, which ended but whose processes"),
+        "{}",
+        same_gpu.message
+    );
+
+    // The kernel lets go: the engine ends, its state file goes, and the
+    // GPU is free again.
     fs.release();
     assert!(
         wait_until(LONG, || async { group_members(pgid).is_empty() }).await,
         "the engine outlived its release"
+    );
+    let dir = h.dir.path().to_owned();
+    assert!(
+        wait_until(LONG, || {
+            let left = llmgw_agent::read_state_files(&dir).len();
+            async move { left == 0 }
+        })
+        .await,
+        "the state file outlived the processes"
     );
     let after = h.start(spec("after", Engine::Vllm, &[0], free_port()));
     assert!(after.accepted, "{}", after.message);
