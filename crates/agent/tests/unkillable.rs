@@ -147,6 +147,20 @@ impl Drop for Mounted {
     }
 }
 
+/// A start of `shard` on GPU 0 is refused because the survivors of shard
+/// `stuck` hold it.
+fn gpu_0_is_refused(h: &mut Harness, shard: &str) {
+    let outcome = h.start(spec(shard, Engine::Vllm, &[0], free_port()));
+    assert!(!outcome.accepted, "{}", outcome.message);
+    assert!(
+        outcome
+            .message
+            .contains("GPU 0 is in use by shard stuck, which ended but whose processes"),
+        "{}",
+        outcome.message
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
     let models = tempfile::tempdir().unwrap();
@@ -191,15 +205,7 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
     );
 
     // Its GPU and its port are not handed to another shard meanwhile.
-    let same_gpu = h.start(spec("same-gpu", Engine::Vllm, &[0], free_port()));
-    assert!(!same_gpu.accepted);
-    assert!(
-        same_gpu
-            .message
-            .contains("GPU 0 is in use by shard stuck, which ended but whose processes"),
-        "{}",
-        same_gpu.message
-    );
+    gpu_0_is_refused(&mut h, "same-gpu");
     let same_port = h.start(spec("same-port", Engine::Vllm, &[1], port));
     assert!(!same_port.accepted);
     assert!(
@@ -226,14 +232,7 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
         "{}",
         again.message
     );
-    let same_gpu = h.start(spec("same-gpu-again", Engine::Vllm, &[0], free_port()));
-    assert!(
-        same_gpu
-            .message
-            .contains("GPU 0 is in use by shard stuck, which ended but whose processes"),
-        "{}",
-        same_gpu.message
-    );
+    gpu_0_is_refused(&mut h, "same-gpu-again");
 
     // The kernel lets go: the engine ends, its state file goes, and the
     // GPU is free again.
