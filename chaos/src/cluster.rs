@@ -93,7 +93,7 @@ pub struct Cluster {
     pub disks: BTreeMap<u64, crate::powercut::LazyDisk>,
     /// Small tmpfs disks under the peers' data directories (disk-full runs
     /// only); unmounted when the cluster is dropped.
-    pub small_disks: BTreeMap<u64, crate::small_disks::SmallDisk>,
+    pub small_disks: BTreeMap<u64, llmgw_test_kit::Tmpfs>,
 }
 
 impl Cluster {

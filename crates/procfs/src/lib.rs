@@ -71,16 +71,21 @@ pub fn alive(pid: i32) -> bool {
 /// True when `pid` is a live (not zombie) process that started at
 /// `start_time`: the same process, not a later one given the same pid.
 pub fn is_same_process(pid: i32, start_time: u64) -> bool {
-    stat(pid).is_some_and(|s| s.start_time == start_time)
-        && running_state(Path::new("/proc"), pid).is_some()
+    live_stat(Path::new("/proc"), pid).is_some_and(|(s, _)| s.start_time == start_time)
 }
 
 /// The state of process `pid` (`R`, `S`, `D`, ...) while any thread of it
-/// runs; None when it is gone or a zombie. A process whose first thread
-/// ended while another runs on shows `Z` for itself, yet still holds its
-/// memory and devices (a thread stuck in a driver call does exactly that
-/// after SIGKILL): its state is then that of a live thread.
+/// runs; None when it is gone or a zombie.
 fn running_state(proc_root: &Path, pid: i32) -> Option<char> {
+    live_stat(proc_root, pid).map(|(_, state)| state)
+}
+
+/// Process `pid`'s stat line and its state while any thread of it runs;
+/// None when it is gone or a zombie. A process whose first thread ended
+/// while another runs on shows `Z` for itself, yet still holds its memory
+/// and devices (a thread stuck in a driver call does exactly that after
+/// SIGKILL): its state is then that of a live thread.
+fn live_stat(proc_root: &Path, pid: i32) -> Option<(ProcStat, char)> {
     let dir = proc_root.join(pid.to_string());
     let read = |path: PathBuf| {
         std::fs::read_to_string(path)
@@ -89,15 +94,15 @@ fn running_state(proc_root: &Path, pid: i32) -> Option<char> {
     };
     let leader = read(dir.join("stat"))?;
     if !leader.is_zombie() {
-        return Some(leader.state);
+        return Some((leader, leader.state));
     }
-    std::fs::read_dir(dir.join("task"))
+    let thread = std::fs::read_dir(dir.join("task"))
         .ok()?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|&tid| tid != pid)
         .filter_map(|tid| read(dir.join("task").join(tid.to_string()).join("stat")))
-        .find(|thread| !thread.is_zombie())
-        .map(|thread| thread.state)
+        .find(|thread| !thread.is_zombie())?;
+    Some((leader, thread.state))
 }
 
 /// What a process state letter means, for messages about processes that
@@ -184,13 +189,10 @@ fn group_members_in(proc_root: &Path, pgid: i32) -> Vec<(i32, char)> {
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat"))
-                .ok()
-                .and_then(|t| parse_stat(&t))
-                .is_some_and(|s| s.pgrp == pgid)
+        .filter_map(|pid| {
+            let (stat, state) = live_stat(proc_root, pid)?;
+            (stat.pgrp == pgid).then_some((pid, state))
         })
-        .filter_map(|pid| Some((pid, running_state(proc_root, pid)?)))
         .collect()
 }
 

@@ -4,53 +4,10 @@
 //! writes again without a restart. The data directory is a small tmpfs,
 //! so this needs root; it prints SKIPPED otherwise.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use llmgw_api::ErrorBody;
-use llmgw_test_kit::{Cluster, decode};
+use llmgw_test_kit::{Cluster, Tmpfs, decode};
 
 const FULL_PEER: u64 = 2;
-
-/// Lazily unmounts the tmpfs when the test ends, whatever happens.
-struct Tmpfs(PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-fn mount_tmpfs(dir: &Path, size_mb: u64) -> Result<Tmpfs, String> {
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let status = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={size_mb}m"), "tmpfs"])
-        .arg(dir)
-        .status()
-        .map_err(|e| e.to_string())?;
-    if status.success() {
-        Ok(Tmpfs(dir.to_owned()))
-    } else {
-        Err(format!("mount exited with {status}"))
-    }
-}
-
-/// Fills the filesystem of `dir` until `leave_mb` MiB are left.
-fn fill(dir: &Path, leave_mb: u64) -> PathBuf {
-    let filler = dir.join("filler");
-    let free = llmgw_raft::free_bytes(dir).unwrap();
-    let size = free.saturating_sub(leave_mb << 20);
-    let chunk = vec![0x5au8; 1 << 20];
-    let mut file = std::fs::File::create(&filler).unwrap();
-    let mut written = 0;
-    while written < size {
-        let n = chunk.len().min((size - written) as usize);
-        std::io::Write::write_all(&mut file, &chunk[..n]).unwrap();
-        written += n as u64;
-    }
-    file.sync_all().unwrap();
-    filler
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itself() {
@@ -62,7 +19,7 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     }
     let mut mounted: Option<Result<Tmpfs, String>> = None;
     let cluster = Cluster::start_with(false, "raft:\n  min_free_disk_mb: 16\n", |dir| {
-        mounted = Some(mount_tmpfs(&dir.join(format!("server-{FULL_PEER}")), 160));
+        mounted = Some(Tmpfs::mount(&dir.join(format!("server-{FULL_PEER}")), 160));
     });
     let tmpfs = match mounted.expect("prepare ran") {
         Ok(tmpfs) => tmpfs,
@@ -75,14 +32,14 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     let (status, body) = cluster.put_model(FULL_PEER, "before").await.unwrap();
     assert_eq!(status, 200, "{body}");
 
-    let filler = fill(&tmpfs.0, 8);
+    tmpfs.fill(8).unwrap();
     let (status, body) = cluster.put_model(FULL_PEER, "while-full").await.unwrap();
     assert_eq!(status, 507, "{body}");
     let refusal = decode::<ErrorBody>(&body).error;
     assert_eq!(refusal.kind, "disk_full", "{body}");
     let message = refusal.message;
     assert!(
-        message.contains(&tmpfs.0.display().to_string()) && message.contains("reads"),
+        message.contains(&tmpfs.path().display().to_string()) && message.contains("reads"),
         "the refusal names the directory and says reads go on: {message}"
     );
     // Reads are served from the full peer.
@@ -101,7 +58,7 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     let leader = cluster.wait_leader().await;
     assert_ne!(leader, FULL_PEER, "a peer without room does not lead");
 
-    std::fs::remove_file(filler).unwrap();
+    tmpfs.free().unwrap();
     cluster
         .eventually("writes through the peer once space returns", || async {
             match cluster.put_model(FULL_PEER, "after").await? {

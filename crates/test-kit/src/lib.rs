@@ -22,6 +22,7 @@ pub mod dev;
 mod http;
 mod metrics;
 pub mod process;
+mod tmpfs;
 mod wait;
 
 pub use bins::{engine_sim_bin, llmgw_bin};
@@ -29,6 +30,7 @@ pub use chat::{chat, stream_chat};
 pub use cluster::{Cluster, Peer, one_cluster_at_a_time};
 pub use http::{admin_client, decode, get_json};
 pub use metrics::metric;
+pub use tmpfs::Tmpfs;
 pub use wait::{DEADLINE, eventually, poll_until_ok, wait_until, wait_until_blocking};
 
 /// A port free right now on 127.0.0.1 (the kernel's choice). Another
