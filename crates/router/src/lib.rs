@@ -19,6 +19,8 @@ mod control_plane;
 mod endpoints;
 mod engine_load;
 mod error;
+mod framing;
+mod front;
 /// Public for the fuzz targets (`crates/fuzz-targets`).
 #[doc(hidden)]
 pub mod fuzzing;

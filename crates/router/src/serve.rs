@@ -6,9 +6,6 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -16,10 +13,11 @@ use tokio::task::JoinSet;
 use crate::endpoints::Registry;
 use crate::engine_load::scrape_loop;
 use crate::error::RouterError;
+use crate::front::serve_connection;
 use crate::metrics::Metrics;
 use crate::probes::probe_loop;
 use crate::resume::ResumeMemory;
-use crate::service::{Shared, handle};
+use crate::service::Shared;
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
 use crate::upstream::{IDLE_LIMIT, Upstream, drive_own_reactor};
@@ -191,16 +189,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| handle(Arc::clone(&shared), request));
-            let connection = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
-        });
+        tokio::spawn(serve_connection(stream, Arc::clone(&shared)));
     }
 }
 

@@ -2,18 +2,15 @@
 //! `/health`. Requests are checked in the order a client can fix them:
 //! route, key, body size, JSON, model, permission, then forwarded.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
 use crate::auth::{authenticate, forbidden, may_use};
 use crate::endpoints::Registry;
+use crate::front::RequestBody;
 use crate::metrics::Metrics;
 use crate::openai::{ApiError, json_response};
 use crate::peek::{PeekError, peek, prefix};
@@ -40,12 +37,9 @@ const RESUME_HEADER: &str = "x-llmgw-resume";
 
 const PROXIED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
 
-pub async fn handle(
-    shared: Arc<Shared>,
-    request: Request<Incoming>,
-) -> Result<Response<ResponseBody>, Infallible> {
+pub async fn handle(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<ResponseBody> {
     let path = request.uri().path();
-    let response = match (request.method(), path) {
+    match (request.method(), path) {
         (&Method::GET, "/health") => text_response(StatusCode::OK, "text/plain", String::new()),
         (&Method::GET, "/metrics") => text_response(
             StatusCode::OK,
@@ -54,8 +48,8 @@ pub async fn handle(
                 .metrics
                 .render(&shared.registry, &shared.resume_memory),
         ),
-        (&Method::GET, "/v1/models") => list_models(&shared, &request),
-        (&Method::POST, p) if PROXIED.contains(&p) => proxy(&shared, request).await,
+        (&Method::GET, "/v1/models") => list_models(shared, &request),
+        (&Method::POST, p) if PROXIED.contains(&p) => proxy(shared, request).await,
         (_, p) if PROXIED.contains(&p) || p == "/v1/models" => ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "method_not_allowed",
@@ -68,8 +62,7 @@ pub async fn handle(
             format!("Unknown request URL: {} {p}", request.method()),
         )
         .into_response(),
-    };
-    Ok(response)
+    }
 }
 
 fn text_response(
@@ -84,7 +77,7 @@ fn text_response(
     response
 }
 
-fn list_models(shared: &Shared, request: &Request<Incoming>) -> Response<ResponseBody> {
+fn list_models(shared: &Shared, request: &Request<RequestBody>) -> Response<ResponseBody> {
     let grant = match authenticate(&shared.settings, request.headers()) {
         Ok(grant) => grant,
         Err(e) => return e.into_response(),
@@ -111,7 +104,7 @@ fn list_models(shared: &Shared, request: &Request<Incoming>) -> Response<Respons
     )
 }
 
-async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<ResponseBody> {
+async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<ResponseBody> {
     let (mut parts, body) = request.into_parts();
     let grant = match authenticate(&shared.settings, &parts.headers) {
         Ok(grant) => grant,
@@ -133,25 +126,9 @@ async fn proxy(shared: &Arc<Shared>, request: Request<Incoming>) -> Response<Res
             .insert(CONNECTION, HeaderValue::from_static("close"));
         response
     };
-    let declared = parts
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return too_large();
-    }
-    let bytes: Bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-        Err(e) => {
-            return ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "body_read_failed",
-                format!("could not read the request body: {e}"),
-            )
-            .into_response();
-        }
+    let bytes = match body {
+        RequestBody::Complete(bytes) => bytes,
+        RequestBody::TooLarge => return too_large(),
     };
     let peeked = match peek(&bytes) {
         Ok(p) => p,

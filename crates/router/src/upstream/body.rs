@@ -14,9 +14,7 @@ use tokio::net::TcpStream;
 
 use super::wire::Framing;
 use super::{HostPool, UpstreamError};
-
-/// A chunk-size line longer than this is not HTTP.
-const MAX_LINE: usize = 4096;
+use crate::framing::{Broken, Decoder, Step};
 
 pub struct UpstreamBody {
     /// None once the body is over (the connection went back to its pool or
@@ -28,27 +26,6 @@ pub struct UpstreamBody {
     pool: Arc<HostPool>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Decoder {
-    Length(u64),
-    ChunkSize,
-    ChunkData(u64),
-    /// The CRLF after a chunk's data.
-    ChunkEnd,
-    Trailers,
-    UntilClose,
-    Done,
-    /// The framing was broken: every later step fails too, so an error
-    /// noticed while looking ahead is not skipped over.
-    Broken,
-}
-
-enum Step {
-    Data(Bytes),
-    NeedMore,
-    End,
-}
-
 impl UpstreamBody {
     pub(crate) fn new(
         stream: TcpStream,
@@ -58,9 +35,9 @@ impl UpstreamBody {
         pool: Arc<HostPool>,
     ) -> Self {
         let decoder = match framing {
-            Framing::Empty | Framing::Length(0) => Decoder::Done,
-            Framing::Length(n) => Decoder::Length(n),
-            Framing::Chunked => Decoder::ChunkSize,
+            Framing::Empty => Decoder::Done,
+            Framing::Length(n) => Decoder::length(n),
+            Framing::Chunked => Decoder::chunked(),
             Framing::UntilClose => Decoder::UntilClose,
         };
         let mut body = UpstreamBody {
@@ -91,85 +68,12 @@ impl UpstreamBody {
     /// Decodes what the buffer holds. With `yield_data` false it stops at
     /// data instead of taking it (and says NeedMore).
     fn step(&mut self, yield_data: bool) -> Result<Step, UpstreamError> {
-        self.decode(yield_data).inspect_err(|_| {
-            self.decoder = Decoder::Broken;
-            self.stream = None;
-        })
-    }
-
-    fn decode(&mut self, yield_data: bool) -> Result<Step, UpstreamError> {
-        loop {
-            match self.decoder {
-                Decoder::Broken => return Err(protocol("the engine broke the body's framing")),
-                Decoder::Done => return Ok(Step::End),
-                Decoder::Length(0) => return Ok(Step::End),
-                Decoder::Length(left) | Decoder::ChunkData(left) => {
-                    if self.buffer.is_empty() || !yield_data {
-                        return Ok(Step::NeedMore);
-                    }
-                    let take = left.min(self.buffer.len() as u64);
-                    let rest = left - take;
-                    self.decoder = match self.decoder {
-                        Decoder::Length(_) => Decoder::Length(rest),
-                        _ if rest == 0 => Decoder::ChunkEnd,
-                        _ => Decoder::ChunkData(rest),
-                    };
-                    let data = self.buffer.split_to(take as usize).freeze();
-                    return Ok(Step::Data(data));
-                }
-                Decoder::UntilClose => {
-                    if self.buffer.is_empty() || !yield_data {
-                        return Ok(Step::NeedMore);
-                    }
-                    return Ok(Step::Data(self.buffer.split().freeze()));
-                }
-                Decoder::ChunkEnd => {
-                    if self.buffer.len() < 2 {
-                        return Ok(Step::NeedMore);
-                    }
-                    if &self.buffer[..2] != b"\r\n" {
-                        return Err(protocol("chunk data not followed by CRLF"));
-                    }
-                    let _ = self.buffer.split_to(2);
-                    self.decoder = Decoder::ChunkSize;
-                }
-                Decoder::ChunkSize => {
-                    let Some(line) = self.take_line()? else {
-                        return Ok(Step::NeedMore);
-                    };
-                    let size = chunk_size(&line)?;
-                    self.decoder = if size == 0 {
-                        Decoder::Trailers
-                    } else {
-                        Decoder::ChunkData(size)
-                    };
-                }
-                Decoder::Trailers => {
-                    let Some(line) = self.take_line()? else {
-                        return Ok(Step::NeedMore);
-                    };
-                    if line.is_empty() {
-                        return Ok(Step::End);
-                    }
-                }
-            }
-        }
-    }
-
-    /// One CRLF-terminated line from the buffer, without its CRLF.
-    fn take_line(&mut self) -> Result<Option<BytesMut>, UpstreamError> {
-        match self.buffer.iter().position(|&b| b == b'\n') {
-            Some(end) => {
-                let mut line = self.buffer.split_to(end + 1);
-                line.truncate(end);
-                if line.last() == Some(&b'\r') {
-                    line.truncate(end - 1);
-                }
-                Ok(Some(line))
-            }
-            None if self.buffer.len() > MAX_LINE => Err(protocol("chunk line too long")),
-            None => Ok(None),
-        }
+        self.decoder
+            .step(&mut self.buffer, yield_data)
+            .map_err(|Broken(what)| {
+                self.stream = None;
+                UpstreamError::Protocol(format!("the engine broke the body's framing: {what}"))
+            })
     }
 
     /// Reads what the socket has; Ready(0) is the engine closing.
@@ -190,29 +94,6 @@ impl UpstreamBody {
             }
         }
     }
-}
-
-fn protocol(what: &str) -> UpstreamError {
-    UpstreamError::Protocol(what.to_string())
-}
-
-/// The hex size at the start of a chunk line (extensions after `;` are
-/// ignored).
-fn chunk_size(line: &[u8]) -> Result<u64, UpstreamError> {
-    let digits = line
-        .split(|&b| b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
-        return Err(protocol("bad chunk size"));
-    }
-    digits.iter().try_fold(0u64, |size, &b| {
-        let digit = (b as char)
-            .to_digit(16)
-            .ok_or_else(|| protocol("bad chunk size"))?;
-        Ok(size * 16 + u64::from(digit))
-    })
 }
 
 impl Body for UpstreamBody {
@@ -269,10 +150,9 @@ impl Body for UpstreamBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.decoder {
-            Decoder::Length(n) => SizeHint::with_exact(n),
-            Decoder::Done => SizeHint::with_exact(0),
-            _ => SizeHint::default(),
+        match self.decoder.exact_left() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
         }
     }
 }

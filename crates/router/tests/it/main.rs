@@ -3,6 +3,7 @@
 
 mod common;
 mod t10_errors;
+mod t15_wire;
 mod t20_openai_client;
 mod t30_failover;
 mod t35_resume;
