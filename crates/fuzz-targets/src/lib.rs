@@ -23,6 +23,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config_check", config_check),
     ("catalog_model", catalog_model),
     ("router_request", router_request),
+    ("client_requests", client_requests),
     ("engine_answer", engine_answer),
     ("agent_message", agent_message),
     ("state_apply", state_apply),
@@ -80,6 +81,13 @@ pub fn router_request(data: &[u8]) {
 /// resumption, continuation events rewritten for the client).
 pub fn engine_answer(data: &[u8]) {
     llmgw_router::fuzzing::engine_answer(data);
+}
+
+/// What clients send on one connection (the first byte picks the length
+/// of each read): request heads and bodies as the router's server side
+/// takes them; the requests must not depend on how the reads split.
+pub fn client_requests(data: &[u8]) {
+    llmgw_router::fuzzing::client_requests(data);
 }
 
 fn router_catalog() -> llmgw_catalog::Catalog {

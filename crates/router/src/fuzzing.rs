@@ -1,19 +1,98 @@
-//! The router's readers of engine bytes as one function of bytes, for the
-//! fuzz targets (`crates/fuzz-targets`): an engine's answer is outside
-//! input too, and a misbehaving engine ends its own stream, never the
-//! router. Besides never panicking, the readers keep promises checked
-//! here: framing loses and reorders no byte, finds the same events however
-//! the reads split them, and every event a continuation sends reads back
-//! as exactly the payload it carries.
+//! The router's readers of outside bytes as functions of bytes, for the
+//! fuzz targets (`crates/fuzz-targets`): what clients send on a
+//! connection, and an engine's answer, which is outside input too (a
+//! misbehaving engine ends its own stream, never the router). Besides
+//! never panicking, the readers keep promises checked here: requests and
+//! events come out the same however the reads split the bytes, framing
+//! loses and reorders no byte, and every event a continuation sends reads
+//! back as exactly the payload it carries.
 
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::framing::Broken;
+use crate::front::{self, BodyReader, RequestBody};
 use crate::resume::{Charge, ResumeMemory, Route, Spliced, Transcript};
 use crate::resume::{continuation_request, request_refusal, splice_event};
 use crate::sse::{Event, EventFramer, encode, payloads};
 use crate::upstream::take_head;
+
+/// `data` as what clients send on one connection, after a first byte that
+/// picks the length of each read: request heads and bodies taken as the
+/// router's server side takes them, until one is refused.
+pub fn client_requests(data: &[u8]) {
+    let Some((&cut, sent)) = data.split_first() else {
+        return;
+    };
+    let whole = read_requests(std::iter::once(sent));
+    let split = read_requests(sent.chunks(usize::from(cut).max(1)));
+    assert_eq!(split, whole, "the requests depend on how reads split them");
+}
+
+/// What the server side made of one request.
+#[derive(Debug, PartialEq, Eq)]
+enum ClientRead {
+    Request {
+        method: String,
+        target: String,
+        headers: usize,
+        keep_alive: bool,
+        body: RequestBody,
+    },
+    Refused(u16),
+    BrokenBody(Broken),
+}
+
+/// A body limit small enough for mutations to cross.
+const FUZZ_BODY_LIMIT: usize = 1024;
+
+fn read_requests<'a>(reads: impl Iterator<Item = &'a [u8]>) -> Vec<ClientRead> {
+    let mut buffer = BytesMut::new();
+    let mut found = Vec::new();
+    let mut in_body = None;
+    for read in reads {
+        buffer.extend_from_slice(read);
+        loop {
+            let Some((head, reader)) = &mut in_body else {
+                match front::take_head(&mut buffer) {
+                    Ok(Some(head)) => {
+                        let reader = BodyReader::new(head.body, FUZZ_BODY_LIMIT);
+                        in_body = Some((head, reader));
+                        continue;
+                    }
+                    Ok(None) => break,
+                    Err(bad) => {
+                        found.push(ClientRead::Refused(bad.status.as_u16()));
+                        return found;
+                    }
+                }
+            };
+            match reader.advance(&mut buffer) {
+                Ok(None) => break,
+                Ok(Some(body)) => {
+                    let closes = body == RequestBody::TooLarge;
+                    found.push(ClientRead::Request {
+                        method: head.method.to_string(),
+                        target: head.uri.to_string(),
+                        headers: head.headers.len(),
+                        keep_alive: head.keep_alive,
+                        body,
+                    });
+                    if closes {
+                        return found;
+                    }
+                    in_body = None;
+                }
+                Err(broken) => {
+                    found.push(ClientRead::BrokenBody(broken));
+                    return found;
+                }
+            }
+        }
+    }
+    found
+}
 
 /// `data` as an engine's answer after a first byte that picks the length
 /// of each read: a response head (when one parses), then the body as an

@@ -13,6 +13,9 @@
 mod request;
 mod response;
 
+pub use self::request::RequestBody;
+pub(crate) use self::request::{BodyReader, take_head};
+
 use std::future::{Future, poll_fn};
 use std::io;
 use std::pin::pin;
@@ -26,21 +29,12 @@ use hyper::{Method, Request, Response, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use self::request::{BadHead, BodyFraming, Head, MAX_HEAD_BYTES, take_head};
+use self::request::{BadHead, BodyFraming, Head, MAX_HEAD_BYTES};
 use self::response::{Framing, encode_head};
-use crate::framing::{Broken, Decoder, Step};
+use crate::framing::Broken;
 use crate::openai::ApiError;
 use crate::relay::ResponseBody;
 use crate::service::{Shared, handle};
-
-/// A client's request body as the router received it.
-#[derive(Debug)]
-pub enum RequestBody {
-    Complete(Bytes),
-    /// Longer than `max_body_bytes`; left unread, so the connection closes
-    /// after the answer.
-    TooLarge,
-}
 
 /// Bytes read ahead of the current request (pipelining) are kept up to
 /// this; past it the client is not read until the answer is out.
@@ -171,45 +165,29 @@ impl Connection {
         head: &Head,
         limit: usize,
     ) -> io::Result<Result<RequestBody, Broken>> {
-        let mut decoder = match head.body {
-            BodyFraming::Length(0) => return Ok(Ok(RequestBody::Complete(Bytes::new()))),
-            BodyFraming::Length(n) if n > limit as u64 => return Ok(Ok(RequestBody::TooLarge)),
-            BodyFraming::Length(n) => {
-                let n = n as usize;
-                self.continue_if_asked(head).await?;
-                while self.read_buffer.len() < n {
-                    self.read_buffer.reserve(n - self.read_buffer.len());
-                    if self.fill().await? == 0 {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                }
-                return Ok(Ok(RequestBody::Complete(
-                    self.read_buffer.split_to(n).freeze(),
-                )));
-            }
-            BodyFraming::Chunked => Decoder::chunked(),
-        };
-        self.continue_if_asked(head).await?;
-        let mut body = BytesMut::new();
+        if head.body == BodyFraming::Length(0) {
+            return Ok(Ok(RequestBody::Complete(Bytes::new())));
+        }
+        let mut reader = BodyReader::new(head.body, limit);
+        let mut asked = false;
         loop {
-            match decoder.step(&mut self.read_buffer, true) {
-                Ok(Step::Data(data)) if body.len() + data.len() > limit => {
-                    return Ok(Ok(RequestBody::TooLarge));
-                }
-                Ok(Step::Data(data)) => body.extend_from_slice(&data),
-                Ok(Step::End) => return Ok(Ok(RequestBody::Complete(body.freeze()))),
-                Ok(Step::NeedMore) => {
-                    if self.fill().await? == 0 {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                }
+            match reader.advance(&mut self.read_buffer) {
+                Ok(Some(body)) => return Ok(Ok(body)),
+                Ok(None) => {}
                 Err(broken) => return Ok(Err(broken)),
+            }
+            if !asked {
+                self.continue_if_asked(head).await?;
+                asked = true;
+            }
+            if self.fill().await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }
     }
 
     /// A client that sent `expect: 100-continue` waits for this before its
-    /// body; one that sent the body anyway needs no answer.
+    /// body; asked only when the body has not (all) arrived with the head.
     async fn continue_if_asked(&mut self, head: &Head) -> io::Result<()> {
         if head.expect_continue && head.version == Version::HTTP_11 && self.read_buffer.is_empty() {
             self.stream

@@ -10,6 +10,8 @@ use hyper::header::{
 };
 use hyper::{Method, StatusCode, Uri, Version};
 
+use crate::framing::{Broken, Decoder, Step};
+
 /// A request head longer than this is refused with 431.
 pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// More headers than this is refused with 431.
@@ -193,6 +195,69 @@ fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, Ba
     Ok(BodyFraming::Length(length.unwrap_or(0)))
 }
 
+/// A client's request body as the router received it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RequestBody {
+    Complete(Bytes),
+    /// Longer than `max_body_bytes`; left unread, so the connection closes
+    /// after the answer.
+    TooLarge,
+}
+
+/// A request body being taken from the read buffer as it fills.
+pub(crate) struct BodyReader {
+    decoder: Decoder,
+    limit: usize,
+    /// What chunks gave so far.
+    chunks: BytesMut,
+}
+
+impl BodyReader {
+    pub(crate) fn new(framing: BodyFraming, limit: usize) -> Self {
+        let decoder = match framing {
+            BodyFraming::Length(n) => Decoder::length(n),
+            BodyFraming::Chunked => Decoder::chunked(),
+        };
+        BodyReader {
+            decoder,
+            limit,
+            chunks: BytesMut::new(),
+        }
+    }
+
+    /// The body once `buffer` holds all of it (None: read more), or
+    /// TooLarge as soon as it is known to pass the limit. A body with a
+    /// length is one slice of the buffer; chunks are joined.
+    pub(crate) fn advance(&mut self, buffer: &mut BytesMut) -> Result<Option<RequestBody>, Broken> {
+        if let Decoder::Length(n) = self.decoder {
+            if n > self.limit as u64 {
+                return Ok(Some(RequestBody::TooLarge));
+            }
+            let n = n as usize;
+            if buffer.len() < n {
+                buffer.reserve(n - buffer.len());
+                return Ok(None);
+            }
+            self.decoder = Decoder::Done;
+            return Ok(Some(RequestBody::Complete(buffer.split_to(n).freeze())));
+        }
+        loop {
+            match self.decoder.step(buffer, true)? {
+                Step::Data(data) if self.chunks.len() + data.len() > self.limit => {
+                    return Ok(Some(RequestBody::TooLarge));
+                }
+                Step::Data(data) => self.chunks.extend_from_slice(&data),
+                Step::End => {
+                    return Ok(Some(RequestBody::Complete(
+                        std::mem::take(&mut self.chunks).freeze(),
+                    )));
+                }
+                Step::NeedMore => return Ok(None),
+            }
+        }
+    }
+}
+
 /// Whether a comma-separated header (such as `connection`) names `token`.
 fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
     headers.get_all(name).iter().any(|value| {
@@ -291,5 +356,40 @@ mod tests {
         assert!(keeps("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"));
         let waits = parse("POST / HTTP/1.1\r\nexpect: 100-Continue\r\ncontent-length: 1\r\n\r\n");
         assert!(waits.unwrap().unwrap().expect_continue);
+    }
+
+    #[test]
+    fn bodies_are_taken_whole_and_refused_past_the_limit() {
+        let mut buffer = BytesMut::from("{\"a\"");
+        let mut reader = BodyReader::new(BodyFraming::Length(7), 10);
+        assert_eq!(reader.advance(&mut buffer), Ok(None));
+        buffer.extend_from_slice(b":1}GET");
+        let body = reader.advance(&mut buffer);
+        assert_eq!(
+            body,
+            Ok(Some(RequestBody::Complete(Bytes::from_static(
+                b"{\"a\":1}"
+            ))))
+        );
+        assert_eq!(&buffer[..], b"GET");
+
+        let mut over = BodyReader::new(BodyFraming::Length(11), 10);
+        assert_eq!(
+            over.advance(&mut BytesMut::new()),
+            Ok(Some(RequestBody::TooLarge))
+        );
+        let mut chunks = BodyReader::new(BodyFraming::Chunked, 10);
+        let mut buffer = BytesMut::from("6\r\nabcdef\r\n");
+        assert_eq!(chunks.advance(&mut buffer), Ok(None));
+        buffer.extend_from_slice(b"5\r\nghijk\r\n0\r\n\r\n");
+        assert_eq!(chunks.advance(&mut buffer), Ok(Some(RequestBody::TooLarge)));
+        let mut chunks = BodyReader::new(BodyFraming::Chunked, 10);
+        let mut buffer = BytesMut::from("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\nnext");
+        let body = chunks.advance(&mut buffer);
+        assert_eq!(
+            body,
+            Ok(Some(RequestBody::Complete(Bytes::from_static(b"abcde"))))
+        );
+        assert_eq!(&buffer[..], b"next");
     }
 }
