@@ -78,6 +78,12 @@ pub struct RouterTimeouts {
     pub request: Duration,
     /// Longest gap between two chunks of a stream.
     pub stall: Duration,
+    /// Longest wait for the rest of a client's request once its first
+    /// byte came: the whole head, and each pause in its body.
+    pub client_read: Duration,
+    /// A kept-alive client connection with no request for this long is
+    /// closed.
+    pub client_idle: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -340,19 +346,35 @@ impl RouterTimeouts {
             connect: Duration::from_secs(2),
             request: Duration::from_secs(600),
             stall: Duration::from_secs(60),
+            client_read: Duration::from_secs(30),
+            client_idle: Duration::from_secs(75),
         }
     }
 }
 
 impl Decode for RouterTimeouts {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(node, path, &["connect", "request", "stall"])?;
+        let f = cx.map(
+            node,
+            path,
+            &["connect", "request", "stall", "client_read", "client_idle"],
+        )?;
         let d = RouterTimeouts::defaults();
         let t = RouterTimeouts {
             connect: f.or(cx, "connect", d.connect),
             request: f.or(cx, "request", d.request),
             stall: f.or(cx, "stall", d.stall),
+            client_read: f.or(cx, "client_read", d.client_read),
+            client_idle: f.or(cx, "client_idle", d.client_idle),
         };
+        for (key, value) in [
+            ("client_read", t.client_read),
+            ("client_idle", t.client_idle),
+        ] {
+            if value.is_zero() {
+                f.report(cx, key, "must be longer than zero");
+            }
+        }
         if t.stall > t.request {
             f.report(cx, "stall", "must not exceed the request deadline");
         }

@@ -322,6 +322,12 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         "control_plane: [\"http://a:7480\"]\ntimeouts:\n  request: 10s\n  stall: 1m\n",
         "router.yaml:4:10: timeouts.stall: must not exceed the request deadline",
     ),
+    (
+        "no time for a client to send its request",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\ntimeouts:\n  client_read: 0s\n",
+        "router.yaml:3:16: timeouts.client_read: must be longer than zero",
+    ),
 ];
 
 fn parse_as(kind: FileKind, src: &str) -> Result<(), String> {

@@ -17,6 +17,10 @@ pub struct Settings {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub stall_timeout: Duration,
+    /// Longest wait for the rest of a client's request once it began.
+    pub client_read_timeout: Duration,
+    /// A kept-alive client connection idle this long is closed.
+    pub client_idle_timeout: Duration,
     pub max_retries: u32,
     pub consecutive_failures: u32,
     pub probe_interval: Duration,
@@ -58,6 +62,8 @@ impl Default for Settings {
             connect_timeout: timeouts.connect,
             request_timeout: timeouts.request,
             stall_timeout: timeouts.stall,
+            client_read_timeout: timeouts.client_read,
+            client_idle_timeout: timeouts.client_idle,
             max_retries: 2,
             consecutive_failures: ejection.consecutive_failures,
             probe_interval: ejection.probe_interval,
@@ -116,6 +122,8 @@ impl Settings {
             connect_timeout: config.timeouts.connect,
             request_timeout: config.timeouts.request,
             stall_timeout: config.timeouts.stall,
+            client_read_timeout: config.timeouts.client_read,
+            client_idle_timeout: config.timeouts.client_idle,
             max_retries: config.max_retries,
             consecutive_failures: config.ejection.consecutive_failures,
             probe_interval: config.ejection.probe_interval,

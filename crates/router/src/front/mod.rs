@@ -28,6 +28,7 @@ use hyper::body::Body;
 use hyper::{Method, Request, Response, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, timeout, timeout_at};
 
 use self::request::{BadHead, BodyFraming, Head, MAX_HEAD_BYTES};
 use self::response::{Framing, encode_head};
@@ -35,6 +36,7 @@ use crate::framing::Broken;
 use crate::openai::ApiError;
 use crate::relay::ResponseBody;
 use crate::service::{Shared, handle};
+use crate::settings::Settings;
 
 /// Bytes read ahead of the current request (pipelining) are kept up to
 /// this; past it the client is not read until the answer is out.
@@ -73,7 +75,7 @@ enum Next {
 impl Connection {
     async fn serve(&mut self, shared: &Arc<Shared>) -> io::Result<()> {
         loop {
-            let head = match self.read_head().await? {
+            let head = match self.read_head(&shared.settings).await? {
                 Ok(Some(head)) => head,
                 Ok(None) => return Ok(()),
                 Err(bad) => {
@@ -92,19 +94,11 @@ impl Connection {
     }
 
     async fn exchange(&mut self, shared: &Arc<Shared>, head: Head) -> io::Result<Next> {
-        let body = match self
-            .read_body(&head, shared.settings.max_body_bytes)
-            .await?
-        {
+        let body = match self.read_body(&head, &shared.settings).await? {
             Ok(body) => body,
-            Err(Broken(what)) => {
-                let refusal = ApiError::new(
-                    hyper::StatusCode::BAD_REQUEST,
-                    "malformed_request",
-                    format!("malformed chunked request body: {what}"),
-                );
-                self.respond(refusal.into_response(), head.version, false, false)
-                    .await?;
+            Err(bad) => {
+                let refusal = ApiError::new(bad.status, bad.code, bad.message).into_response();
+                self.respond(refusal, head.version, false, false).await?;
                 return Ok(Next::Linger);
             }
         };
@@ -138,8 +132,13 @@ impl Connection {
     }
 
     /// The next request head; Ok(None) when the client closed between
-    /// requests.
-    async fn read_head(&mut self) -> io::Result<Result<Option<Head>, BadHead>> {
+    /// requests or stayed idle past `client_idle_timeout`. A head must be
+    /// complete within `client_read_timeout` of its first byte.
+    async fn read_head(
+        &mut self,
+        settings: &Settings,
+    ) -> io::Result<Result<Option<Head>, BadHead>> {
+        let mut deadline = None;
         loop {
             if !self.read_buffer.is_empty() {
                 match take_head(&mut self.read_buffer) {
@@ -148,7 +147,26 @@ impl Connection {
                     Err(bad) => return Ok(Err(bad)),
                 }
             }
-            if self.fill().await? == 0 {
+            let read = if deadline.is_none() && self.read_buffer.is_empty() {
+                match timeout(settings.client_idle_timeout, self.fill()).await {
+                    Ok(read) => read?,
+                    Err(_) => return Ok(Ok(None)),
+                }
+            } else {
+                let deadline =
+                    *deadline.get_or_insert_with(|| Instant::now() + settings.client_read_timeout);
+                match timeout_at(deadline, self.fill()).await {
+                    Ok(read) => read?,
+                    Err(_) => {
+                        return Ok(Err(BadHead::timeout(format!(
+                            "the request head was not complete within {:?} of its first byte \
+                             (timeouts.client_read)",
+                            settings.client_read_timeout
+                        ))));
+                    }
+                }
+            };
+            if read == 0 {
                 return if self.read_buffer.is_empty() {
                     Ok(Ok(None))
                 } else {
@@ -159,28 +177,42 @@ impl Connection {
     }
 
     /// The whole body, or TooLarge without reading it when it is over
-    /// `limit`; Err(Broken) for chunked framing that is not HTTP.
+    /// `max_body_bytes`; refused when its chunked framing is not HTTP or
+    /// it pauses longer than `client_read_timeout`.
     async fn read_body(
         &mut self,
         head: &Head,
-        limit: usize,
-    ) -> io::Result<Result<RequestBody, Broken>> {
+        settings: &Settings,
+    ) -> io::Result<Result<RequestBody, BadHead>> {
         if head.body == BodyFraming::Length(0) {
             return Ok(Ok(RequestBody::Complete(Bytes::new())));
         }
-        let mut reader = BodyReader::new(head.body, limit);
+        let mut reader = BodyReader::new(head.body, settings.max_body_bytes);
         let mut asked = false;
         loop {
             match reader.advance(&mut self.read_buffer) {
                 Ok(Some(body)) => return Ok(Ok(body)),
                 Ok(None) => {}
-                Err(broken) => return Ok(Err(broken)),
+                Err(Broken(what)) => {
+                    return Ok(Err(BadHead::malformed(format!(
+                        "malformed chunked request body: {what}"
+                    ))));
+                }
             }
             if !asked {
                 self.continue_if_asked(head).await?;
                 asked = true;
             }
-            if self.fill().await? == 0 {
+            let read = match timeout(settings.client_read_timeout, self.fill()).await {
+                Ok(read) => read?,
+                Err(_) => {
+                    return Ok(Err(BadHead::timeout(format!(
+                        "the request body paused for more than {:?} (timeouts.client_read)",
+                        settings.client_read_timeout
+                    ))));
+                }
+            };
+            if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
         }

@@ -54,7 +54,11 @@ impl BadHead {
         }
     }
 
-    fn malformed(message: impl Into<String>) -> Self {
+    pub(crate) fn timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, "request_timeout", message)
+    }
+
+    pub(crate) fn malformed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "malformed_request", message)
     }
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use llmgw_router::Endpoint;
+use llmgw_router::{Endpoint, Settings};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -276,4 +276,43 @@ async fn heads_a_proxy_must_not_guess_at_are_refused_with_a_reason() {
     let mut wire = Wire::connect(&router).await;
     wire.send(b"GET /health HTTP/1.1\r\nhost: r\r\n\r\n").await;
     assert_eq!(wire.answer().await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_let_go() {
+    let settings = Settings {
+        client_read_timeout: Duration::from_millis(300),
+        client_idle_timeout: Duration::from_millis(500),
+        ..test_settings()
+    };
+    let router = TestRouter::start(settings, Vec::new()).await;
+
+    // A head that stops half-way is refused once it is overdue.
+    let mut wire = Wire::connect(&router).await;
+    wire.send(b"GET /health HTTP/1.1\r\nhost: r\r\nx-half")
+        .await;
+    let answer = wire.answer().await;
+    assert_eq!(answer.status, 408, "{answer:?}");
+    assert!(
+        answer.body.contains("timeouts.client_read"),
+        "{}",
+        answer.body
+    );
+    assert!(wire.closed().await);
+
+    // So is a body that stops arriving.
+    let mut wire = Wire::connect(&router).await;
+    wire.send(post_head("/v1/chat/completions", "content-length: 100\r\n").as_bytes())
+        .await;
+    wire.send(b"{\"model\":").await;
+    let answer = wire.answer().await;
+    assert_eq!(answer.status, 408, "{answer:?}");
+    assert!(answer.body.contains("body paused"), "{}", answer.body);
+    assert!(wire.closed().await);
+
+    // A kept-alive connection is served, then closed once idle.
+    let mut wire = Wire::connect(&router).await;
+    wire.send(b"GET /health HTTP/1.1\r\nhost: r\r\n\r\n").await;
+    assert_eq!(wire.answer().await.status, 200);
+    assert!(wire.closed().await, "an idle connection stayed open");
 }
