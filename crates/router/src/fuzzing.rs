@@ -62,8 +62,8 @@ fn read_requests<'a>(reads: impl Iterator<Item = &'a [u8]>) -> Vec<ClientRead> {
                         continue;
                     }
                     Ok(None) => break,
-                    Err(bad) => {
-                        found.push(ClientRead::Refused(bad.status.as_u16()));
+                    Err(refusal) => {
+                        found.push(ClientRead::Refused(refusal.status.as_u16()));
                         return found;
                     }
                 }

@@ -30,7 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use self::request::{BadHead, BodyFraming, Head, MAX_HEAD_BYTES};
+use self::request::{BodyFraming, Head, MAX_HEAD_BYTES, Refusal};
 use self::response::{Framing, encode_head};
 use crate::framing::Broken;
 use crate::openai::ApiError;
@@ -78,10 +78,8 @@ impl Connection {
             let head = match self.read_head(&shared.settings).await? {
                 Ok(Some(head)) => head,
                 Ok(None) => return Ok(()),
-                Err(bad) => {
-                    let refusal = ApiError::new(bad.status, bad.code, bad.message).into_response();
-                    self.respond(refusal, Version::HTTP_11, false, false)
-                        .await?;
+                Err(refusal) => {
+                    self.refuse(refusal, Version::HTTP_11).await?;
                     return self.linger().await;
                 }
             };
@@ -96,9 +94,8 @@ impl Connection {
     async fn exchange(&mut self, shared: &Arc<Shared>, head: Head) -> io::Result<Next> {
         let body = match self.read_body(&head, &shared.settings).await? {
             Ok(body) => body,
-            Err(bad) => {
-                let refusal = ApiError::new(bad.status, bad.code, bad.message).into_response();
-                self.respond(refusal, head.version, false, false).await?;
+            Err(refusal) => {
+                self.refuse(refusal, head.version).await?;
                 return Ok(Next::Linger);
             }
         };
@@ -137,14 +134,14 @@ impl Connection {
     async fn read_head(
         &mut self,
         settings: &Settings,
-    ) -> io::Result<Result<Option<Head>, BadHead>> {
+    ) -> io::Result<Result<Option<Head>, Refusal>> {
         let mut deadline = None;
         loop {
             if !self.read_buffer.is_empty() {
                 match take_head(&mut self.read_buffer) {
                     Ok(Some(head)) => return Ok(Ok(Some(head))),
                     Ok(None) => {}
-                    Err(bad) => return Ok(Err(bad)),
+                    Err(refusal) => return Ok(Err(refusal)),
                 }
             }
             let read = if deadline.is_none() && self.read_buffer.is_empty() {
@@ -158,7 +155,7 @@ impl Connection {
                 match timeout_at(deadline, self.fill()).await {
                     Ok(read) => read?,
                     Err(_) => {
-                        return Ok(Err(BadHead::timeout(format!(
+                        return Ok(Err(Refusal::timeout(format!(
                             "the request head was not complete within {:?} of its first byte \
                              (timeouts.client_read)",
                             settings.client_read_timeout
@@ -183,7 +180,7 @@ impl Connection {
         &mut self,
         head: &Head,
         settings: &Settings,
-    ) -> io::Result<Result<RequestBody, BadHead>> {
+    ) -> io::Result<Result<RequestBody, Refusal>> {
         if head.body == BodyFraming::Length(0) {
             return Ok(Ok(RequestBody::Complete(Bytes::new())));
         }
@@ -194,7 +191,7 @@ impl Connection {
                 Ok(Some(body)) => return Ok(Ok(body)),
                 Ok(None) => {}
                 Err(Broken(what)) => {
-                    return Ok(Err(BadHead::malformed(format!(
+                    return Ok(Err(Refusal::malformed(format!(
                         "malformed chunked request body: {what}"
                     ))));
                 }
@@ -206,7 +203,7 @@ impl Connection {
             let read = match timeout(settings.client_read_timeout, self.fill()).await {
                 Ok(read) => read?,
                 Err(_) => {
-                    return Ok(Err(BadHead::timeout(format!(
+                    return Ok(Err(Refusal::timeout(format!(
                         "the request body paused for more than {:?} (timeouts.client_read)",
                         settings.client_read_timeout
                     ))));
@@ -269,6 +266,14 @@ impl Connection {
             }
             return Poll::Pending;
         }
+    }
+
+    /// Answers a request the server side refused itself; the connection
+    /// closes after it.
+    async fn refuse(&mut self, refusal: Refusal, version: Version) -> io::Result<()> {
+        let answer = ApiError::new(refusal.status, refusal.code, refusal.message).into_response();
+        self.respond(answer, version, false, false).await?;
+        Ok(())
     }
 
     /// Writes the answer; true when the connection can carry another

@@ -37,17 +37,18 @@ pub(crate) enum BodyFraming {
     Chunked,
 }
 
-/// Why a head was refused; the connection closes after the answer.
+/// Why the server side refused a request itself (its head, its body's
+/// framing, or its pace); the connection closes after the answer.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct BadHead {
+pub(crate) struct Refusal {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
 }
 
-impl BadHead {
+impl Refusal {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        BadHead {
+        Refusal {
             status,
             code,
             message: message.into(),
@@ -73,26 +74,26 @@ impl BadHead {
 
 /// Parses a request head from the front of `buffer` and removes it; None
 /// while the head is incomplete.
-pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, BadHead> {
+pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, Refusal> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut slots);
     let head_len = match parsed.parse(buffer) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buffer.len() > MAX_HEAD_BYTES => {
-            return Err(BadHead::too_large(format!(
+            return Err(Refusal::too_large(format!(
                 "the request head is longer than {MAX_HEAD_BYTES} bytes"
             )));
         }
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
-            return Err(BadHead::too_large(format!(
+            return Err(Refusal::too_large(format!(
                 "the request has more than {MAX_HEADERS} headers"
             )));
         }
-        Err(e) => return Err(BadHead::malformed(format!("malformed request head: {e}"))),
+        Err(e) => return Err(Refusal::malformed(format!("malformed request head: {e}"))),
     };
     if head_len > MAX_HEAD_BYTES {
-        return Err(BadHead::too_large(format!(
+        return Err(Refusal::too_large(format!(
             "the request head is longer than {MAX_HEAD_BYTES} bytes"
         )));
     }
@@ -100,7 +101,7 @@ pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, BadHead> 
     let offset = |slice: &[u8]| slice.as_ptr() as usize - start;
     let method = parsed.method.unwrap_or_default().as_bytes();
     let method = Method::from_bytes(method)
-        .map_err(|_| BadHead::malformed("the request method is not a token"))?;
+        .map_err(|_| Refusal::malformed("the request method is not a token"))?;
     let target = parsed.path.unwrap_or_default().as_bytes();
     let target = offset(target)..offset(target) + target.len();
     let version = match parsed.version {
@@ -110,7 +111,7 @@ pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, BadHead> 
     let mut fields = Vec::with_capacity(parsed.headers.len());
     for header in parsed.headers.iter() {
         let name = HeaderName::from_bytes(header.name.as_bytes()).map_err(|_| {
-            BadHead::malformed(format!("header name {:?} is not a token", header.name))
+            Refusal::malformed(format!("header name {:?} is not a token", header.name))
         })?;
         fields.push((
             name,
@@ -119,11 +120,11 @@ pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, BadHead> 
     }
     let bytes: Bytes = buffer.split_to(head_len).freeze();
     let uri = Uri::from_maybe_shared(bytes.slice(target))
-        .map_err(|e| BadHead::malformed(format!("invalid request target: {e}")))?;
+        .map_err(|e| Refusal::malformed(format!("invalid request target: {e}")))?;
     let mut headers = HeaderMap::with_capacity(fields.len());
     for (name, value) in fields {
         let value = HeaderValue::from_maybe_shared(bytes.slice(value))
-            .map_err(|_| BadHead::malformed(format!("the value of header {name} is not valid")))?;
+            .map_err(|_| Refusal::malformed(format!("the value of header {name} is not valid")))?;
         headers.append(name, value);
     }
     let body = body_framing(&headers, version)?;
@@ -145,16 +146,16 @@ pub(crate) fn take_head(buffer: &mut BytesMut) -> Result<Option<Head>, BadHead> 
     }))
 }
 
-fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, BadHead> {
+fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, Refusal> {
     let lengths = headers.get_all(CONTENT_LENGTH);
     if headers.contains_key(TRANSFER_ENCODING) {
         if lengths.iter().next().is_some() {
-            return Err(BadHead::malformed(
+            return Err(Refusal::malformed(
                 "the request has both transfer-encoding and content-length",
             ));
         }
         if version == Version::HTTP_10 {
-            return Err(BadHead::malformed(
+            return Err(Refusal::malformed(
                 "transfer-encoding is not defined for HTTP/1.0",
             ));
         }
@@ -166,7 +167,7 @@ fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, Ba
             .collect();
         return match codings.as_slice() {
             [only] if only == "chunked" => Ok(BodyFraming::Chunked),
-            [.., last] if last == "chunked" => Err(BadHead::new(
+            [.., last] if last == "chunked" => Err(Refusal::new(
                 StatusCode::NOT_IMPLEMENTED,
                 "unsupported_transfer_coding",
                 format!(
@@ -174,7 +175,7 @@ fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, Ba
                     codings.join(", ")
                 ),
             )),
-            _ => Err(BadHead::malformed(
+            _ => Err(Refusal::malformed(
                 "the last transfer coding of a request must be chunked",
             )),
         };
@@ -187,9 +188,9 @@ fn body_framing(headers: &HeaderMap, version: Version) -> Result<BodyFraming, Ba
                 (!part.is_empty() && part.len() <= 19 && part.iter().all(u8::is_ascii_digit))
                     .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
                     .flatten()
-                    .ok_or_else(|| BadHead::malformed("content-length is not a number"))?;
+                    .ok_or_else(|| Refusal::malformed("content-length is not a number"))?;
             if length.is_some_and(|l| l != parsed) {
-                return Err(BadHead::malformed(
+                return Err(Refusal::malformed(
                     "the request has differing content-lengths",
                 ));
             }
@@ -276,7 +277,7 @@ fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn parse(wire: &str) -> Result<Option<Head>, BadHead> {
+    fn parse(wire: &str) -> Result<Option<Head>, Refusal> {
         take_head(&mut BytesMut::from(wire))
     }
 
