@@ -387,7 +387,8 @@ impl StreamClient {
                 },
                 _ = heartbeat.tick() => {
                     seq += 1;
-                    let beat = AgentMessage { body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: unix_ms() })) };
+                    let survivor_gpus = self.supervisor.survivor_gpus();
+                    let beat = AgentMessage { body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: unix_ms(), survivor_gpus })) };
                     // Never wait on a stuck stream here: the silence check
                     // below must keep running.
                     match tx.try_send(beat) {

@@ -485,6 +485,20 @@ impl Supervisor {
             .collect()
     }
 
+    /// GPUs held by processes of ended shards that outlived SIGKILL, for
+    /// the heartbeat: the leader must not place on them while they run.
+    pub fn survivor_gpus(&self) -> Vec<u32> {
+        let mut gpus: Vec<u32> = self
+            .shards()
+            .values()
+            .filter(|e| !e.live() && !e.survivors().is_empty())
+            .flat_map(|e| e.spec.gpus.iter().copied())
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
     /// Every pid of every live shard (tests and diagnostics).
     pub fn pids(&self, shard_id: &str) -> Vec<i32> {
         self.shards()

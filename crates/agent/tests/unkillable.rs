@@ -204,8 +204,10 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
         h.states("stuck")
     );
 
-    // Its GPU and its port are not handed to another shard meanwhile.
+    // Its GPU and its port are not handed to another shard meanwhile, and
+    // the heartbeat tells the leader not to place on the GPU.
     gpu_0_is_refused(&mut h, "same-gpu");
+    assert_eq!(h.supervisor.survivor_gpus(), vec![0]);
     let same_port = h.start(spec("same-port", Engine::Vllm, &[1], port));
     assert!(!same_port.accepted);
     assert!(
@@ -233,6 +235,7 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
         again.message
     );
     gpu_0_is_refused(&mut h, "same-gpu-again");
+    assert_eq!(h.supervisor.survivor_gpus(), vec![0]);
 
     // The kernel lets go: the engine ends, its state file goes, and the
     // GPU is free again.
@@ -250,6 +253,7 @@ async fn an_engine_that_outlives_sigkill_fails_its_shard_and_keeps_its_gpus() {
         .await,
         "the state file outlived the processes"
     );
+    assert!(h.supervisor.survivor_gpus().is_empty());
     let after = h.start(spec("after", Engine::Vllm, &[0], free_port()));
     assert!(after.accepted, "{}", after.message);
     h.wait_for("after", ShardState::Ready, LONG).await;

@@ -37,6 +37,10 @@ pub struct LinkView {
     pub connected_for_ms: Option<u64>,
     /// The latest commands the agent refused, oldest first.
     pub refusals: Vec<Refusal>,
+    /// GPUs the agent reports held by processes that outlived SIGKILL:
+    /// nothing is placed on them until they exit.
+    #[serde(default)]
+    pub survivor_gpus: Vec<u32>,
 }
 
 /// A command the agent refused.

@@ -224,7 +224,11 @@ async fn session(
             _ = beat.tick() => {
                 seq += 1;
                 let heartbeat = AgentMessage {
-                    body: Some(Up::Heartbeat(Heartbeat { seq, sent_unix_ms: 0 })),
+                    body: Some(Up::Heartbeat(Heartbeat {
+                        seq,
+                        sent_unix_ms: 0,
+                        survivor_gpus: Vec::new(),
+                    })),
                 };
                 if tx.send(heartbeat).await.is_err() {
                     return Ok(None);

@@ -1,6 +1,6 @@
 //! The scheduler's view of the replicated fleet.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use llmgw_scheduler::{GpuView, LinkView, NodeHealth, NodeView};
 use llmgw_state::{FleetState, LinkKind, NodeRecord, NodeStatus};
@@ -23,6 +23,23 @@ pub fn held_gpus(fleet: &FleetState) -> HashSet<(String, u32)> {
 pub fn node_views(fleet: &FleetState) -> Vec<NodeView> {
     let held = held_gpus(fleet);
     fleet.nodes.values().map(|n| node_view(n, &held)).collect()
+}
+
+/// Marks GPUs held by processes that outlived SIGKILL as taken.
+pub fn take_survivor_gpus(views: &mut [NodeView], survivors: &HashMap<String, Vec<u32>>) {
+    if survivors.is_empty() {
+        return;
+    }
+    for view in views {
+        let Some(held) = survivors.get(&view.id) else {
+            continue;
+        };
+        for gpu in &mut view.gpus {
+            if held.contains(&gpu.index) {
+                gpu.free = false;
+            }
+        }
+    }
 }
 
 fn node_view(node: &NodeRecord, held: &HashSet<(String, u32)>) -> NodeView {

@@ -12,7 +12,7 @@ use llmgw_state::{
     ShardState,
 };
 
-use crate::fleet_view::node_views;
+use crate::fleet_view::{node_views, take_survivor_gpus};
 use crate::specs::managed_models;
 
 /// How the leader places and retries.
@@ -68,6 +68,10 @@ pub struct Memory {
     pub port_cursor: HashMap<String, u16>,
     /// Replicas placed by this leader, for unique ids within one ms.
     pub placed: u32,
+    /// Per node, GPUs held by processes that outlived SIGKILL, as agents
+    /// report them (set by the caller before each round): not free, though
+    /// the replicated state may hold nothing on them.
+    pub survivor_gpus: HashMap<String, Vec<u32>>,
 }
 
 impl Memory {
@@ -416,9 +420,11 @@ impl Round<'_> {
             return false;
         };
         let fleet = self.fleet;
-        let placer = self
-            .placer
-            .get_or_insert_with(|| Placer::new(node_views(fleet)));
+        let placer = self.placer.get_or_insert_with(|| {
+            let mut views = node_views(fleet);
+            take_survivor_gpus(&mut views, &self.memory.survivor_gpus);
+            Placer::new(views)
+        });
         let siblings = if placer.tracks(&model.name) {
             Siblings::default()
         } else {

@@ -418,3 +418,29 @@ fn bigger_models_are_placed_first_so_small_ones_do_not_fragment_their_nodes() {
         assert_eq!(w.node_of(&id), "c");
     }
 }
+
+#[test]
+fn gpus_held_by_processes_that_outlived_sigkill_are_not_placed_on() {
+    let mut w = World::new(&[node("a", 2, None), model("m", 2, 1, 1)]);
+    w.memory.survivor_gpus.insert("a".into(), vec![0]);
+    assert_eq!(w.round(), vec!["place_replica"], "only GPU 1 is free");
+    let placed = w.replicas_of("m");
+    assert_eq!(w.fleet.replicas[&placed[0]].shards[0].gpus, vec![1]);
+    let why = w
+        .memory
+        .unplaced
+        .get("m")
+        .expect("the second replica explained");
+    assert!(why.contains("GPU"), "{why}");
+
+    // The processes are gone: the second replica goes on GPU 0.
+    w.memory.survivor_gpus.clear();
+    w.now_ms += w.settings.retry_max_ms;
+    assert_eq!(w.round(), vec!["place_replica"]);
+    let gpus: Vec<Vec<u32>> = w
+        .replicas_of("m")
+        .iter()
+        .map(|r| w.fleet.replicas[r].shards[0].gpus.clone())
+        .collect();
+    assert!(gpus.contains(&vec![0]), "{gpus:?}");
+}

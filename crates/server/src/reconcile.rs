@@ -67,6 +67,7 @@ pub async fn run_reconciler(
             continue;
         }
         last_round = Some((applied, tokio::time::Instant::now()));
+        memory.survivor_gpus = hub.survivor_gpus();
         let commands = control.read(|fleet| decide(fleet, &mut memory, &settings, now_ms()));
         let _ =
             crate::propose::propose_all(&control, crate::propose::Author::Leader(term), commands)

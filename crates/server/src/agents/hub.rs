@@ -21,6 +21,8 @@ use tonic::Status;
 
 const REFUSALS_KEPT: usize = 10;
 const REFUSAL_BYTES: usize = 1024;
+/// More GPUs than any node has: the rest of a longer list is dropped.
+const SURVIVOR_GPUS_KEPT: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Sent {
@@ -53,6 +55,9 @@ struct State {
     /// last heartbeat, not from the cut.
     departed: HashMap<String, Instant>,
     refusals: HashMap<String, VecDeque<Refusal>>,
+    /// Per node, GPUs its agent reports held by processes that outlived
+    /// SIGKILL, from its latest heartbeat.
+    survivor_gpus: HashMap<String, Vec<u32>>,
 }
 
 impl State {
@@ -270,6 +275,25 @@ impl Hub {
         }));
     }
 
+    /// Keeps what the node's latest heartbeat says about GPUs held by
+    /// processes that outlived SIGKILL. An agent is outside input: a list
+    /// longer than any node's GPUs is cut.
+    pub fn note_survivor_gpus(&self, node: &str, mut gpus: Vec<u32>) {
+        let mut state = self.lock();
+        if gpus.is_empty() {
+            state.survivor_gpus.remove(node);
+        } else {
+            gpus.truncate(SURVIVOR_GPUS_KEPT);
+            state.survivor_gpus.insert(node.to_owned(), gpus);
+        }
+    }
+
+    /// GPUs held by processes that outlived SIGKILL, per node, as agents
+    /// last reported them to this peer.
+    pub fn survivor_gpus(&self) -> HashMap<String, Vec<u32>> {
+        self.lock().survivor_gpus.clone()
+    }
+
     pub fn refused(&self, node: &str, mut refusal: Refusal) {
         self.refusals_total.fetch_add(1, Ordering::Relaxed);
         // An agent writes the message: keep what a person reads.
@@ -318,6 +342,7 @@ impl Hub {
                 .get(node)
                 .map(|r| r.iter().cloned().collect())
                 .unwrap_or_default(),
+            survivor_gpus: state.survivor_gpus.get(node).cloned().unwrap_or_default(),
         }
     }
 

@@ -234,6 +234,7 @@ async fn read_agent(
                     // lease: a leader cut off from its peers must not keep
                     // its agents attached.
                     Some(Up::Heartbeat(beat)) => {
+                        hub.note_survivor_gpus(&node, beat.survivor_gpus);
                         if let Some(term) = control.leading_term() {
                             hub.answer_heartbeat(&node, session, term, beat.seq);
                         }
