@@ -110,6 +110,14 @@ pub fn node_detail(node: &NodeView) -> String {
     for warning in &inventory.warnings {
         let _ = writeln!(out, "warning: {warning}");
     }
+    for stream in node.stream.iter().filter(|s| !s.survivor_gpus.is_empty()) {
+        let gpus: Vec<String> = stream.survivor_gpus.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            out,
+            "GPU(s) {} held by processes that outlived SIGKILL: nothing is placed on them until they exit",
+            gpus.join(", ")
+        );
+    }
     let refusals = node.stream.iter().flat_map(|stream| &stream.refusals);
     for refusal in refusals {
         let _ = writeln!(
