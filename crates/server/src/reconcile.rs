@@ -8,7 +8,7 @@ use std::time::Duration;
 use llmgw_raft::{ControlPlane, WatchReceiver, now_ms};
 use tokio::sync::watch;
 
-pub use llmgw_reconcile::{Memory, PlanSettings, decide, node_views};
+pub use llmgw_reconcile::{Memory, PlanSettings, decide, node_views, take_survivor_gpus};
 
 use crate::agents::Hub;
 

@@ -53,8 +53,12 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             why.push(')');
             // Nothing placed at all: say why, as `explain` would.
             if counts.is_empty()
-                && let Ok(explained) =
-                    crate::api::explain_model(fleet, &model.name, Default::default())
+                && let Ok(explained) = crate::api::explain_model(
+                    fleet,
+                    &model.name,
+                    Default::default(),
+                    &std::collections::HashMap::new(),
+                )
                 && let Some(text) = explained.explanation
             {
                 why.push_str(&format!("; {text}"));

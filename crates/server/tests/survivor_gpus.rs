@@ -135,6 +135,14 @@ async fn gpus_held_by_processes_that_outlived_sigkill_get_nothing_new() {
         .await
         .unwrap();
     assert_eq!(node["stream"]["survivor_gpus"], json!([0]), "{node}");
+    // So does the leader's explanation of the pending replica.
+    let (_, explained) = cluster
+        .get(leader, "/api/v1/models/m/explain")
+        .await
+        .unwrap();
+    assert_eq!(explained["pending"], 1, "{explained}");
+    let why = explained["explanation"].as_str().unwrap_or_default();
+    assert!(why.contains("GPU"), "{explained}");
     // Rounds keep running (heartbeats, retries): still nothing on GPU 0.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(placed_gpus(&cluster, leader, "m").await, [vec![1]]);

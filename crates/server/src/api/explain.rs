@@ -1,9 +1,11 @@
 //! `GET /api/v1/models/{name}/explain`: why each replica is where it is,
 //! and why the rest are pending, with the scheduler's counts per reason.
 //! Any peer answers from its applied state by running the same pure
-//! placement function the leader runs.
+//! placement function the leader runs; the leader also counts the GPUs
+//! agents report held by processes that outlived SIGKILL, which only it
+//! hears of.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -13,7 +15,7 @@ use llmgw_scheduler::{Explanation, NodeView, Request, Siblings};
 use llmgw_state::{FleetState, Replica};
 
 use super::{ApiError, ApiState, ReadQuery};
-use crate::reconcile::node_views;
+use crate::reconcile::{node_views, take_survivor_gpus};
 
 pub async fn explain(
     State(state): State<ApiState>,
@@ -22,16 +24,23 @@ pub async fn explain(
 ) -> Result<Json<ModelExplanation>, ApiError> {
     state.before_read(&query).await?;
     let strategy = state.placement.strategy;
+    let survivor_gpus = match state.control.leading_term() {
+        Some(_) => state.hub.survivor_gpus(),
+        None => HashMap::new(),
+    };
     state
         .control
-        .read(|fleet| explain_model(fleet, &name, strategy))
+        .read(|fleet| explain_model(fleet, &name, strategy, &survivor_gpus))
         .map(Json)
 }
 
+/// `survivor_gpus`: per node, GPUs held by processes that outlived
+/// SIGKILL (empty where this peer does not lead).
 pub fn explain_model(
     fleet: &FleetState,
     name: &str,
     strategy: llmgw_scheduler::Strategy,
+    survivor_gpus: &HashMap<String, Vec<u32>>,
 ) -> Result<ModelExplanation, ApiError> {
     let record = fleet
         .models
@@ -45,7 +54,8 @@ pub fn explain_model(
     let Some(managed) = model.managed() else {
         return Ok(static_model_explanation(name, model));
     };
-    let views = node_views(fleet);
+    let mut views = node_views(fleet);
+    take_survivor_gpus(&mut views, survivor_gpus);
     let placed = explain_replicas(fleet, name, managed, &views);
     let pending = record.desired_replicas.saturating_sub(placed.serving);
     let (explanation, detail) = if pending == 0 {
