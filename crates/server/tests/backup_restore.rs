@@ -14,7 +14,6 @@ use llmgw_api::{ReplicaState, ReplicaView};
 use llmgw_dev::L40S_PCIE;
 use llmgw_test_kit::agents::Agent;
 use llmgw_test_kit::{Cluster, llmgw_bin};
-use reqwest::Method;
 use serde_json::json;
 
 fn field<'a>(text: &'a str, name: &str) -> &'a str {
@@ -85,16 +84,7 @@ async fn qwen_placed_and_ready(cluster: &Cluster, leader: u64) -> ReplicaView {
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                       "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
     });
-    let (status, body) = cluster
-        .send(
-            leader,
-            Method::PUT,
-            "/api/v1/models/qwen",
-            Some(model.to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{body}");
+    cluster.put_model_spec(leader, &model).await;
     cluster.eventually("qwen ready", || ready(cluster)).await
 }
 

@@ -16,17 +16,7 @@ use serde_json::{Value, json};
 const LIVENESS: &str = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
 
 async fn put(cluster: &Cluster, peer: u64, model: Value) {
-    let name = model["name"].as_str().unwrap().to_owned();
-    let (status, body) = cluster
-        .send(
-            peer,
-            Method::PUT,
-            &format!("/api/v1/models/{name}"),
-            Some(model.to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "PUT {name}: {body}");
+    cluster.put_model_spec(peer, &model).await;
 }
 
 /// Replicas of `model` by id, as `peer` sees them.

@@ -9,7 +9,6 @@ use llmgw_proto::agent::agent_message::Body as Up;
 use llmgw_proto::agent::agent_service_client::AgentServiceClient;
 use llmgw_proto::agent::{AgentMessage, EngineAvailable, Gpu, Heartbeat, Inventory, Register};
 use llmgw_test_kit::Cluster;
-use reqwest::Method;
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -109,16 +108,7 @@ async fn gpus_held_by_processes_that_outlived_sigkill_get_nothing_new() {
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
                       "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
     });
-    let (status, body) = cluster
-        .send(
-            leader,
-            Method::PUT,
-            "/api/v1/models/m",
-            Some(model.to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "{body}");
+    cluster.put_model_spec(leader, &model).await;
 
     // One replica fits, on GPU 1; the other waits for a free GPU.
     cluster

@@ -342,6 +342,22 @@ impl Cluster {
         .await
     }
 
+    /// PUTs the catalog entry `spec` (its `name` names it) through peer
+    /// `id`; panics with the answer unless it is accepted.
+    pub async fn put_model_spec(&self, id: u64, spec: &Value) {
+        let name = spec["name"].as_str().expect("a model spec has a name");
+        let (status, body) = self
+            .send(
+                id,
+                reqwest::Method::PUT,
+                &paths::model(name),
+                Some(spec.to_string()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("PUT {name}: {e}"));
+        assert_eq!(status, 200, "PUT {name}: {body}");
+    }
+
     /// Waits until every running peer names the same running leader;
     /// returns it.
     pub async fn wait_leader(&self) -> u64 {
