@@ -118,6 +118,7 @@ impl FleetState {
                 }
                 Outcome::Applied
             }
+            Command::SeedCatalog { models, at_ms } => self.seed_catalog(models, *at_ms),
             Command::Unknown => Outcome::Applied,
         }
     }

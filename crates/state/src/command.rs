@@ -141,6 +141,15 @@ pub enum Command {
         commands: Vec<Command>,
         at_ms: u64,
     },
+    /// The catalog configured on the peers that formed the cluster
+    /// (server.yaml `catalog`). Applies once per cluster, and only to an
+    /// empty catalog, so a seeder may propose it again after any failure
+    /// (an ambiguous answer, a lost leader, a restart) without ever
+    /// writing it twice or over what an operator put since.
+    SeedCatalog {
+        models: Vec<SeedModel>,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -166,6 +175,7 @@ impl Command {
             Command::StopReplica { .. } => "stop_replica",
             Command::Batch { .. } => "batch",
             Command::Decided { .. } => "decided",
+            Command::SeedCatalog { .. } => "seed_catalog",
             Command::Unknown => "unknown",
         }
     }
@@ -190,10 +200,20 @@ impl std::fmt::Display for Command {
             Command::Decided {
                 leader, commands, ..
             } => format!("of {} by {leader}", commands.len()),
+            Command::SeedCatalog { models, .. } => format!("of {} models", models.len()),
             Command::Unknown => return f.write_str("unknown"),
         };
         write!(f, "{} {subject}", self.kind())
     }
+}
+
+/// One catalog entry of a [`Command::SeedCatalog`], as [`Command::PutModel`]
+/// writes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedModel {
+    pub name: String,
+    pub spec: ModelSpec,
+    pub replicas: u32,
 }
 
 /// A Raft leadership: the term and the leader's peer id. Raft here may

@@ -14,7 +14,7 @@ mod model_spec;
 mod ports;
 mod types;
 
-pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind};
+pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind, SeedModel};
 pub use hash::StateHash;
 pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;

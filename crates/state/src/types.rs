@@ -23,6 +23,11 @@ pub struct FleetState {
     /// admitted again: a returning peer with an old log under a reused id
     /// could vote with state the cluster has forgotten.
     pub removed_peers: BTreeSet<u64>,
+    /// Whether a [`Command::SeedCatalog`](crate::Command::SeedCatalog)
+    /// applied. Left out of the encoding while false, so the snapshots and
+    /// hashes of clusters from before it keep their bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub catalog_seeded: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

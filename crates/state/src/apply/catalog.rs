@@ -1,6 +1,6 @@
 //! The model catalog: entries, and names and aliases as one namespace.
 
-use crate::command::{Outcome, Rejection};
+use crate::command::{Outcome, Rejection, SeedModel};
 use crate::model_spec::ModelSpec;
 use crate::types::{FleetState, ModelRecord};
 
@@ -28,6 +28,26 @@ impl FleetState {
                 last_failure: self.models.get(name).and_then(|m| m.last_failure.clone()),
             },
         );
+        Outcome::Applied
+    }
+
+    /// Fills an empty catalog once per cluster. Each entry applies or is
+    /// refused on its own, as in a batch.
+    pub(super) fn seed_catalog(&mut self, models: &[SeedModel], at_ms: u64) -> Outcome {
+        if self.catalog_seeded {
+            return Rejection::conflict("the configured catalog was seeded already");
+        }
+        if !self.models.is_empty() {
+            return Rejection::conflict(format!(
+                "the catalog holds {} model(s) already; a configured catalog seeds only an \
+                 empty one (change it with PUT /api/v1/models/NAME)",
+                self.models.len()
+            ));
+        }
+        self.catalog_seeded = true;
+        for model in models {
+            self.put_model(&model.name, &model.spec, model.replicas, at_ms);
+        }
         Outcome::Applied
     }
 

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use crate::{
     Command, FleetState, Gpu, Leadership, ModelSpec, NodeInventory, NodeStatus, Outcome,
-    RejectionKind, ReplicaState, Shard, ShardFailure, ShardState,
+    RejectionKind, ReplicaState, SeedModel, Shard, ShardFailure, ShardState,
 };
 
 fn register(id: &str, at_ms: u64) -> Command {
@@ -553,6 +553,69 @@ fn retired_peers_are_remembered() {
     );
 }
 
+fn seed(names: &[&str]) -> Command {
+    let models = names
+        .iter()
+        .map(|name| match put_model(name, 2) {
+            Command::PutModel {
+                name,
+                spec,
+                replicas,
+                ..
+            } => SeedModel {
+                name,
+                spec,
+                replicas,
+            },
+            _ => unreachable!("put_model makes a PutModel"),
+        })
+        .collect();
+    Command::SeedCatalog { models, at_ms: 7 }
+}
+
+#[test]
+fn the_configured_catalog_seeds_an_empty_catalog_once() {
+    let mut state = FleetState::default();
+    assert_eq!(state.apply(&seed(&["llama", "qwen"])), Outcome::Applied);
+    assert_eq!(state.models.keys().collect::<Vec<_>>(), ["llama", "qwen"]);
+    assert_eq!(state.models["llama"].desired_replicas, 2);
+    assert!(state.catalog_seeded);
+
+    // Proposed again (an ambiguous answer, another forming peer): refused,
+    // and what an operator changed since stands.
+    state.apply(&Command::DeleteModel {
+        name: "qwen".into(),
+        at_ms: 8,
+    });
+    let before = state.clone();
+    assert_eq!(
+        rejected_kind(state.apply(&seed(&["llama", "qwen"]))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(state, before);
+
+    // A catalog written before seeding existed (or by an operator first)
+    // is never overwritten either.
+    let mut written = FleetState::default();
+    written.apply(&put_model("mistral", 1));
+    assert_eq!(
+        rejected_kind(written.apply(&seed(&["llama"]))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(written.models.keys().collect::<Vec<_>>(), ["mistral"]);
+    assert!(!written.catalog_seeded);
+}
+
+#[test]
+fn an_unseeded_state_encodes_as_before_seeding_existed() {
+    let text = serde_json::to_string(&FleetState::default()).unwrap();
+    assert!(!text.contains("catalog_seeded"), "{text}");
+    let mut seeded = FleetState::default();
+    seeded.apply(&seed(&["llama"]));
+    let back: FleetState = serde_json::from_str(&serde_json::to_string(&seeded).unwrap()).unwrap();
+    assert_eq!(back, seeded);
+}
+
 fn arb_command() -> impl Strategy<Value = Command> {
     let node = prop::sample::select(vec!["gpu-1", "gpu-2", "gpu-3"]).prop_map(str::to_owned);
     let model = prop::sample::select(vec!["llama", "qwen"]).prop_map(str::to_owned);
@@ -609,6 +672,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
             at_ms
         }),
         (1u64..6, at).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
+        Just(seed(&["llama", "qwen"])),
     ]
 }
 
