@@ -17,6 +17,7 @@ use crate::LlmgwRaft;
 use crate::disk::DiskGuard;
 use crate::error::ControlError;
 use crate::forward::{ForwardFailure, ForwardRequest, ForwardResponse};
+use crate::lease::InactiveLeader;
 use crate::network::{self, Failure, NetworkFactory, Peers};
 use crate::settings::RaftSettings;
 use crate::status::PeerStatus;
@@ -239,7 +240,7 @@ impl ControlPlane {
         let metrics = metrics.borrow_watched();
         let leads =
             metrics.state == ServerState::Leader && metrics.current_leader == Some(self.inner.id);
-        (leads && self.inactive_reason(&metrics).is_none()).then_some(metrics.current_term)
+        (leads && self.inactive(&metrics).is_none()).then_some(metrics.current_term)
     }
 
     /// Why this peer, while Raft calls it leader, must not act on the
@@ -248,41 +249,20 @@ impl ControlPlane {
     /// committed (it would decide from an old view). `None` when it is not
     /// the leader or may act.
     pub fn inactive_leader_reason(&self) -> Option<String> {
+        self.inactive_leader().map(|inactive| inactive.to_string())
+    }
+
+    fn inactive_leader(&self) -> Option<InactiveLeader> {
         let metrics = self.inner.raft.metrics();
         let metrics = metrics.borrow_watched();
         if metrics.state != ServerState::Leader {
             return None;
         }
-        self.inactive_reason(&metrics)
+        self.inactive(&metrics)
     }
 
-    fn inactive_reason(&self, metrics: &RaftMetrics<TypeConfig>) -> Option<String> {
-        let (id, term) = (self.inner.id, metrics.current_term);
-        let lease = self.inner.settings.leader_lease();
-        if let Some(lapse) = lease_lapse(metrics, lease) {
-            let heard = match lapse {
-                Some(age) => format!("for {:.1}s", age.as_secs_f64()),
-                None => "since it was elected".to_owned(),
-            };
-            return Some(format!(
-                "peer {id} leads term {term} but no majority of peers has answered it {heard} \
-                 (lease {lease:?}); it acts on nothing until a majority answers or another \
-                 peer is elected"
-            ));
-        }
-        // The first entry of a term is the new leader's own; once it is
-        // applied, so is everything committed before the term.
-        let caught_up = metrics.last_applied.as_ref().is_some_and(|applied| {
-            let by = applied.committed_leader_id();
-            by.term == term && by.node_id == id
-        });
-        (!caught_up).then(|| {
-            format!(
-                "peer {id} leads term {term} but is still applying what earlier leaders \
-                 committed (applied up to {:?})",
-                metrics.last_applied.as_ref().map(|l| l.index)
-            )
-        })
+    fn inactive(&self, metrics: &RaftMetrics<TypeConfig>) -> Option<InactiveLeader> {
+        InactiveLeader::of(self.inner.id, metrics, self.inner.settings.leader_lease())
     }
 
     /// Notes that `leader` just appended to this peer (entries or a
@@ -476,12 +456,19 @@ impl ControlPlane {
             let response = match self.leader() {
                 Some((id, _)) if id == self.inner.id => {
                     match self.handle_locally(request.clone()).await {
-                        // openraft refuses proposals while the quorum lease
-                        // has lapsed; waiting here would only hang the
-                        // client, and no other peer is named to try.
+                        // openraft refuses proposals until a majority has
+                        // answered this leader within the lease. Once
+                        // answered and lapsed, waiting would only hang the
+                        // client (no other peer is named to try); a leader
+                        // elected a moment ago is answered within a
+                        // heartbeat, so the request waits for it.
                         ForwardResponse::NotLeader { leader: None } => {
-                            if let Some(why) = self.inactive_leader_reason() {
-                                return Err(ControlError::NoLeader(why));
+                            match self.inactive_leader() {
+                                Some(inactive) if !inactive.settling() => {
+                                    return Err(ControlError::NoLeader(inactive.to_string()));
+                                }
+                                Some(inactive) => last_problem = inactive.to_string(),
+                                None => {}
                             }
                             ForwardResponse::NotLeader { leader: None }
                         }
@@ -861,22 +848,6 @@ impl ControlPlane {
         if let Err(error) = self.inner.raft.shutdown().await {
             tracing::warn!(%error, "Raft shutdown");
         }
-    }
-}
-
-/// `None` while the leader's quorum lease is live (or it is the only
-/// voter); otherwise how long ago a majority last acknowledged it, itself
-/// `None` when no majority has acknowledged it yet.
-fn lease_lapse(metrics: &RaftMetrics<TypeConfig>, lease: Duration) -> Option<Option<Duration>> {
-    if metrics.membership_config.membership().voter_ids().count() <= 1 {
-        return None;
-    }
-    match metrics.last_quorum_acked.as_deref() {
-        Some(acked) => {
-            let age = acked.elapsed();
-            (age >= lease).then_some(Some(age))
-        }
-        None => Some(None),
     }
 }
 

@@ -14,6 +14,7 @@ mod disk;
 mod error;
 mod forward;
 mod inbound;
+mod lease;
 mod network;
 mod service;
 mod settings;
