@@ -21,6 +21,7 @@ mod propose;
 pub mod reconcile;
 mod restore;
 pub mod routes;
+mod seed;
 mod serve;
 
 pub use api::{ApiState, router};

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tokio::task::{JoinError, JoinHandle};
 
 use llmgw_catalog::Catalog;
-use llmgw_state::{Command, ModelSpec};
 
 use crate::admin_listener::{AdminListener, Caller};
 use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
@@ -241,14 +240,20 @@ fn spawn_grpc(
     tokio::spawn(grpc)
 }
 
-/// Forms the cluster when this peer is the one to, then seeds it with the
-/// configured catalog.
+/// Forms the cluster when this peer is the one to; then, on a peer of a
+/// cluster formed as new, makes sure the configured catalog is seeded.
 fn spawn_bootstrap(control: ControlPlane, seed_catalog: Option<Catalog>) {
     tokio::spawn(async move {
-        if control.bootstrap().await
-            && let Some(catalog) = seed_catalog
-        {
-            seed(&control, catalog).await;
+        control.bootstrap().await;
+        if let Some(catalog) = seed_catalog {
+            if control.settings().form_new_cluster {
+                crate::seed::seed_catalog(&control, catalog).await;
+            } else {
+                tracing::info!(
+                    "initial_cluster_state is `existing`: the configured catalog seeds only a \
+                     cluster formed as `new`, and is not written"
+                );
+            }
         }
     });
 }
@@ -321,28 +326,6 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
-}
-
-/// Writes the configured catalog into a cluster this peer just formed.
-async fn seed(control: &ControlPlane, catalog: Catalog) {
-    let at_ms = llmgw_raft::now_ms();
-    let mut names = Vec::new();
-    let mut commands = Vec::new();
-    for model in catalog.models {
-        names.push(model.name.clone());
-        commands.push(Command::PutModel {
-            name: model.name.clone(),
-            replicas: model.desired_replicas(),
-            spec: ModelSpec::new(model),
-            at_ms,
-        });
-    }
-    // One entry: the first placement round sees the whole catalog, so it
-    // places the biggest models first instead of whichever came first.
-    match control.write(Command::Batch { commands, at_ms }).await {
-        Ok(_) => tracing::info!(models = ?names, "catalog seeded"),
-        Err(error) => tracing::error!(models = ?names, %error, "seeding the catalog failed"),
-    }
 }
 
 /// Connections waiting to be accepted on the gRPC port. A fleet of

@@ -100,7 +100,7 @@ fn browser_unavailable() -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_browser_follows_a_failover_and_a_drain() {
     if let Some(why) = browser_unavailable() {
-        println!("SKIPPED: {why}");
+        llmgw_test_kit::skipped("console in a browser", &why);
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -109,10 +109,8 @@ async fn the_console_in_a_real_browser_follows_a_failover_and_a_drain() {
         .output()
         .unwrap();
     if !venv.status.success() {
-        println!(
-            "SKIPPED: no Selenium: {}",
-            String::from_utf8_lossy(&venv.stderr)
-        );
+        let why = format!("no Selenium: {}", String::from_utf8_lossy(&venv.stderr));
+        llmgw_test_kit::skipped("console in a browser", &why);
         return;
     }
     let python = String::from_utf8_lossy(&venv.stdout).trim().to_owned();

@@ -14,7 +14,7 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     // SAFETY: geteuid has no preconditions.
     #[allow(unsafe_code)]
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED: mounting a tmpfs needs root");
+        llmgw_test_kit::skipped("disk full", "mounting a tmpfs needs root");
         return;
     }
     let mut mounted: Option<Result<Tmpfs, String>> = None;
@@ -24,7 +24,7 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     let tmpfs = match mounted.expect("prepare ran") {
         Ok(tmpfs) => tmpfs,
         Err(why) => {
-            println!("SKIPPED: cannot mount a tmpfs: {why}");
+            llmgw_test_kit::skipped("disk full", &format!("cannot mount a tmpfs: {why}"));
             return;
         }
     };
