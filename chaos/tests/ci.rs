@@ -40,7 +40,7 @@ fn run_with(name: &str, seed: u64, options: RunOptions) -> Option<RunReport> {
     // One cluster at a time: three peers with fsync each on a 2-core machine.
     let _serial = one_cluster_at_a_time();
     if let Err(why) = llmgw_chaos::preflight() {
-        println!("SKIPPED: {why}");
+        llmgw_test_kit::skipped(&format!("chaos {name}"), &why);
         return None;
     }
     let scenario = scenario::find(name).expect("scenario in the catalogue");

@@ -11,7 +11,7 @@ fn mounted() -> Option<(tempfile::TempDir, LazyDisk)> {
     #[allow(unsafe_code)]
     let root = unsafe { libc::geteuid() } == 0;
     if !root || !std::path::Path::new("/dev/fuse").exists() {
-        println!("SKIPPED: needs root and /dev/fuse");
+        llmgw_test_kit::skipped("power-cut filesystem", "needs root and /dev/fuse");
         return None;
     }
     let dir = tempfile::tempdir().unwrap();

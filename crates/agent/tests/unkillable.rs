@@ -104,7 +104,7 @@ impl Mounted {
         #[allow(unsafe_code)]
         let root = unsafe { libc::geteuid() } == 0;
         if !root || !Path::new("/dev/fuse").exists() {
-            println!("SKIPPED: needs root and /dev/fuse");
+            llmgw_test_kit::skipped("engines that outlive SIGKILL", "needs root and /dev/fuse");
             return None;
         }
         let mountpoint = dir.join("models");

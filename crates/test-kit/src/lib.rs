@@ -4,8 +4,8 @@
 //! ([`eventually`], [`wait_until`]), a three-peer cluster of real
 //! `llmgw server` processes ([`Cluster`]) with real agents
 //! ([`agents::Agent`]), `llmgw dev` under test ([`dev::Dev`]), chat
-//! requests ([`chat`], [`stream_chat`]) and Prometheus text
-//! ([`metric`]).
+//! requests ([`chat`], [`stream_chat`]), Prometheus text ([`metric`]),
+//! and tests that cannot run on this machine ([`skipped`]).
 //!
 //! Tests read the admin API through the typed contract of `llmgw-api`
 //! ([`Cluster::get_json`], [`get_json`]), so a renamed field fails to
@@ -22,6 +22,7 @@ pub mod dev;
 mod http;
 mod metrics;
 pub mod process;
+mod skip;
 mod tmpfs;
 mod wait;
 
@@ -30,6 +31,7 @@ pub use chat::{chat, stream_chat};
 pub use cluster::{Cluster, Peer, one_cluster_at_a_time};
 pub use http::{admin_client, decode, get_json};
 pub use metrics::metric;
+pub use skip::skipped;
 pub use tmpfs::Tmpfs;
 pub use wait::{DEADLINE, eventually, poll_until_ok, wait_until, wait_until_blocking};
 
