@@ -260,10 +260,15 @@ fn chat_load(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_restarts() {
     if let Some(why) = unavailable() {
-        println!("SKIPPED: {why}");
+        llmgw_test_kit::skipped("deploy/compose", &why);
         return;
     }
-    let run_id = format!("{:x}", std::process::id());
+    // Unique per run, even after an earlier run with the same pid was
+    // killed before it could clean up.
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let run_id = format!("{:x}{:x}", std::process::id(), since_epoch.as_millis());
     let mut compose = Compose {
         project: format!("llmgwtest{run_id}"),
         image: format!("llmgw:test-{run_id}"),
@@ -271,6 +276,17 @@ async fn a_three_host_cluster_on_docker_serves_through_kills_partitions_and_rest
         router_port: free_port(),
         up: false,
     };
+    // Nothing from an earlier run: no image under this tag, no container,
+    // network or volume of this project. A warm machine must not win the
+    // start-up races a newcomer's machine loses.
+    let earlier = run(Command::new("docker").args(["image", "inspect", &compose.image]));
+    assert!(
+        !earlier.status.success(),
+        "image {} exists before this run built it",
+        compose.image
+    );
+    let left = compose.leftovers();
+    assert!(left.is_empty(), "an earlier run left: {left:?}");
     // The image from the binaries this test run built.
     let bins = Path::new(env!("CARGO_BIN_EXE_llmgw")).parent().unwrap();
     let image = run(Command::new(repo_root().join("scripts/image"))
