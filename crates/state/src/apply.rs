@@ -114,7 +114,12 @@ impl FleetState {
             Command::Batch { commands, .. } | Command::Decided { commands, .. } => {
                 let mut holders = None;
                 for command in commands {
-                    self.apply_with(command, &mut holders);
+                    // The leadership check is made on the log entry's own
+                    // command only: a decision nested inside would escape
+                    // it, so it is refused. Nothing proposes one.
+                    if !matches!(command, Command::Decided { .. }) {
+                        self.apply_with(command, &mut holders);
+                    }
                 }
                 Outcome::Applied
             }

@@ -42,11 +42,24 @@ impl FleetState {
                 shards.len()
             ));
         }
+        let mut listed: BTreeSet<(&str, u32)> = BTreeSet::new();
         for shard in shards {
-            if !self.nodes.contains_key(&shard.node) {
+            let Some(node) = self.nodes.get(&shard.node) else {
                 return unknown_node(&shard.node);
-            }
+            };
             for gpu in &shard.gpus {
+                if !node.inventory.gpus.iter().any(|g| g.index == *gpu) {
+                    return Rejection::invalid(format!(
+                        "replica {id}: node {} has no GPU {gpu}",
+                        shard.node
+                    ));
+                }
+                if !listed.insert((shard.node.as_str(), *gpu)) {
+                    return Rejection::invalid(format!(
+                        "replica {id} lists GPU {gpu} on node {} twice",
+                        shard.node
+                    ));
+                }
                 if let Some(holder) = holders.gpu(&shard.node, *gpu) {
                     return Rejection::conflict(format!(
                         "GPU {gpu} on node {} is already used by replica {holder}",

@@ -198,6 +198,24 @@ fn placement_is_checked_against_catalog_nodes_ranks_and_gpus() {
         rejected_kind(state.apply(&duplicate)),
         RejectionKind::Conflict
     );
+    // GPUs the node does not have, or one GPU given to a replica twice.
+    let absent = place("r5", "llama", vec![shard("gpu-1", &[7], 0)]);
+    assert_eq!(rejected_kind(state.apply(&absent)), RejectionKind::Invalid);
+    let twice_in_a_shard = place("r6", "llama", vec![shard("gpu-1", &[2, 2], 0)]);
+    assert_eq!(
+        rejected_kind(state.apply(&twice_in_a_shard)),
+        RejectionKind::Invalid
+    );
+    let twice_across_ranks = place(
+        "r7",
+        "llama",
+        vec![shard("gpu-1", &[2], 0), shard("gpu-1", &[2], 1)],
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&twice_across_ranks)),
+        RejectionKind::Invalid
+    );
+    assert_eq!(state.replicas.keys().collect::<Vec<_>>(), ["r1"]);
 }
 
 #[test]
@@ -382,6 +400,52 @@ fn a_superseded_leaderships_decisions_are_refused_at_apply() {
         state.apply_entry(new, &register("gpu-2", 3)),
         Outcome::Applied
     );
+}
+
+#[test]
+fn a_decision_nested_in_a_batch_never_escapes_the_leadership_check() {
+    let mut state = FleetState::default();
+    state.apply(&register("gpu-1", 1));
+    let old = Leadership { term: 4, leader: 1 };
+    let new = Leadership { term: 5, leader: 2 };
+    let verdict = |status| Command::SetNodeStatus {
+        id: "gpu-1".into(),
+        status,
+        based_on: None,
+        at_ms: 2,
+    };
+    let smuggled = Command::Batch {
+        commands: vec![
+            Command::Decided {
+                leader: old,
+                commands: vec![verdict(NodeStatus::Lost)],
+                at_ms: 2,
+            },
+            Command::Cordon {
+                id: "gpu-1".into(),
+                at_ms: 2,
+            },
+        ],
+        at_ms: 2,
+    };
+    assert_eq!(state.apply_entry(new, &smuggled), Outcome::Applied);
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Ready);
+    assert!(
+        state.nodes["gpu-1"].cordoned,
+        "the batch's own command applies"
+    );
+    // Even by the leadership it names: only the entry's own command counts.
+    let nested = Command::Decided {
+        leader: old,
+        commands: vec![Command::Decided {
+            leader: old,
+            commands: vec![verdict(NodeStatus::Lost)],
+            at_ms: 3,
+        }],
+        at_ms: 3,
+    };
+    assert_eq!(state.apply_entry(old, &nested), Outcome::Applied);
+    assert_eq!(state.nodes["gpu-1"].status, NodeStatus::Ready);
 }
 
 fn report(state: ShardState, seq: u64) -> Command {
