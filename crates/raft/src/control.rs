@@ -301,6 +301,31 @@ impl ControlPlane {
             .map(|(_, at)| at.elapsed())
     }
 
+    /// Why openraft's core stopped, once it has: a storage error, or any
+    /// other fatal one. Never resolves while the core runs.
+    pub async fn core_stopped(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_watched().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the Raft core ended".to_owned();
+            }
+        }
+    }
+
+    /// Why the Raft core is not running, `None` while it is.
+    pub fn core_failure(&self) -> Option<String> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        metrics
+            .running_state
+            .as_ref()
+            .err()
+            .map(|fatal| fatal.to_string())
+    }
+
     /// The known leader and how to reach it.
     pub fn leader(&self) -> Option<(u64, PeerNode)> {
         let metrics = self.inner.raft.metrics();

@@ -50,6 +50,11 @@ pub enum ServerError {
     },
     #[error("the {what} server failed: {message}")]
     Serve { what: &'static str, message: String },
+    #[error(
+        "the Raft core stopped ({0}); this peer exited rather than serve frozen state, \
+         and its supervisor may start it again"
+    )]
+    RaftStopped(String),
 }
 
 /// Runs the peer until `shutdown` resolves.
@@ -80,6 +85,8 @@ pub async fn serve(
     );
 
     let hub = Arc::new(Hub::for_peer(options.id));
+    let core_stopped = Arc::new(std::sync::OnceLock::new());
+    let shutdown = shutdown_or_core_stopped(control.clone(), shutdown, core_stopped.clone());
     let stop_rx = spawn_shutdown_watch(hub.clone(), shutdown);
     let agents = spawn_agent_loops(&control, &hub, &options, &stop_rx);
     let router = start_router(&control, options.router_listen)?;
@@ -103,7 +110,34 @@ pub async fn serve(
     drop(router);
     control.shutdown().await;
     let grpc_result = grpc.await;
+    if let Some(why) = core_stopped.get() {
+        return Err(ServerError::RaftStopped(why.clone()));
+    }
     served(admin_result, grpc_result)
+}
+
+/// `shutdown`, or the Raft core stopping on its own (a storage error such
+/// as EIO, or ENOSPC past the reserve), whichever comes first; the latter
+/// noted in `core_stopped`. A peer whose core stopped would go on serving
+/// reads and routes from a state frozen in time while looking healthy; it
+/// stops instead, so its supervisor restarts it from its disk.
+fn shutdown_or_core_stopped(
+    control: ControlPlane,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    core_stopped: Arc<std::sync::OnceLock<String>>,
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        tokio::select! {
+            () = shutdown => {}
+            why = control.core_stopped() => {
+                tracing::error!(
+                    reason = %why,
+                    "the Raft core stopped: this peer stops serving and exits non-zero"
+                );
+                let _ = core_stopped.set(why);
+            }
+        }
+    }
 }
 
 /// The directory Raft keeps its log and snapshots in, created if missing.

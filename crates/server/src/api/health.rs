@@ -13,8 +13,16 @@ use llmgw_store::ApplyStats;
 use super::ApiState;
 use crate::agents::Hub;
 
-pub async fn healthz() -> &'static str {
-    "ok\n"
+/// `ok` while this peer's Raft core runs; 503 with the reason once it has
+/// stopped (the peer is exiting: see `serve::shutdown_or_core_stopped`).
+pub async fn healthz(State(state): State<ApiState>) -> (StatusCode, String) {
+    match state.control.core_failure() {
+        None => (StatusCode::OK, "ok\n".to_owned()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the Raft core stopped: {why}\n"),
+        ),
+    }
 }
 
 /// Ready once this peer knows a leader: writes can be accepted through it
