@@ -121,21 +121,19 @@ pub async fn serve(
 /// noted in `core_stopped`. A peer whose core stopped would go on serving
 /// reads and routes from a state frozen in time while looking healthy; it
 /// stops instead, so its supervisor restarts it from its disk.
-fn shutdown_or_core_stopped(
+async fn shutdown_or_core_stopped(
     control: ControlPlane,
     shutdown: impl Future<Output = ()> + Send + 'static,
     core_stopped: Arc<std::sync::OnceLock<String>>,
-) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        tokio::select! {
-            () = shutdown => {}
-            why = control.core_stopped() => {
-                tracing::error!(
-                    reason = %why,
-                    "the Raft core stopped: this peer stops serving and exits non-zero"
-                );
-                let _ = core_stopped.set(why);
-            }
+) {
+    tokio::select! {
+        () = shutdown => {}
+        why = control.core_stopped() => {
+            tracing::error!(
+                reason = %why,
+                "the Raft core stopped: this peer stops serving and exits non-zero"
+            );
+            let _ = core_stopped.set(why);
         }
     }
 }
