@@ -77,6 +77,10 @@ const STATUS_DEADLINE: Duration = Duration::from_millis(800);
 /// leader that still leads but does not answer. Long enough for a commit on
 /// a busy leader (seconds under load on 2 cores).
 const FORWARD_ATTEMPT: Duration = Duration::from_secs(5);
+/// How long the leader waits for a majority to acknowledge a write it
+/// appended. Below [`FORWARD_ATTEMPT`], so a forwarding peer hears the
+/// leader's own account rather than a timeout.
+const COMMIT_DEADLINE: Duration = Duration::from_millis(4_500);
 
 /// Everything the server needs from Raft. Cheap to clone.
 #[derive(Clone)]
@@ -629,12 +633,22 @@ impl ControlPlane {
                 if let Err(error) = self.inner.disk.check() {
                     return error.into();
                 }
-                match raft.client_write(*command).await {
-                    Ok(response) => ForwardResponse::Written {
+                // A leader cut off right after appending (its lease still
+                // live) never hears a majority again and would hold the
+                // write, and the loop that proposed it, until it is
+                // deposed, which may be never.
+                match tokio::time::timeout(COMMIT_DEADLINE, raft.client_write(*command)).await {
+                    Ok(Ok(response)) => ForwardResponse::Written {
                         outcome: response.data,
                         log_index: response.log_id.index,
                     },
-                    Err(error) => write_error(error),
+                    Ok(Err(error)) => write_error(error),
+                    Err(_) => ForwardResponse::Failed(ForwardFailure::Ambiguous(format!(
+                        "peer {} took the write but no majority acknowledged it within \
+                         {COMMIT_DEADLINE:?}; it may still commit, or be lost with this \
+                         leadership",
+                        self.inner.id
+                    ))),
                 }
             }
             ForwardRequest::ReadIndex => {

@@ -9,9 +9,9 @@ pub enum ControlError {
     /// No leader is known or reachable now; retry shortly.
     #[error("no Raft leader is available: {0}")]
     NoLeader(String),
-    /// The leader changed while the write was in flight; it may or may not
-    /// have been committed.
-    #[error("the write's outcome is unknown because leadership changed: {0}")]
+    /// The leader changed while the write was in flight, or took it and
+    /// heard no majority in time; it may or may not have been committed.
+    #[error("the write's outcome is unknown: {0}")]
     Ambiguous(String),
     /// The write was committed at `index`, but this peer had not applied
     /// it when the wait ran out (a slow disk, a long catch-up). It happened

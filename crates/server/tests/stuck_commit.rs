@@ -1,0 +1,66 @@
+//! A leader cut off from both followers right after taking a write (its
+//! lease still live, so it appends) never hears a majority again. The
+//! write must be answered, as an unknown outcome naming why, within the
+//! leader's commit deadline; it must not hang for as long as the cut lasts.
+
+use std::time::{Duration, Instant};
+
+use llmgw_api::ErrorBody;
+use llmgw_test_kit::{Cluster, decode};
+
+/// Far above the commit deadline (4.5 s), below the test client's own
+/// timeout (20 s): a write held longer is one that waits for ever.
+const ANSWERED_WITHIN: Duration = Duration::from_secs(15);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_leader_cannot_commit_is_answered_as_unknown_in_time() {
+    let cluster = Cluster::start("");
+    // The pause must land inside the leader's lease (450 ms) for the write
+    // to be appended at all; outside it the leader refuses at once, which
+    // is a different answer. A few tries make a noisy machine's odds fine.
+    let mut answers = Vec::new();
+    for attempt in 0..5 {
+        let leader = cluster.wait_leader().await;
+        let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        for id in &followers {
+            cluster.pause(*id);
+        }
+        let started = Instant::now();
+        let answer = tokio::time::timeout(
+            ANSWERED_WITHIN,
+            cluster.put_model(leader, &format!("m{attempt}")),
+        )
+        .await;
+        let took = started.elapsed();
+        for id in &followers {
+            cluster.resume(*id);
+        }
+        let (status, body) = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => panic!("attempt {attempt}: no answer after {took:?}: {error}"),
+            Err(_) => panic!(
+                "attempt {attempt}: the write through leader {leader} was not answered within \
+                 {ANSWERED_WITHIN:?} while both followers stood still\n{}",
+                cluster.log_tails()
+            ),
+        };
+        let error = decode::<ErrorBody>(&body).error;
+        println!(
+            "attempt {attempt}: {status} {} after {:.1}s: {}",
+            error.kind,
+            took.as_secs_f64(),
+            error.message
+        );
+        answers.push((status, error.kind.clone()));
+        if error.kind == "outcome_unknown" {
+            assert_eq!(status, 503, "{body}");
+            assert!(
+                error.message.contains("no majority acknowledged it"),
+                "the answer says why: {}",
+                error.message
+            );
+            return;
+        }
+    }
+    panic!("the leader never took a write before its lease lapsed: {answers:?}");
+}
