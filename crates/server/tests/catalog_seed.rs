@@ -26,6 +26,10 @@ const FORMATIONS: usize = 20;
 /// forming peer, an election and the seed's retries fit well inside.
 const CATALOG_WITHIN: Duration = Duration::from_secs(60);
 
+/// How long the forming peer stands still in [`FirstMoments::FormerStalls`]
+/// at most: several election timeouts.
+const STALL: Duration = Duration::from_secs(3);
+
 #[derive(Debug, Clone, Copy)]
 enum FirstMoments {
     /// Nothing happens to the peer that formed the cluster.
@@ -33,8 +37,9 @@ enum FirstMoments {
     /// Mutual TLS between the peers, as in production.
     Tls,
     /// The forming peer stops (SIGSTOP) right after forming the cluster,
-    /// long enough for the others to elect a leader, then goes on: its
-    /// first write comes late and it no longer leads.
+    /// until the others elect a leader (when they already know the
+    /// cluster) or for a few seconds, then goes on: its first write comes
+    /// late, and it may no longer lead.
     FormerStalls,
     /// The forming peer is killed right after forming the cluster and
     /// started again.
@@ -90,26 +95,28 @@ async fn every_cluster_formed_with_a_catalog_has_it() {
             FirstMoments::FormerStalls => {
                 cluster.wait_log(1, &["cluster initialised"]).await;
                 cluster.pause(1);
-                // Longer than the peers' election timeout: 2 and 3 elect
-                // one of themselves.
-                let others = poll_until_ok(CATALOG_WITHIN, Duration::from_millis(50), || async {
+                // Stopped after replicating the membership, the others
+                // elect one of themselves within this; stopped before, they
+                // cannot (they know no cluster yet), and peer 1 resumes as
+                // the only possible leader with its first write late.
+                let moved = poll_until_ok(STALL, Duration::from_millis(50), || async {
                     for id in [2, 3] {
                         let view = cluster.cluster_view(id).await?;
                         if view.leader_id.is_some_and(|leader| leader != 1) {
-                            return Ok(());
+                            return Ok(id);
                         }
                     }
-                    Err("no other leader yet".to_owned())
+                    Err("no other leader".to_owned())
                 })
                 .await;
                 cluster.resume(1);
-                others.unwrap_or_else(|why| {
-                    panic!(
-                        "formation {formation}: peers 2 and 3 never elected a leader while \
-                         peer 1 stood still: {why}\n{}",
-                        cluster.log_tails()
-                    )
-                });
+                println!(
+                    "formation {formation}: peer 1 stood still for up to {STALL:?}; {}",
+                    match moved {
+                        Ok(id) => format!("peer {id} saw another leader meanwhile"),
+                        Err(_) => "no other leader was elected meanwhile".to_owned(),
+                    }
+                );
             }
             FirstMoments::FormerDies => {
                 cluster.wait_log(1, &["cluster initialised"]).await;
