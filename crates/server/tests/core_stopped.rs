@@ -7,32 +7,20 @@
 
 use std::time::{Duration, Instant};
 
-use llmgw_test_kit::{Cluster, DEADLINE, Tmpfs};
+use llmgw_test_kit::{Cluster, DEADLINE};
 
 const BROKEN_PEER: u64 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_whose_raft_core_stopped_exits_non_zero() {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        llmgw_test_kit::skipped("Raft core stopped", "mounting a tmpfs needs root");
-        return;
-    }
-    let mut mounted: Option<Result<Tmpfs, String>> = None;
     // No reserve: the log itself runs into ENOSPC.
-    let mut cluster = Cluster::start_with(false, "raft:\n  min_free_disk_mb: 0\n", |dir| {
-        mounted = Some(Tmpfs::mount(
-            &dir.join(format!("server-{BROKEN_PEER}")),
-            160,
-        ));
-    });
-    let tmpfs = match mounted.expect("prepare ran") {
-        Ok(tmpfs) => tmpfs,
-        Err(why) => {
-            llmgw_test_kit::skipped("Raft core stopped", &format!("cannot mount a tmpfs: {why}"));
-            return;
-        }
+    let Some((mut cluster, tmpfs)) = Cluster::start_with_tmpfs(
+        "Raft core stopped",
+        "raft:\n  min_free_disk_mb: 0\n",
+        BROKEN_PEER,
+        160,
+    ) else {
+        return;
     };
     let leader = cluster.wait_leader().await;
     let (status, body) = cluster.put_model(leader, "before").await.unwrap();

@@ -5,28 +5,19 @@
 //! so this needs root; it prints SKIPPED otherwise.
 
 use llmgw_api::ErrorBody;
-use llmgw_test_kit::{Cluster, Tmpfs, decode};
+use llmgw_test_kit::{Cluster, decode};
 
 const FULL_PEER: u64 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itself() {
-    // SAFETY: geteuid has no preconditions.
-    #[allow(unsafe_code)]
-    if unsafe { libc::geteuid() } != 0 {
-        llmgw_test_kit::skipped("disk full", "mounting a tmpfs needs root");
+    let Some((cluster, tmpfs)) = Cluster::start_with_tmpfs(
+        "disk full",
+        "raft:\n  min_free_disk_mb: 16\n",
+        FULL_PEER,
+        160,
+    ) else {
         return;
-    }
-    let mut mounted: Option<Result<Tmpfs, String>> = None;
-    let cluster = Cluster::start_with(false, "raft:\n  min_free_disk_mb: 16\n", |dir| {
-        mounted = Some(Tmpfs::mount(&dir.join(format!("server-{FULL_PEER}")), 160));
-    });
-    let tmpfs = match mounted.expect("prepare ran") {
-        Ok(tmpfs) => tmpfs,
-        Err(why) => {
-            llmgw_test_kit::skipped("disk full", &format!("cannot mount a tmpfs: {why}"));
-            return;
-        }
     };
     cluster.wait_leader().await;
     let (status, body) = cluster.put_model(FULL_PEER, "before").await.unwrap();

@@ -13,6 +13,7 @@ use llmgw_dev::{PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::tmpfs::Tmpfs;
 use crate::wait::{DEADLINE, POLL, poll_until_ok};
 use crate::{admin_client, llmgw_bin};
 
@@ -109,6 +110,35 @@ impl Cluster {
             cluster.spawn(id);
         }
         cluster
+    }
+
+    /// Starts three plaintext peers, peer `id`'s data directory on a
+    /// tmpfs of `size_mb` MiB that the test fills and frees. `None`, the
+    /// skip noted under `test` ([`crate::skipped`]), where no tmpfs can be
+    /// mounted (it needs root).
+    pub fn start_with_tmpfs(
+        test: &str,
+        extra_yaml: &str,
+        id: u64,
+        size_mb: u64,
+    ) -> Option<(Cluster, Tmpfs)> {
+        // SAFETY: geteuid has no preconditions.
+        #[allow(unsafe_code)]
+        if unsafe { libc::geteuid() } != 0 {
+            crate::skipped(test, "mounting a tmpfs needs root");
+            return None;
+        }
+        let mut mounted = None;
+        let cluster = Cluster::start_with(false, extra_yaml, |dir| {
+            mounted = Some(Tmpfs::mount(&dir.join(format!("server-{id}")), size_mb));
+        });
+        match mounted.expect("prepare ran") {
+            Ok(tmpfs) => Some((cluster, tmpfs)),
+            Err(why) => {
+                crate::skipped(test, &format!("cannot mount a tmpfs: {why}"));
+                None
+            }
+        }
     }
 
     pub fn peer(&self, id: u64) -> &Peer {
