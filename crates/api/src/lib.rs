@@ -13,6 +13,7 @@ mod fleet;
 mod health;
 mod node_id;
 pub mod paths;
+mod rollout;
 
 pub use backup::{BackupLeaderId, BackupLogId, BackupSummary};
 pub use cluster::{AddPeer, ClusterView, Membership, PeerAdded, PeerRemoved, PeerRole, PeerView};
@@ -22,9 +23,11 @@ pub use fleet::{
 };
 pub use health::{Readiness, StateEvent};
 pub use node_id::check_node_id;
+pub use rollout::{RolloutPhase, RolloutReplica, RolloutView};
 
-pub use llmgw_catalog::Model;
+pub use llmgw_catalog::{Model, RolloutPolicy};
 pub use llmgw_scheduler::Explanation;
 pub use llmgw_state::{
-    LinkKind, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardState,
+    LinkKind, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout, Shard,
+    ShardState,
 };

@@ -24,6 +24,14 @@ pub fn model(name: &str) -> String {
     format!("{MODELS}/{name}")
 }
 
+pub fn rollout(name: &str) -> String {
+    format!("{MODELS}/{name}/rollout")
+}
+
+pub fn rollback(name: &str) -> String {
+    format!("{MODELS}/{name}/rollback")
+}
+
 pub fn explain(name: &str) -> String {
     format!("{MODELS}/{name}/explain")
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use llmgw_api::{
     AddPeer, BackupSummary, ClusterView, DrainQuery, ErrorBody, Model, ModelExplanation,
-    NodeRecord, NodeView, PeerAdded, PeerRemoved, Readiness, ReplicaView, StateEvent,
+    NodeRecord, NodeView, PeerAdded, PeerRemoved, Readiness, ReplicaView, RolloutView, StateEvent,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -31,6 +31,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("replicas.json", round_trips::<Vec<ReplicaView>>),
     ("models.json", round_trips::<Vec<Model>>),
     ("model-explanation.json", round_trips::<ModelExplanation>),
+    ("rollout.json", round_trips::<RolloutView>),
     ("readiness.json", round_trips::<Readiness>),
     ("readiness-no-leader.json", round_trips::<Readiness>),
     ("state-event.json", round_trips::<StateEvent>),

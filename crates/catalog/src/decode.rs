@@ -7,7 +7,7 @@ use llmgw_yaml::{Cx, Decode, Fields, Node, Path, Problems, Value};
 
 use crate::engine_args::{options_for, resolve_engine_version};
 use crate::managed_flags::{MANAGED_ENV, managed_flag};
-use crate::model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, Serving};
+use crate::model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving};
 
 /// Upper bounds that catch typos (`replicas: 200` for 20) before they cost a
 /// fleet's worth of GPUs. Raise them here if a real fleet needs more.
@@ -115,6 +115,7 @@ impl Decode for Model {
                 "replicas",
                 "profiles",
                 "endpoints",
+                "rollout",
             ],
         )?;
         let name: Option<String> = f.required(cx, "name");
@@ -167,7 +168,7 @@ impl Decode for Model {
 }
 
 fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
-    for key in ["source", "replicas"] {
+    for key in ["source", "replicas", "rollout"] {
         if f.has(key) {
             f.report(
                 cx,
@@ -244,11 +245,54 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
             );
         }
     }
+    let rollout: RolloutPolicy = f.or(cx, "rollout", RolloutPolicy::DEFAULT);
     Some(Serving::Managed(Managed {
         source: source?,
         replicas,
         profiles,
+        rollout,
     }))
+}
+
+impl Decode for RolloutPolicy {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &["max_surge", "max_unavailable", "rollback_after_failures"],
+        )?;
+        let default = RolloutPolicy::DEFAULT;
+        let policy = RolloutPolicy {
+            max_surge: f.or(cx, "max_surge", default.max_surge),
+            max_unavailable: f.or(cx, "max_unavailable", default.max_unavailable),
+            rollback_after_failures: f.or(
+                cx,
+                "rollback_after_failures",
+                default.rollback_after_failures,
+            ),
+        };
+        if policy.max_surge == 0 && policy.max_unavailable == 0 {
+            f.report(
+                cx,
+                "max_surge",
+                "with max_surge and max_unavailable both 0 a rollout could never replace a \
+                 replica; allow a surge (extra GPUs) or some unavailability",
+            );
+        }
+        for (key, value) in [
+            ("max_surge", policy.max_surge),
+            ("max_unavailable", policy.max_unavailable),
+        ] {
+            if value > MAX_REPLICAS {
+                f.report(
+                    cx,
+                    key,
+                    format!("{value} is above the replica limit of {MAX_REPLICAS}"),
+                );
+            }
+        }
+        Some(policy)
+    }
 }
 
 impl Decode for Engine {

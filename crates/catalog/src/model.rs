@@ -36,6 +36,45 @@ pub struct Managed {
     pub replicas: u32,
     /// Tried in order; the first that fits the fleet is used.
     pub profiles: Vec<Profile>,
+    /// How a change to this entry replaces running replicas. Left out of
+    /// the stored entry when it is the default, so entries written before
+    /// it existed keep their bytes.
+    #[serde(default, skip_serializing_if = "RolloutPolicy::is_default")]
+    pub rollout: RolloutPolicy,
+}
+
+/// How a changed model replaces its replicas: make-before-break, a few at
+/// a time, and back to the previous entry when the new one keeps failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RolloutPolicy {
+    /// New replicas started beside the old ones at once (each old replica
+    /// drains once its replacement is ready).
+    pub max_surge: u32,
+    /// Old replicas that may be taken down before a replacement is ready,
+    /// when no GPUs are free for a surge.
+    pub max_unavailable: u32,
+    /// Failed new replicas after which the previous entry is restored;
+    /// 0: never roll back on its own.
+    pub rollback_after_failures: u32,
+}
+
+impl RolloutPolicy {
+    pub const DEFAULT: RolloutPolicy = RolloutPolicy {
+        max_surge: 1,
+        max_unavailable: 0,
+        rollback_after_failures: 3,
+    };
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::DEFAULT
+    }
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

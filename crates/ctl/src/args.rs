@@ -126,6 +126,12 @@ pub enum ModelAction {
     },
     /// Remove a model from the catalog.
     Delete { name: String },
+    /// How far the model's current spec has rolled onto its replicas:
+    /// each replica with the spec it runs, failures, and what blocks it.
+    Status { name: String },
+    /// Restore the launch spec the model had before its last change; its
+    /// replicas roll back the same way (make-before-break).
+    Rollback { name: String },
 }
 
 fn parse_deadline(text: &str) -> Result<std::time::Duration, String> {

@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use llmgw_api::{LinkView, ModelExplanation, NodeView};
+use llmgw_api::{LinkView, ModelExplanation, NodeView, RolloutView};
 
 use crate::run::list;
 use crate::table::Table;
@@ -158,5 +158,77 @@ pub fn explanation(explained: &ModelExplanation) -> String {
             let _ = writeln!(out, "  | {line}");
         }
     }
+    out
+}
+
+/// `ctl models status NAME`: the rollout's phase and counts, then each
+/// replica with the spec it runs.
+pub fn rollout(view: &RolloutView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "model:       {}", view.model);
+    let _ = writeln!(out, "spec:        {}", view.fingerprint);
+    let _ = writeln!(out, "rollout:     {}", view.phase.as_str());
+    let _ = writeln!(
+        out,
+        "replicas:    {} desired, {} on this spec ({} ready), {} on an earlier spec",
+        view.desired, view.updated, view.updated_ready, view.outdated
+    );
+    let _ = writeln!(
+        out,
+        "policy:      max_surge {}, max_unavailable {}, rollback_after_failures {}",
+        view.policy.max_surge, view.policy.max_unavailable, view.policy.rollback_after_failures
+    );
+    if let Some(rollout) = &view.rollout {
+        let _ = writeln!(
+            out,
+            "last change: {} -> {}{}",
+            rollout.from,
+            rollout.to,
+            match rollout.completed_at_ms {
+                Some(_) => ", complete",
+                None => "",
+            }
+        );
+        if let Some(why) = &rollout.rollback {
+            let _ = writeln!(out, "rollback:    {why}");
+        }
+        if rollout.failures > 0 {
+            let _ = writeln!(
+                out,
+                "failures:    {} new replica(s); last: {}",
+                rollout.failures,
+                rollout.last_failure.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    if let Some(blocked) = &view.blocked {
+        let _ = writeln!(out, "blocked:     {blocked}");
+    }
+    let _ = writeln!(
+        out,
+        "roll back:   {}",
+        if view.can_roll_back {
+            "possible (llmgw ctl models rollback NAME)"
+        } else {
+            "no earlier launch spec"
+        }
+    );
+    let mut table = Table::new(&["REPLICA", "STATE", "SPEC", "REPLACES", "GOING AWAY"]);
+    for replica in &view.replicas {
+        let spec = match (&replica.fingerprint, replica.current) {
+            (Some(fp), true) => format!("{fp} (current)"),
+            (Some(fp), false) => format!("{fp} (earlier)"),
+            (None, _) => "- (current)".to_owned(),
+        };
+        table.row(vec![
+            replica.id.clone(),
+            replica.state.as_str().to_owned(),
+            spec,
+            replica.replaces.clone().unwrap_or_else(|| "-".to_owned()),
+            replica.stopping.clone().unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&table.render());
     out
 }

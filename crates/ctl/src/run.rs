@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use llmgw_api::{
     AddPeer, ClusterView, DrainQuery, LinkView, Model, NodeRecord, NodeView, PeerAdded,
-    PeerRemoved, ReplicaView, ShardState, paths,
+    PeerRemoved, ReplicaView, RolloutView, ShardState, paths,
 };
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -150,6 +150,24 @@ async fn models(
                 .call(Method::DELETE, &paths::model(&name), None)
                 .await?;
             show(output, &answer, |_: &()| "model deleted\n".to_owned())
+        }
+        Some(ModelAction::Status { name }) => {
+            let answer = client
+                .call(Method::GET, &paths::rollout(&name), None)
+                .await?;
+            show(output, &answer, crate::render::rollout)
+        }
+        Some(ModelAction::Rollback { name }) => {
+            let answer = client
+                .call(Method::POST, &paths::rollback(&name), None)
+                .await?;
+            show(output, &answer, |view: &RolloutView| {
+                format!(
+                    "model {name}: rolling back to its previous launch spec ({})\n{}",
+                    view.fingerprint,
+                    crate::render::rollout(view)
+                )
+            })
         }
     }
 }

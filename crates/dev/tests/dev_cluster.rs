@@ -3,13 +3,12 @@
 //! SIGKILLed and chat still works; SIGINT leaves no process behind.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use llmgw_api::{ClusterView, paths};
 use llmgw_dev::DevFile;
 use llmgw_test_kit::dev::Dev;
+use llmgw_test_kit::load::ChatLoad;
 use llmgw_test_kit::process::{alive, signal_pid};
 use llmgw_test_kit::{
     DEADLINE, admin_client, eventually, get_json, stream_chat, wait_until_blocking,
@@ -41,7 +40,7 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     // A bounded load loop runs through the router while the leader dies and
     // another is elected: the router talks to engines directly, so not one
     // request may fail.
-    let load = ChatLoad::start(&http, &router);
+    let load = ChatLoad::start(&http, &router, MODEL);
     load.until_answered(4).await;
     signal_pid(pid_of_peer(&dev_file, leader), libc::SIGKILL);
     let answered_at_kill = load.answered();
@@ -50,7 +49,7 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     })
     .await;
     load.until_answered(answered_at_kill + 20).await;
-    load.stop_without_failures().await;
+    load.stop_without_failures("across the leader kill").await;
     // And after the new leader took over.
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
@@ -91,96 +90,6 @@ fn pid_of_peer(dev_file: &DevFile, id: u64) -> i32 {
         .find(|p| p.role == "server" && p.id.as_u64() == Some(id))
         .map(|p| i32::try_from(p.pid).unwrap())
         .unwrap_or_else(|| panic!("dev.json names no process for peer {id}"))
-}
-
-/// Four workers streaming chats through the router until stopped (at
-/// most 400 each).
-struct ChatLoad {
-    stop: Arc<AtomicBool>,
-    answered: Arc<AtomicU32>,
-    workers: Vec<tokio::task::JoinHandle<(u32, Vec<String>)>>,
-}
-
-impl ChatLoad {
-    fn start(http: &reqwest::Client, router: &str) -> ChatLoad {
-        let stop = Arc::new(AtomicBool::new(false));
-        let answered = Arc::new(AtomicU32::new(0));
-        let workers = (0..4)
-            .map(|_| {
-                let (http, router) = (http.clone(), router.to_owned());
-                tokio::spawn(chat_worker(http, router, stop.clone(), answered.clone()))
-            })
-            .collect();
-        ChatLoad {
-            stop,
-            answered,
-            workers,
-        }
-    }
-
-    /// Requests finished so far, answered or failed.
-    fn answered(&self) -> u32 {
-        self.answered.load(Ordering::Relaxed)
-    }
-
-    async fn until_answered(&self, count: u32) {
-        eventually(
-            &format!("{count} chats through the router"),
-            DEADLINE,
-            || async {
-                let answered = self.answered();
-                if answered >= count {
-                    Ok(())
-                } else {
-                    Err(format!("{answered} so far"))
-                }
-            },
-        )
-        .await;
-    }
-
-    /// Stops the workers; every request they made must have been answered.
-    async fn stop_without_failures(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let (mut ok, mut failed) = (0, Vec::new());
-        for worker in self.workers {
-            let (o, f) = worker.await.unwrap();
-            ok += o;
-            failed.extend(f);
-        }
-        println!(
-            "load through the router across the leader kill: {ok} ok, {} failed",
-            failed.len()
-        );
-        assert!(
-            failed.is_empty(),
-            "{} requests failed: {failed:?}",
-            failed.len()
-        );
-        assert!(ok >= 20, "the load loop ran: {ok} requests");
-    }
-}
-
-/// Answered chats, and why the others failed.
-async fn chat_worker(
-    http: reqwest::Client,
-    router: String,
-    stop: Arc<AtomicBool>,
-    answered: Arc<AtomicU32>,
-) -> (u32, Vec<String>) {
-    let (mut ok, mut failed) = (0u32, Vec::new());
-    for _ in 0..400 {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        match stream_chat(&http, &router, MODEL).await {
-            Ok(answer) if !answer.is_empty() => ok += 1,
-            Ok(_) => failed.push("empty answer".to_owned()),
-            Err(why) => failed.push(why),
-        }
-        answered.fetch_add(1, Ordering::Relaxed);
-    }
-    (ok, failed)
 }
 
 fn sigint_leaves_no_process_behind(dev: &mut Dev) {

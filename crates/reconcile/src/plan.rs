@@ -15,6 +15,8 @@ use llmgw_state::{
 use crate::fleet_view::{node_views, take_survivor_gpus};
 use crate::specs::managed_models;
 
+mod rollout;
+
 /// How the leader places and retries.
 #[derive(Debug, Clone)]
 pub struct PlanSettings {
@@ -164,6 +166,7 @@ pub fn decide(
     };
     round.retire_replicas(&models);
     round.drain_nodes(&models);
+    round.roll_out(&models);
     round.scale_models(&models);
     round.commands
 }
@@ -539,6 +542,10 @@ impl Round<'_> {
             replaces = ?replaces,
             "placing replica"
         );
+        // The replica launches the entry as this round sees it; were the
+        // entry to change before this applies, the replica is outdated at
+        // once and replaced like any other.
+        let entry = self.fleet.models.get(&model.name);
         Some(Command::PlaceReplica {
             id,
             model: model.name.clone(),
@@ -547,6 +554,8 @@ impl Round<'_> {
             fabric: placement.fabric,
             rendezvous_port,
             replaces,
+            spec_fingerprint: entry.map(|e| e.spec.launch_fingerprint().to_owned()),
+            served_names: entry.map(|e| e.spec.served_names(&model.name)),
             at_ms: self.now_ms,
         })
     }

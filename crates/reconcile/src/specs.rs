@@ -95,7 +95,12 @@ pub fn shard_spec(
         replica_id: replica.id.clone(),
         model: model.name.clone(),
         source: managed.source.clone(),
-        served_names: model.names().map(str::to_owned).collect(),
+        // The names it was launched with: an alias added since is mapped by
+        // the router, so the engine need not restart for it.
+        served_names: replica
+            .served_names
+            .clone()
+            .unwrap_or_else(|| model.names().map(str::to_owned).collect()),
         engine: profile.engine.as_str().to_owned(),
         profile: profile.name.clone(),
         nodes: profile.nodes,
@@ -131,6 +136,18 @@ fn unreadable(fleet: &FleetState, model: &str) -> bool {
         .is_some_and(|record| record.spec.model().is_err())
 }
 
+/// Whether the replica was launched from another entry of its model than
+/// the one in the catalog now.
+pub fn outdated(fleet: &FleetState, replica: &Replica) -> bool {
+    let Some(record) = fleet.models.get(&replica.model) else {
+        return false;
+    };
+    replica
+        .spec_fingerprint
+        .as_deref()
+        .is_some_and(|launched| launched != record.spec.launch_fingerprint())
+}
+
 pub fn desired_by_node(
     fleet: &FleetState,
     models: &HashMap<String, Model>,
@@ -161,6 +178,7 @@ fn desired_where(
             continue;
         }
         let unreadable = unreadable(fleet, &replica.model);
+        let outdated = outdated(fleet, replica);
         let failed = replica.state() == ReplicaState::Failed;
         for shard in &replica.shards {
             if shard.state == ShardState::Stopped || !wanted(&shard.node) {
@@ -185,6 +203,15 @@ fn desired_where(
                 },
                 (None, true) => Order::Stop {
                     reason: format!("replica {} failed; it restarts as a whole", replica.id),
+                },
+                // It runs an earlier entry of its model: its agent keeps it
+                // as launched until a rolling update replaces it.
+                (None, false) if outdated => Order::Keep {
+                    reason: format!(
+                        "replica {} runs an earlier launch spec of model {}; a rolling update \
+                         replaces it",
+                        replica.id, replica.model
+                    ),
                 },
                 (None, false) => match models
                     .get(&replica.model)

@@ -113,6 +113,7 @@ mod tests {
         let model = RoutedModel {
             name: "llama".into(),
             aliases: vec!["l3".into()],
+            mapped_aliases: Vec::new(),
             endpoints: vec![],
             unavailable_reason: None,
         };
@@ -120,6 +121,7 @@ mod tests {
         let other = RoutedModel {
             name: "qwen".into(),
             aliases: vec![],
+            mapped_aliases: Vec::new(),
             ..model
         };
         assert!(!may_use(Some(grant), &other));

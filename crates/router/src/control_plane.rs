@@ -298,6 +298,7 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
             .map(|model| RoutedModel {
                 name: model.name.clone(),
                 aliases: model.aliases.clone(),
+                mapped_aliases: Vec::new(),
                 endpoints: model
                     .static_endpoints()
                     .iter()
@@ -326,6 +327,7 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
         else {
             continue;
         };
+        model.note_served_names(view.replica.served_names.as_deref());
         model.endpoints.push(Endpoint {
             url: normalize_url(url),
             state,
@@ -407,6 +409,8 @@ mod tests {
                 rendezvous_port: None,
                 replaces: None,
                 stop: None,
+                spec_fingerprint: None,
+                served_names: None,
             },
         }
     }

@@ -175,13 +175,33 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
     let affinity = peeked
         .prompt
         .map(|p| prefix(p, shared.settings.prefix_bytes));
+    let body = if model.maps(&peeked.model) {
+        match renamed(&bytes, &model.name) {
+            Some(body) => body,
+            None => bytes.clone(),
+        }
+    } else {
+        bytes.clone()
+    };
     let outgoing = Outgoing {
         path,
         headers: parts.headers,
-        body: bytes.clone(),
+        body,
         prefix: affinity,
         stream: peeked.stream,
         resume,
     };
     forward(shared, model, outgoing).await
+}
+
+/// The request with its `model` set to `name`: for an alias the engine was
+/// launched without. Only such requests pay for the rewrite.
+fn renamed(body: &[u8], name: &str) -> Option<bytes::Bytes> {
+    let mut request: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).ok()?;
+    request.insert(
+        "model".to_owned(),
+        serde_json::Value::String(name.to_owned()),
+    );
+    serde_json::to_vec(&request).ok().map(bytes::Bytes::from)
 }

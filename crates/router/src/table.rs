@@ -16,6 +16,11 @@ pub struct RoutingTable {
 pub struct RoutedModel {
     pub name: String,
     pub aliases: Vec<String>,
+    /// Aliases some engine of the model was launched without (added to the
+    /// catalog since it started): a request naming one is sent under the
+    /// model's name, which every engine serves, so an alias needs no
+    /// restart.
+    pub mapped_aliases: Vec<String>,
     pub endpoints: Vec<Endpoint>,
     /// Why no replica is ready (the placement explanation), shown to clients
     /// in the 503 when `endpoints` has no ready entry.
@@ -47,6 +52,25 @@ impl RoutingTable {
 }
 
 impl RoutedModel {
+    /// Notes the names one of the model's engines was launched to serve
+    /// (none known: all of the model's names).
+    pub fn note_served_names(&mut self, served: Option<&[String]>) {
+        let Some(served) = served else {
+            return;
+        };
+        for alias in &self.aliases {
+            if !served.contains(alias) && !self.mapped_aliases.contains(alias) {
+                self.mapped_aliases.push(alias.clone());
+            }
+        }
+    }
+
+    /// Whether a request naming `requested` must be sent under the model's
+    /// own name.
+    pub fn maps(&self, requested: &str) -> bool {
+        requested != self.name && self.mapped_aliases.iter().any(|a| a == requested)
+    }
+
     pub fn ready_endpoints(&self) -> impl Iterator<Item = &Endpoint> {
         self.endpoints
             .iter()
@@ -107,6 +131,7 @@ pub fn static_table(catalog: &Catalog) -> RoutingTable {
             .map(|m| RoutedModel {
                 name: m.name.clone(),
                 aliases: m.aliases.clone(),
+                mapped_aliases: Vec::new(),
                 endpoints: m.static_endpoints().iter().map(Endpoint::ready).collect(),
                 unavailable_reason: m.managed().map(|_| {
                     format!(
@@ -136,6 +161,7 @@ mod tests {
             models: vec![RoutedModel {
                 name: "llama".into(),
                 aliases: vec!["l3".into()],
+                mapped_aliases: Vec::new(),
                 endpoints: vec![
                     Endpoint::ready("http://a:1"),
                     Endpoint::draining("http://b:1"),

@@ -26,6 +26,7 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             .iter()
             .map(|url| Endpoint::ready(url.as_str()))
             .collect();
+        let mut served_names = Vec::new();
         let mut counts: std::collections::BTreeMap<&str, u32> = Default::default();
         for replica in fleet.replicas.values().filter(|r| r.model == model.name) {
             let state = replica.state();
@@ -36,6 +37,7 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
                 _ => continue,
             };
             if let Some(url) = endpoint(fleet, replica) {
+                served_names.push(replica.served_names.as_deref());
                 endpoints.push(Endpoint {
                     url: normalize(&url),
                     state: endpoint_state,
@@ -71,12 +73,17 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             }
             why
         });
-        models.push(RoutedModel {
+        let mut routed = RoutedModel {
             name: model.name.clone(),
             aliases: model.aliases.clone(),
+            mapped_aliases: Vec::new(),
             endpoints,
             unavailable_reason,
-        });
+        };
+        for served in served_names {
+            routed.note_served_names(served);
+        }
+        models.push(routed);
     }
     RoutingTable { models }
 }

@@ -78,6 +78,8 @@ impl FleetState {
                 fabric,
                 rendezvous_port,
                 replaces,
+                spec_fingerprint,
+                served_names,
                 at_ms,
             } => {
                 let held = holders.get_or_insert_with(|| Holders::of(self));
@@ -87,6 +89,8 @@ impl FleetState {
                     replica.fabric.clone_from(fabric);
                     replica.rendezvous_port = *rendezvous_port;
                     replica.replaces.clone_from(replaces);
+                    replica.spec_fingerprint.clone_from(spec_fingerprint);
+                    replica.served_names.clone_from(served_names);
                     held.add(self, &self.replicas[id]);
                 }
                 outcome
@@ -124,6 +128,16 @@ impl FleetState {
                 Outcome::Applied
             }
             Command::SeedCatalog { models, at_ms } => self.seed_catalog(models, *at_ms),
+            Command::RollbackModel {
+                name,
+                reason,
+                at_ms,
+            } => self.rollback_model(name, reason, *at_ms),
+            Command::FinishRollout {
+                name,
+                fingerprint,
+                at_ms,
+            } => self.finish_rollout(name, fingerprint, *at_ms),
             Command::Unknown => Outcome::Applied,
         }
     }

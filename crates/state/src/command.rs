@@ -83,9 +83,18 @@ pub enum Command {
         fabric: Option<String>,
         #[serde(default)]
         rendezvous_port: Option<u16>,
-        /// The replica this one replaces once it is ready (drain).
+        /// The replica this one replaces once it is ready (a drain or a
+        /// rolling update).
         #[serde(default)]
         replaces: Option<String>,
+        /// The launch fingerprint of the catalog entry it was placed from.
+        /// Carried in the command, not read from the catalog at apply, so
+        /// a log written before fingerprints applies as it always did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spec_fingerprint: Option<String>,
+        /// The names its engine is launched to serve.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        served_names: Option<Vec<String>>,
         at_ms: u64,
     },
     /// An observed shard transition reported by an agent.
@@ -150,6 +159,21 @@ pub enum Command {
         models: Vec<SeedModel>,
         at_ms: u64,
     },
+    /// Restore the launch spec the model had before its last change (an
+    /// operator's `ctl models rollback`, or the leader after too many
+    /// failed new replicas): its replicas then roll back.
+    RollbackModel {
+        name: String,
+        reason: String,
+        at_ms: u64,
+    },
+    /// Every replica of the model runs `fingerprint` and is ready: its
+    /// rollout is complete.
+    FinishRollout {
+        name: String,
+        fingerprint: String,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -176,6 +200,8 @@ impl Command {
             Command::Batch { .. } => "batch",
             Command::Decided { .. } => "decided",
             Command::SeedCatalog { .. } => "seed_catalog",
+            Command::RollbackModel { .. } => "rollback_model",
+            Command::FinishRollout { .. } => "finish_rollout",
             Command::Unknown => "unknown",
         }
     }
@@ -193,7 +219,10 @@ impl std::fmt::Display for Command {
             | Command::PlaceReplica { id, .. }
             | Command::RemoveReplica { id, .. }
             | Command::StopReplica { id, .. } => id.clone(),
-            Command::PutModel { name, .. } | Command::DeleteModel { name, .. } => name.clone(),
+            Command::PutModel { name, .. }
+            | Command::DeleteModel { name, .. }
+            | Command::RollbackModel { name, .. }
+            | Command::FinishRollout { name, .. } => name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

@@ -32,6 +32,13 @@ impl FleetState {
     }
 }
 
+/// 64-bit FNV-1a of `bytes`.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hasher = Fnv1a(FNV_OFFSET);
+    std::io::Write::write_all(&mut hasher, bytes).expect("hashing cannot fail");
+    hasher.0
+}
+
 struct Fnv1a(u64);
 
 impl std::io::Write for Fnv1a {
@@ -50,12 +57,6 @@ impl std::io::Write for Fnv1a {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fnv1a(bytes: &[u8]) -> u64 {
-        let mut hasher = Fnv1a(FNV_OFFSET);
-        std::io::Write::write_all(&mut hasher, bytes).expect("hashing cannot fail");
-        hasher.0
-    }
 
     #[test]
     fn fnv1a_matches_reference_vectors() {

@@ -21,5 +21,6 @@ pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
-    NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure, ShardState, StopOrder,
+    NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout, Shard, ShardFailure, ShardState,
+    StopOrder,
 };

@@ -15,14 +15,75 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub struct ModelSpec {
     stored: serde_json::Value,
     decoded: Result<Model, String>,
+    launch_fingerprint: String,
+}
+
+/// A digest of everything in the entry that reaches an engine, taken over
+/// the entry as the operator wrote it with keys sorted, so it is the same
+/// for every build of llmgw that stores the entry: a new field in a later
+/// build's types changes no fingerprint of an entry that does not use it.
+fn launch_fingerprint(stored: &serde_json::Value) -> String {
+    let mut canonical = String::new();
+    match stored {
+        serde_json::Value::Object(fields) => {
+            let launched = fields
+                .iter()
+                .filter(|(key, _)| !ModelSpec::NOT_LAUNCHED.contains(&key.as_str()));
+            write_map(&mut canonical, launched);
+        }
+        other => write_canonical(&mut canonical, other),
+    }
+    format!("{:016x}", crate::hash::fnv1a(canonical.as_bytes()))
+}
+
+fn write_map<'a>(
+    out: &mut String,
+    fields: impl Iterator<Item = (&'a String, &'a serde_json::Value)>,
+) {
+    let mut sorted: Vec<_> = fields.collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    out.push('{');
+    for (i, (key, value)) in sorted.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::Value::String(key.clone()).to_string());
+        out.push(':');
+        write_canonical(out, value);
+    }
+    out.push('}');
+}
+
+fn write_canonical(out: &mut String, value: &serde_json::Value) {
+    match value {
+        serde_json::Value::Object(fields) => write_map(out, fields.iter()),
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(out, item);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
 }
 
 impl ModelSpec {
+    /// Top-level fields of an entry that no engine sees: changing them
+    /// needs no new replica. `aliases` is among them because a replica
+    /// keeps the names it was launched with and the router maps a newer
+    /// alias to the model's name itself.
+    pub const NOT_LAUNCHED: [&'static str; 3] = ["replicas", "aliases", "rollout"];
+
     /// The entry of a validated model.
     pub fn new(model: Model) -> Self {
         // A catalog entry is maps, strings and numbers: it always encodes.
         let stored = serde_json::to_value(&model).expect("a catalog entry encodes as JSON");
         ModelSpec {
+            launch_fingerprint: launch_fingerprint(&stored),
             stored,
             decoded: Ok(model),
         }
@@ -31,7 +92,11 @@ impl ModelSpec {
     /// An entry as stored, decoded now.
     pub fn from_stored(stored: serde_json::Value) -> Self {
         let decoded = Model::deserialize(&stored).map_err(|e| e.to_string());
-        ModelSpec { stored, decoded }
+        ModelSpec {
+            launch_fingerprint: launch_fingerprint(&stored),
+            stored,
+            decoded,
+        }
     }
 
     /// The entry as written, for `GET /api/v1/models`.
@@ -44,6 +109,23 @@ impl ModelSpec {
     /// not routed, its replicas neither placed nor stopped.
     pub fn model(&self) -> Result<&Model, &str> {
         self.decoded.as_ref().map_err(String::as_str)
+    }
+
+    /// What engines launched from this entry run, as 16 hex digits: two
+    /// entries with the same fingerprint start the same engines, whatever
+    /// their replica counts, aliases or rollout settings. A replica
+    /// records the fingerprint it was started from; one that differs from
+    /// its model's is replaced by a rolling update.
+    pub fn launch_fingerprint(&self) -> &str {
+        &self.launch_fingerprint
+    }
+
+    /// The names an engine launched from this entry serves: the model's
+    /// name, then its aliases.
+    pub fn served_names(&self, name: &str) -> Vec<String> {
+        std::iter::once(name.to_owned())
+            .chain(self.aliases().iter().cloned())
+            .collect()
     }
 
     /// The aliases the entry claims; none when it cannot be read.
@@ -94,6 +176,56 @@ mod tests {
         assert_eq!(again, spec);
         assert_eq!(serde_json::to_value(&again).unwrap(), stored);
     }
+
+    #[test]
+    fn the_launch_fingerprint_ignores_what_engines_never_see_and_key_order() {
+        let entry = |extra: serde_json::Value| {
+            let mut stored = serde_json::json!({
+                "name": "llama",
+                "source": "org/llama",
+                "replicas": 2,
+                "profiles": [{"name": "p", "engine": "vllm", "engine_args": ["--a"]}],
+            });
+            for (key, value) in extra.as_object().unwrap() {
+                stored[key] = value.clone();
+            }
+            ModelSpec::from_stored(stored)
+        };
+        let base = entry(serde_json::json!({}));
+        let scaled = entry(serde_json::json!({"replicas": 7, "aliases": ["l3"],
+            "rollout": {"max_surge": 2, "max_unavailable": 0, "rollback_after_failures": 1}}));
+        assert_eq!(base.launch_fingerprint(), scaled.launch_fingerprint());
+        let reordered = ModelSpec::from_stored(
+            serde_json::from_str(
+                r#"{"profiles": [{"engine_args": ["--a"], "engine": "vllm", "name": "p"}],
+                    "replicas": 2, "source": "org/llama", "name": "llama"}"#,
+            )
+            .unwrap(),
+        );
+        assert_eq!(base.launch_fingerprint(), reordered.launch_fingerprint());
+        let changed = entry(serde_json::json!({
+            "profiles": [{"name": "p", "engine": "vllm", "engine_args": ["--b"]}]}));
+        assert_ne!(base.launch_fingerprint(), changed.launch_fingerprint());
+        let moved = entry(serde_json::json!({"source": "org/llama-v2"}));
+        assert_ne!(base.launch_fingerprint(), moved.launch_fingerprint());
+    }
+
+    /// The fingerprint is a stored fact's digest: a later build must give
+    /// the same digest for the same entry, or every replica it adopts
+    /// would look outdated and roll.
+    #[test]
+    fn the_launch_fingerprint_of_a_fixed_entry_never_changes() {
+        let spec = ModelSpec::from_stored(serde_json::json!({
+            "name": "llama",
+            "source": "org/llama",
+            "replicas": 1,
+            "profiles": [{"name": "p", "engine": "vllm", "gpus_per_node": 1,
+                          "env": {"A": "1"}, "engine_args": ["--max-model-len", "4096"]}],
+        }));
+        assert_eq!(spec.launch_fingerprint(), PINNED_FINGERPRINT);
+    }
+
+    const PINNED_FINGERPRINT: &str = "07fed55fbbde7863";
 
     #[test]
     fn an_entry_this_build_cannot_read_keeps_its_bytes_and_says_why() {

@@ -150,6 +150,38 @@ pub struct ModelRecord {
     pub updated_at_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<ReplicaFailure>,
+    /// The entry before the last change engines see: what a rollback
+    /// restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<ModelSpec>,
+    /// The last rolling update: kept after it finished, so `ctl models
+    /// status` can say how it went.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// A change to a model's launch spec being rolled onto its replicas. Its
+/// progress is read off the replicas (which fingerprint each runs); what
+/// only history knows is kept here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    /// The launch fingerprint replicas are being moved to.
+    pub to: String,
+    /// The fingerprint they ran before.
+    pub from: String,
+    pub started_at_ms: u64,
+    /// When every replica ran `to` and was ready; none while in progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at_ms: Option<u64>,
+    /// New replicas that failed during this rollout.
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
+    /// Why this rollout restores an earlier entry (an operator's rollback
+    /// or too many failures); none for a change an operator put. A
+    /// rollback is never rolled back on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,9 +296,22 @@ pub struct Replica {
     /// Rank 0's rendezvous port, for multi-node replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rendezvous_port: Option<u16>,
-    /// The replica this one replaces (make-before-break during a drain).
+    /// The replica this one replaces (make-before-break during a drain or
+    /// a rolling update).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replaces: Option<String>,
+    /// The launch fingerprint of the catalog entry this replica was placed
+    /// from ([`ModelSpec::launch_fingerprint`]); none on a replica placed
+    /// before fingerprints, which counts as current until its model's
+    /// launch spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_fingerprint: Option<String>,
+    /// The names the engine was launched to serve (`--served-model-name`);
+    /// none on a replica placed before they were recorded (the model's
+    /// names at the time). The router maps a newer alias to the model's
+    /// name for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_names: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopOrder>,
 }

@@ -129,3 +129,78 @@ impl Drop for Dev {
         }
     }
 }
+
+/// The admin API of a `llmgw dev` cluster as an operator reaches it: HTTPS
+/// with the dev CA and the tokens dev.json names. Each call tries the
+/// peers in turn, so one that is down is passed over.
+pub struct DevAdmin {
+    http: reqwest::Client,
+    apis: Vec<String>,
+    read_token: String,
+    write_token: String,
+}
+
+impl DevAdmin {
+    pub fn new(dev_file: &DevFile) -> DevAdmin {
+        let token = |file: &Option<String>| {
+            let file = file.as_deref().expect("dev.json names its token files");
+            std::fs::read_to_string(file)
+                .unwrap_or_else(|e| panic!("{file}: {e}"))
+                .trim()
+                .to_owned()
+        };
+        DevAdmin {
+            http: crate::admin_client(dev_file.ca.as_deref().map(Path::new)),
+            apis: dev_file.api.clone(),
+            read_token: token(&dev_file.read_token_file),
+            write_token: token(&dev_file.write_token_file),
+        }
+    }
+
+    /// `GET path` read as `T` from the first peer that answers 200.
+    pub async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, String> {
+        let mut seen = Vec::new();
+        for api in &self.apis {
+            let url = format!("{api}{path}");
+            match crate::get_json(&self.http, &url, Some(&self.read_token)).await {
+                Ok(value) => return Ok(value),
+                Err(why) => seen.push(why),
+            }
+        }
+        Err(seen.join("; "))
+    }
+
+    /// A write with the write token: the status and body of the first
+    /// peer that answers at all.
+    pub async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(u16, serde_json::Value), String> {
+        let mut seen = Vec::new();
+        for api in &self.apis {
+            let url = format!("{api}{path}");
+            let mut request = self
+                .http
+                .request(method.clone(), &url)
+                .bearer_auth(&self.write_token);
+            if let Some(body) = &body {
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body.clone());
+            }
+            match request.send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let text = response.text().await.unwrap_or_default();
+                    let value =
+                        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text));
+                    return Ok((status, value));
+                }
+                Err(e) => seen.push(format!("{method} {url}: {e}")),
+            }
+        }
+        Err(seen.join("; "))
+    }
+}

@@ -4,7 +4,8 @@
 //! ([`eventually`], [`wait_until`]), a three-peer cluster of real
 //! `llmgw server` processes ([`Cluster`]) with real agents
 //! ([`agents::Agent`]), `llmgw dev` under test ([`dev::Dev`]), chat
-//! requests ([`chat`], [`stream_chat`]), Prometheus text ([`metric`]),
+//! requests ([`chat`], [`stream_chat`]) and a bounded chat load
+//! ([`load::ChatLoad`]), Prometheus text ([`metric`]),
 //! and tests that cannot run on this machine ([`skipped`]).
 //!
 //! Tests read the admin API through the typed contract of `llmgw-api`
@@ -20,6 +21,7 @@ mod chat;
 mod cluster;
 pub mod dev;
 mod http;
+pub mod load;
 mod metrics;
 pub mod process;
 mod skip;

@@ -128,6 +128,7 @@ fn serve_router(port: u16, upstream: String, threads: NonZeroUsize) -> anyhow::R
             models: vec![RoutedModel {
                 name: MODEL.into(),
                 aliases: vec![],
+                mapped_aliases: Vec::new(),
                 endpoints: vec![Endpoint::ready(upstream)],
                 unavailable_reason: None,
             }],

@@ -108,6 +108,7 @@ pub fn model(name: &str, aliases: &[&str], endpoints: Vec<Endpoint>) -> RoutedMo
     RoutedModel {
         name: name.into(),
         aliases: aliases.iter().map(|a| a.to_string()).collect(),
+        mapped_aliases: Vec::new(),
         endpoints,
         unavailable_reason: None,
     }

@@ -78,6 +78,8 @@ fn ready_replica(model: &str, engine_port: u16) -> ReplicaView {
             rendezvous_port: None,
             replaces: None,
             stop: None,
+            spec_fingerprint: None,
+            served_names: None,
         },
     }
 }

@@ -10,6 +10,7 @@ mod fleet;
 mod health;
 mod models;
 mod peers;
+mod rollout;
 
 use std::sync::Arc;
 
@@ -92,6 +93,8 @@ pub fn router(state: ApiState) -> Router {
             get(models::get_one).put(models::put).delete(models::delete),
         )
         .route("/api/v1/models/{name}/explain", get(explain::explain))
+        .route("/api/v1/models/{name}/rollout", get(rollout::status))
+        .route("/api/v1/models/{name}/rollback", post(rollout::rollback))
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })

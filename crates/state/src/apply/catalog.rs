@@ -2,7 +2,7 @@
 
 use crate::command::{Outcome, Rejection, SeedModel};
 use crate::model_spec::ModelSpec;
-use crate::types::{FleetState, ModelRecord};
+use crate::types::{FleetState, ModelRecord, Rollout};
 
 impl FleetState {
     pub(super) fn put_model(
@@ -18,6 +18,30 @@ impl FleetState {
         if let Some(clash) = self.name_clash(name, spec) {
             return clash;
         }
+        let old = self.models.remove(name);
+        let last_failure = old.as_ref().and_then(|m| m.last_failure.clone());
+        if let Some(old) = &old
+            && (old.spec.launch_fingerprint() != spec.launch_fingerprint()
+                || old.spec.aliases() != spec.aliases())
+        {
+            self.stamp_unstamped_replicas(old);
+        }
+        let (previous, rollout) = match old {
+            Some(old) if old.spec.launch_fingerprint() != spec.launch_fingerprint() => {
+                let rollout = Rollout {
+                    to: spec.launch_fingerprint().to_owned(),
+                    from: old.spec.launch_fingerprint().to_owned(),
+                    started_at_ms: at_ms,
+                    completed_at_ms: None,
+                    failures: 0,
+                    last_failure: None,
+                    rollback: None,
+                };
+                (Some(old.spec), Some(rollout))
+            }
+            Some(old) => (old.previous, old.rollout),
+            None => (None, None),
+        };
         self.models.insert(
             name.to_owned(),
             ModelRecord {
@@ -25,9 +49,84 @@ impl FleetState {
                 spec: spec.clone(),
                 desired_replicas: replicas,
                 updated_at_ms: at_ms,
-                last_failure: self.models.get(name).and_then(|m| m.last_failure.clone()),
+                last_failure,
+                previous,
+                rollout,
             },
         );
+        Outcome::Applied
+    }
+
+    /// Replicas placed before fingerprints were recorded run the entry as
+    /// it was until now: say so before what engines see of it changes, so
+    /// their orders stay the ones they were launched with. (Only then: a
+    /// log from before fingerprints applies to the state it always did.)
+    fn stamp_unstamped_replicas(&mut self, old: &ModelRecord) {
+        for replica in self.replicas.values_mut().filter(|r| r.model == old.name) {
+            if replica.spec_fingerprint.is_none() {
+                replica.spec_fingerprint = Some(old.spec.launch_fingerprint().to_owned());
+            }
+            if replica.served_names.is_none() {
+                replica.served_names = Some(old.spec.served_names(&old.name));
+            }
+        }
+    }
+
+    /// Restores the launch spec the model had before its last change; its
+    /// replica count, aliases and rollout settings stay as they are now.
+    /// The replicas then roll back like any other change.
+    pub(super) fn rollback_model(&mut self, name: &str, reason: &str, at_ms: u64) -> Outcome {
+        let Some(record) = self.models.get(name) else {
+            return Rejection::not_found(format!("model {name} is not in the catalog"));
+        };
+        let Some(previous) = &record.previous else {
+            return Rejection::conflict(format!(
+                "model {name} has no earlier launch spec to roll back to: its entry has not \
+                 changed in a way engines see since it was added"
+            ));
+        };
+        let (serde_json::Value::Object(mut restored), serde_json::Value::Object(now)) =
+            (previous.stored().clone(), record.spec.stored().clone())
+        else {
+            return Rejection::invalid(format!("model {name}: a stored entry is not a map"));
+        };
+        for key in ModelSpec::NOT_LAUNCHED {
+            match now.get(key) {
+                Some(value) => restored.insert(key.to_owned(), value.clone()),
+                None => restored.remove(key),
+            };
+        }
+        let spec = ModelSpec::from_stored(serde_json::Value::Object(restored));
+        let Some(mut record) = self.models.remove(name) else {
+            return Rejection::not_found(format!("model {name} is not in the catalog"));
+        };
+        self.stamp_unstamped_replicas(&record);
+        record.rollout = Some(Rollout {
+            to: spec.launch_fingerprint().to_owned(),
+            from: record.spec.launch_fingerprint().to_owned(),
+            started_at_ms: at_ms,
+            completed_at_ms: None,
+            failures: 0,
+            last_failure: None,
+            rollback: Some(reason.to_owned()),
+        });
+        record.previous = Some(std::mem::replace(&mut record.spec, spec));
+        record.updated_at_ms = at_ms;
+        self.models.insert(name.to_owned(), record);
+        Outcome::Applied
+    }
+
+    /// The leader saw every replica of the model run `fingerprint`, ready.
+    pub(super) fn finish_rollout(&mut self, name: &str, fingerprint: &str, at_ms: u64) -> Outcome {
+        let Some(rollout) = self.models.get_mut(name).and_then(|m| m.rollout.as_mut()) else {
+            return Rejection::not_found(format!("model {name} has no rollout"));
+        };
+        if rollout.to != fingerprint || rollout.completed_at_ms.is_some() {
+            return Rejection::conflict(format!(
+                "model {name}: the rollout to {fingerprint} is not the one in progress"
+            ));
+        }
+        rollout.completed_at_ms = Some(at_ms);
         Outcome::Applied
     }
 

@@ -113,6 +113,8 @@ impl FleetState {
                 rendezvous_port: None,
                 replaces: None,
                 stop: None,
+                spec_fingerprint: None,
+                served_names: None,
             },
         );
         Outcome::Applied
@@ -166,6 +168,18 @@ impl FleetState {
         };
         if let (Some(failure), Some(model)) = (failure, self.models.get_mut(&replica.model)) {
             model.last_failure = Some(failure.clone());
+            // A new replica of a rollout in progress that failed counts
+            // against the rollout: enough of them roll it back.
+            if let Some(rollout) = &mut model.rollout
+                && rollout.completed_at_ms.is_none()
+                && replica.spec_fingerprint.as_deref() == Some(rollout.to.as_str())
+            {
+                rollout.failures = rollout.failures.saturating_add(1);
+                rollout.last_failure = Some(format!(
+                    "replica {} on node {}: {}",
+                    replica.id, failure.node, failure.failure.message
+                ));
+            }
         }
         Outcome::Applied
     }

@@ -66,6 +66,8 @@ fn place(id: &str, model: &str, shards: Vec<Shard>) -> Command {
         fabric: None,
         rendezvous_port: None,
         replaces: None,
+        spec_fingerprint: None,
+        served_names: None,
         at_ms: 10,
     }
 }
