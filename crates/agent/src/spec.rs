@@ -30,31 +30,51 @@ pub enum SpecError {
     Zero { shard: String, field: &'static str },
 }
 
-/// One shard to run on this node, as commanded.
+/// One shard to run on this node, as commanded. Every field but the
+/// shard's identity reads as its default when absent: a state file written
+/// by an older agent, before a field existed, still loads.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchSpec {
     pub shard_id: String,
     pub replica_id: String,
     pub model: String,
+    #[serde(default)]
     pub source: String,
     /// Catalog aliases, served after `model`.
+    #[serde(default)]
     pub aliases: Vec<String>,
     pub engine: Engine,
+    #[serde(default)]
     pub profile: String,
+    #[serde(default)]
     pub nodes: u32,
+    #[serde(default)]
     pub rank: u32,
+    #[serde(default)]
     pub gpus: Vec<u32>,
+    #[serde(default)]
     pub gpus_per_node: u32,
+    #[serde(default)]
     pub port: u16,
+    #[serde(default)]
     pub tensor_parallel: u32,
+    #[serde(default)]
     pub pipeline_parallel: u32,
+    #[serde(default)]
     pub master_addr: String,
+    #[serde(default)]
     pub master_port: u16,
+    #[serde(default)]
     pub fabric: Option<String>,
+    #[serde(default)]
     pub launch_mode: Option<LaunchMode>,
+    #[serde(default)]
     pub min_gpu_memory_gb: u32,
+    #[serde(default)]
     pub gpu_models: Vec<String>,
+    #[serde(default)]
     pub engine_args: Vec<String>,
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
 }
 
@@ -232,16 +252,45 @@ impl LaunchSpec {
     }
 
     /// A stable digest of everything that decides how the shard runs: two
-    /// commands with the same hash start the same processes.
+    /// commands with the same hash start the same processes. Taken over a
+    /// canonical form (fields sorted by name, fields at their default left
+    /// out), so a field added to a later build, absent from every older
+    /// command and state file, changes no hash: an agent upgraded under
+    /// running engines recognises them when the leader sends them again.
     pub fn hash(&self) -> String {
-        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        let encoded = serde_json::to_value(self).unwrap_or_default();
+        let mut fields: Vec<(&String, &serde_json::Value)> = encoded
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(_, value)| !is_default(value))
+            .collect();
+        fields.sort_by(|a, b| a.0.cmp(b.0));
+        let mut canonical = String::new();
+        for (name, value) in fields {
+            canonical.push_str(name);
+            canonical.push('=');
+            canonical.push_str(&value.to_string());
+            canonical.push('\n');
+        }
         // FNV-1a: stable across builds and platforms, unlike std's hasher.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in bytes {
+        for b in canonical.bytes() {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
         }
         format!("{h:016x}")
+    }
+}
+
+fn is_default(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => true,
+        serde_json::Value::Bool(b) => !b,
+        serde_json::Value::Number(n) => n.as_u64() == Some(0),
+        serde_json::Value::String(s) => s.is_empty(),
+        serde_json::Value::Array(items) => items.is_empty(),
+        serde_json::Value::Object(fields) => fields.is_empty(),
     }
 }
 
@@ -284,6 +333,32 @@ mod tests {
         b.engine_args.push("--enforce-eager".into());
         assert_ne!(a.hash(), b.hash());
     }
+
+    /// A state file an older agent wrote, before some fields existed:
+    /// it loads, and its spec hashes as the same command does now, so the
+    /// engine it records is recognised, not refused as a different spec.
+    #[test]
+    fn a_spec_recorded_before_a_field_existed_is_the_same_spec() {
+        let now = LaunchSpec::from_proto(&wire()).unwrap();
+        let mut older = serde_json::to_value(&now).unwrap();
+        let fields = older.as_object_mut().unwrap();
+        for added_later in ["gpu_models", "min_gpu_memory_gb", "launch_mode", "env"] {
+            fields.remove(added_later);
+        }
+        let recorded: LaunchSpec = serde_json::from_value(older).expect("an older record loads");
+        assert_eq!(recorded, now);
+        assert_eq!(recorded.hash(), now.hash());
+    }
+
+    /// The hash is recorded in state files and compared across agent
+    /// versions: it must not move when the code around it does.
+    #[test]
+    fn the_hash_of_a_fixed_spec_never_changes() {
+        let spec = LaunchSpec::from_proto(&wire()).unwrap();
+        assert_eq!(spec.hash(), PINNED_HASH);
+    }
+
+    const PINNED_HASH: &str = "631be9dda64158b2";
 
     #[test]
     fn master_addr_may_carry_the_port() {

@@ -633,11 +633,14 @@ impl Supervisor {
             }
         }
         let (closed, _) = mpsc::unbounded_channel();
+        // This build's hash of the spec as recorded: the record's own may
+        // be an older agent's.
+        let spec_hash = record.spec.hash();
         self.shards().insert(
             record.shard_id.clone(),
             Entry {
                 spec: record.spec,
-                spec_hash: record.spec_hash,
+                spec_hash,
                 ports: Vec::new(),
                 pids: Arc::new(Mutex::new(Vec::new())),
                 reporter,
@@ -681,11 +684,12 @@ impl Supervisor {
             adopted: true,
             lingering: lingering.clone(),
         }));
+        let spec_hash = record.spec.hash();
         self.shards().insert(
             record.shard_id.clone(),
             Entry {
                 spec: record.spec,
-                spec_hash: record.spec_hash,
+                spec_hash,
                 ports,
                 pids,
                 reporter,
