@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use llmgw_api::{ClusterView, paths};
 use llmgw_dev::DevFile;
-use llmgw_test_kit::dev::Dev;
+use llmgw_test_kit::dev::{Dev, peer_pid};
 use llmgw_test_kit::load::ChatLoad;
 use llmgw_test_kit::process::{alive, signal_pid};
 use llmgw_test_kit::{
@@ -42,7 +42,7 @@ async fn dev_serves_chat_survives_a_leader_kill_and_leaves_nothing_behind() {
     // request may fail.
     let load = ChatLoad::start(&http, &router, MODEL);
     load.until_answered(4).await;
-    signal_pid(pid_of_peer(&dev_file, leader), libc::SIGKILL);
+    signal_pid(peer_pid(&dev_file, leader), libc::SIGKILL);
     let answered_at_kill = load.answered();
     eventually("a new leader", DEADLINE, || {
         leader_other_than(&dev_file, Some(leader))
@@ -80,16 +80,6 @@ async fn leader_other_than(dev_file: &DevFile, previous: Option<u64>) -> Result<
         }
     }
     Err(seen.join("; "))
-}
-
-/// The pid of peer `id`, from dev.json.
-fn pid_of_peer(dev_file: &DevFile, id: u64) -> i32 {
-    dev_file
-        .processes
-        .iter()
-        .find(|p| p.role == "server" && p.id.as_u64() == Some(id))
-        .map(|p| i32::try_from(p.pid).unwrap())
-        .unwrap_or_else(|| panic!("dev.json names no process for peer {id}"))
 }
 
 fn sigint_leaves_no_process_behind(dev: &mut Dev) {

@@ -1,14 +1,15 @@
 //! Changing a running model, as an operator does on `llmgw dev`: the
 //! change rolls onto the replicas make-before-break while a chat load runs
-//! through the router and loses nothing; an alias needs no restart; a
+//! through the router and loses nothing, the leader killed halfway; an alias needs no restart; a
 //! change whose engines fail is rolled back on its own, the old replica
 //! serving throughout.
 
 use std::time::Duration;
 
-use llmgw_api::{ReplicaState, ReplicaView, RolloutPhase, RolloutView, paths};
-use llmgw_test_kit::dev::{Dev, DevAdmin};
+use llmgw_api::{ClusterView, ReplicaState, ReplicaView, RolloutPhase, RolloutView, paths};
+use llmgw_test_kit::dev::{Dev, DevAdmin, peer_pid};
 use llmgw_test_kit::load::ChatLoad;
+use llmgw_test_kit::process::signal_pid;
 use llmgw_test_kit::{DEADLINE, eventually, stream_chat};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -125,11 +126,25 @@ async fn a_changed_model_rolls_out_under_load_and_a_failing_change_rolls_back() 
     let changed = entry(json!({"profiles": profile(json!({
         "engine_args": ["--max-model-len", "2048"]}))}));
     put(&admin, &changed).await;
+    // The leader dies once the surge replica is placed: the next one
+    // carries the rollout on from the replicated state, placing nothing
+    // twice.
+    let surge = eventually("a surge replica beside the old one", DEADLINE, || async {
+        let all = replicas(&admin).await?;
+        all.iter()
+            .find(|r| r.replica.id != first.replica.id)
+            .map(|r| r.replica.id.clone())
+            .ok_or(format!("{} replica(s)", all.len()))
+    })
+    .await;
+    let cluster: ClusterView = admin.get(paths::CLUSTER).await.unwrap();
+    let leader = cluster.leader_id.expect("a leader");
+    signal_pid(peer_pid(&dev_file, leader), libc::SIGKILL);
     let second = eventually("the new spec running alone", DEADLINE, || {
         one_replica_whose_engine(&admin, "--max-model-len 2048", true)
     })
     .await;
-    assert_ne!(second.replica.id, first.replica.id);
+    assert_eq!(second.replica.id, surge, "the surge replica took over");
     assert_eq!(
         second.replica.replaces.as_deref(),
         Some(first.replica.id.as_str())
@@ -204,6 +219,6 @@ async fn a_changed_model_rolls_out_under_load_and_a_failing_change_rolls_back() 
         json!(["--max-model-len", "2048"]),
         "the catalog holds the spec that runs: {stored}"
     );
-    load.stop_without_failures("through a rollout, an alias and a rollback")
+    load.stop_without_failures("through a rollout with a leader kill, an alias and a rollback")
         .await;
 }

@@ -130,6 +130,16 @@ impl Drop for Dev {
     }
 }
 
+/// The pid of peer `id`, from dev.json.
+pub fn peer_pid(dev_file: &DevFile, id: u64) -> i32 {
+    dev_file
+        .processes
+        .iter()
+        .find(|p| p.role == "server" && p.id.as_u64() == Some(id))
+        .map(|p| i32::try_from(p.pid).expect("a pid fits an i32"))
+        .unwrap_or_else(|| panic!("dev.json names no process for peer {id}"))
+}
+
 /// The admin API of a `llmgw dev` cluster as an operator reaches it: HTTPS
 /// with the dev CA and the tokens dev.json names. Each call tries the
 /// peers in turn, so one that is down is passed over.
