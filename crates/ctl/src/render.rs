@@ -232,3 +232,43 @@ pub fn rollout(view: &RolloutView) -> String {
     out.push_str(&table.render());
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_status_names_each_replica_spec_and_why_it_rolled_back() {
+        let view: RolloutView = serde_json::from_value(serde_json::json!({
+            "model": "llama", "fingerprint": "9f2c4e1ab0d37765", "desired": 1,
+            "phase": "complete", "updated": 1, "updated_ready": 1, "outdated": 1,
+            "policy": {"max_surge": 1, "max_unavailable": 0, "rollback_after_failures": 3},
+            "rollout": {"to": "9f2c4e1ab0d37765", "from": "41d07a3c2be90f18",
+                        "started_at_ms": 1, "failures": 0,
+                        "rollback": "3 new replica(s) of the rollout to 41d07a3c2be90f18 failed"},
+            "can_roll_back": true, "blocked": null,
+            "replicas": [
+                {"id": "llama-a", "state": "ready", "fingerprint": "9f2c4e1ab0d37765",
+                 "current": true, "replaces": null, "stopping": null},
+                {"id": "llama-b", "state": "draining", "fingerprint": "41d07a3c2be90f18",
+                 "current": false, "replaces": null, "stopping": "rolling update"}
+            ]
+        }))
+        .unwrap();
+        let text = rollout(&view);
+        assert!(text.contains("rollout:     complete"), "{text}");
+        assert!(text.contains("rollback:    3 new replica(s)"), "{text}");
+        assert!(
+            text.contains("1 on this spec (1 ready), 1 on an earlier spec"),
+            "{text}"
+        );
+        let b = text
+            .lines()
+            .find(|l| l.starts_with("llama-b"))
+            .expect("a row");
+        assert!(
+            b.contains("41d07a3c2be90f18 (earlier)") && b.contains("rolling update"),
+            "{b}"
+        );
+    }
+}
