@@ -106,17 +106,30 @@ async fn resumable_streams_hold_no_more_than_the_memory_cap() {
         metric(&metrics, "llmgw_router_resume_bytes_held").expect("the gauge is there")
     };
 
-    // Twelve streams of about 1 s each, opened at once: their bodies
-    // alone are more than the cap.
-    let streams: Vec<_> = (0..12)
-        .map(|i| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                let body = tagged_chat_body(&format!("stream {i} {}", "x".repeat(100)), true, 60);
-                post(&client(), &url, body, &[]).await
-            })
-        })
-        .collect();
+    // Streams of about 4 s each. As many as the cap holds go first; once
+    // their bodies are held, seven more cannot all be protected, however
+    // slowly a loaded machine opens them (opened all at once, they could
+    // arrive as the first ones end, and every one fit).
+    let body =
+        |i: usize| tagged_chat_body(&format!("stream {i:02} {}", "x".repeat(100)), true, 200);
+    let body_len = body(0).len();
+    let first = cap / body_len;
+    let open = |i: usize| {
+        let url = url.clone();
+        let body = body(i);
+        tokio::spawn(async move { post(&client(), &url, body, &[]).await })
+    };
+    let mut streams: Vec<_> = (0..first).map(open).collect();
+    let charged = (first * body_len) as f64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while held().await < charged {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first {first} streams were never all held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    streams.extend((first..first + 7).map(open));
     let mut most = 0.0_f64;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !streams.iter().all(|s| s.is_finished()) {
