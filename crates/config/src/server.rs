@@ -106,6 +106,9 @@ pub struct LivenessConfig {
     /// After a leader change, every node gets this long to reconnect before
     /// it can be marked unreachable.
     pub leader_grace: Duration,
+    /// The heartbeat interval the leader tells every agent to use (in
+    /// `Registered`), over agent.yaml's own; none: each agent keeps its own.
+    pub agent_heartbeat_interval: Option<Duration>,
 }
 
 impl RaftTiming {
@@ -131,6 +134,7 @@ impl LivenessConfig {
             node_ttl: Duration::from_secs(15),
             lost_after: Duration::from_secs(180),
             leader_grace: Duration::from_secs(15),
+            agent_heartbeat_interval: None,
         }
     }
 }
@@ -424,13 +428,42 @@ impl Decode for RaftTiming {
 
 impl Decode for LivenessConfig {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let f = cx.map(node, path, &["node_ttl", "lost_after", "leader_grace"])?;
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "node_ttl",
+                "lost_after",
+                "leader_grace",
+                "agent_heartbeat_interval",
+            ],
+        )?;
         let d = LivenessConfig::defaults();
         let l = LivenessConfig {
             node_ttl: f.or(cx, "node_ttl", d.node_ttl),
             lost_after: f.or(cx, "lost_after", d.lost_after),
             leader_grace: f.or(cx, "leader_grace", d.leader_grace),
+            agent_heartbeat_interval: f.optional(cx, "agent_heartbeat_interval"),
         };
+        if let Some(interval) = l.agent_heartbeat_interval {
+            if interval < Duration::from_millis(100) || interval > Duration::from_secs(60) {
+                f.report(
+                    cx,
+                    "agent_heartbeat_interval",
+                    "must be between 100ms and 1m, as agent.yaml's heartbeat_interval",
+                );
+            } else if interval * 3 > l.node_ttl {
+                f.report(
+                    cx,
+                    "agent_heartbeat_interval",
+                    format!(
+                        "{interval:?} lets fewer than three heartbeats into node_ttl ({:?}): one \
+                         late heartbeat would mark a healthy node unreachable",
+                        l.node_ttl
+                    ),
+                );
+            }
+        }
         if l.node_ttl.is_zero() {
             f.report(cx, "node_ttl", "must be more than 0s");
         }

@@ -293,6 +293,12 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         "server.yaml:6:15: liveness.lost_after: must be longer than node_ttl",
     ),
     (
+        "agent heartbeats that would not fit node_ttl",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\nliveness:\n  node_ttl: 6s\n  agent_heartbeat_interval: 3s\n",
+        "liveness.agent_heartbeat_interval: 3s lets fewer than three heartbeats into node_ttl (6s)",
+    ),
+    (
         "router with nothing to route",
         FileKind::Router,
         "listen: 0.0.0.0:8080\n",

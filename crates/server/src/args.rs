@@ -129,6 +129,7 @@ pub fn options_from(
             ttl: config.liveness.node_ttl,
             lost_after: config.liveness.lost_after,
             grace: config.liveness.leader_grace,
+            agent_heartbeat: config.liveness.agent_heartbeat_interval.unwrap_or_default(),
         },
         placement: PlanSettings::default(),
         router_listen: config.router_listen,

@@ -224,7 +224,7 @@ fn spawn_agent_loops(
         control: control.clone(),
         hub: hub.clone(),
         reports,
-        heartbeat_interval: std::time::Duration::ZERO,
+        heartbeat_interval: options.liveness.agent_heartbeat,
         registrar: crate::agents::Registrar::spawn(control.clone()),
         claim_window: options.liveness.ttl,
     }

@@ -21,6 +21,8 @@ pub struct LivenessSettings {
     pub lost_after: Duration,
     /// After this peer starts leading, no node is marked down before this.
     pub grace: Duration,
+    /// The heartbeat interval agents are told to use; zero: their own.
+    pub agent_heartbeat: Duration,
 }
 
 /// The status a node should move to, if any.
@@ -274,6 +276,7 @@ mod tests {
         ttl: Duration::from_secs(3),
         lost_after: Duration::from_secs(10),
         grace: Duration::from_secs(5),
+        agent_heartbeat: Duration::ZERO,
     };
 
     #[test]
