@@ -128,6 +128,9 @@ def run(driver, dev, servers, tokens, shots):
     wait_for("qwen-0.5b and llama-70b are ready",
              lambda: "qwen-0.5b\n1 of 1 replicas ready" in main_text(driver)
              and "llama-70b\n1 of 1 replicas ready" in main_text(driver))
+    wait_for("each model shows its launch spec and a complete rollout",
+             lambda: main_text(driver).count("rollout complete, 1 on this spec (1 ready), 0 on an earlier spec") == 2
+             and "(current)" in main_text(driver))
     driver.save_screenshot(os.path.join(shots, "models.png"))
 
     # The page lives on while the leader dies: a marker set now survives

@@ -10,6 +10,7 @@ const view = {
   nodes: [],
   replicas: [],
   models: [],
+  rollouts: {},
   explain: {},
   // Why the views could not be read (cleared by the next good read).
   error: "",
@@ -58,6 +59,11 @@ async function load() {
       }
     }
     view.explain = explain;
+    // Which spec each replica runs, and how a change is rolling out.
+    const managed = models.filter((m) => m.profiles);
+    const rollouts = await Promise.all(managed.map((m) =>
+      api("/api/v1/models/" + encodeURIComponent(m.name) + "/rollout").catch(() => null)));
+    view.rollouts = Object.fromEntries(managed.map((m, i) => [m.name, rollouts[i]]));
   } catch (e) {
     view.error = e.message.startsWith("401") ? "This admin API needs a token: enter a read or write token above. " + e.message : e.message;
   }
@@ -232,14 +238,35 @@ function renderNode(id) {
     </tbody></table>`;
 }
 
+// A model's rollout in words: where it stands, what failed, what blocks it,
+// and a rollback button while an earlier launch spec exists.
+function rolloutLine(name, rollout) {
+  if (!rollout) return "";
+  const last = rollout.rollout;
+  let text = `<strong>Spec</strong> <span class="mono">${esc(rollout.fingerprint)}</span>: rollout ${esc(rollout.phase.replace("_", " "))}, `
+    + `${esc(rollout.updated)} on this spec (${esc(rollout.updated_ready)} ready), ${esc(rollout.outdated)} on an earlier spec.`;
+  if (last && last.rollback) text += ` Rolled back: ${esc(last.rollback)}.`;
+  if (last && last.failures > 0) text += ` <span class="error">${esc(last.failures)} new replica(s) failed; last: ${esc(last.last_failure || "")}</span>`;
+  if (rollout.blocked) text += ` <span class="note">${esc(rollout.blocked)}</span>`;
+  const button = rollout.can_roll_back
+    ? ` <button data-action="rollback" data-model="${esc(name)}">Roll back</button>` : "";
+  return `<p>${text}${button}</p>`;
+}
+
 function renderModels() {
   const cards = view.models.map((m) => {
     const replicas = view.replicas.filter((r) => r.model === m.name);
     const ready = replicas.filter((r) => r.state === "ready").length;
     const why = view.explain[m.name];
+    const rollout = view.rollouts[m.name];
+    const spec = (r) => {
+      const seen = rollout && rollout.replicas.find((x) => x.id === r.id);
+      if (!seen) return "";
+      return `${esc(seen.fingerprint || "-")} ${seen.current ? "(current)" : "<strong>(earlier)</strong>"}`;
+    };
     const rows = replicas.map((r) => {
       const failure = r.shards.map((s) => s.last_failure).find(Boolean);
-      return `<tr><td class="mono">${esc(r.id)}</td><td>${badge(r.state)}</td><td>${r.shards.map((s) =>
+      return `<tr><td class="mono">${esc(r.id)}</td><td>${badge(r.state)}</td><td class="mono">${spec(r)}</td><td>${r.shards.map((s) =>
         `<a href="#/nodes/${encodeURIComponent(s.node)}">${esc(s.node)}</a> GPUs [${esc(s.gpus.join(","))}] :${esc(s.port)} ${esc(s.state)}`).join("<br>")}
         ${failure ? `<details><summary class="error">${esc(failure.message)}</summary><pre>${esc((failure.output_tail || []).join("\n"))}</pre></details>` : ""}</td></tr>`;
     }).join("");
@@ -247,8 +274,9 @@ function renderModels() {
       <p>${esc(ready)} of ${esc(m.replicas ?? 1)} replicas ready. <span class="note">${esc(m.source || "")}</span></p>
       <div class="actions"><label>Replicas <input type="number" min="0" value="${esc(m.replicas ?? 1)}" size="3" data-scale="${esc(m.name)}"></label>
         <button data-action="scale" data-model="${esc(m.name)}">Scale</button></div>
+      ${rolloutLine(m.name, rollout)}
       ${why ? `<p><strong>Why not ready:</strong> ${esc(why.explanation || (why.replicas || []).map((r) => r.id + ": " + r.why).join("; ") || "placing")}</p>` : ""}
-      <table><thead><tr><th>Replica</th><th>State</th><th>Shards</th></tr></thead><tbody>${rows || '<tr><td colspan="3">none</td></tr>'}</tbody></table></section>`;
+      <table><thead><tr><th>Replica</th><th>State</th><th>Spec</th><th>Shards</th></tr></thead><tbody>${rows || '<tr><td colspan="4">none</td></tr>'}</tbody></table></section>`;
   }).join("");
   return `<h2>Models and replicas</h2><div class="cards">${cards || "<p>The catalog is empty.</p>"}</div>`;
 }
@@ -300,6 +328,9 @@ async function act(button) {
         method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(spec),
       });
       done(`${model}: scaled to ${spec.replicas} replicas.`);
+    } else if (action === "rollback") {
+      await api("/api/v1/models/" + encodeURIComponent(model) + "/rollback", { method: "POST" });
+      done(`${model}: rolling back to its previous launch spec, make-before-break.`);
     }
   } catch (e) {
     view.notice = { text: `${action} refused: ${e.message}`, refused: true };
