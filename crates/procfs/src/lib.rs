@@ -2,7 +2,8 @@
 //! sends them: `/proc/PID/stat` identity (the start time, so a recycled
 //! pid is never taken for a process llmgw started), liveness, CPU time and
 //! resident memory, process-group membership, and signals to one process
-//! or a whole group.
+//! or a whole group; and the free space of a filesystem (`statvfs`), which
+//! the control plane's disk reserve and the tests that fill a disk read.
 //!
 //! Pids are the kernel's `pid_t` (`i32`) throughout; [`to_pid`] converts the
 //! `u32` that `std::process` hands out.
@@ -255,6 +256,23 @@ pub fn signal_name(signal: i32) -> String {
         _ => return format!("signal {signal}"),
     };
     name.to_string()
+}
+
+/// Free bytes for unprivileged writers on the filesystem holding `dir`.
+pub fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: statvfs(2) fills the zeroed struct we own; the path is a
+    // valid NUL-terminated string for the duration of the call.
+    #[allow(unsafe_code)]
+    let (rc, stat) = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(path.as_ptr(), &mut stat), stat)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! The reserve left below the threshold is what Raft itself still needs:
 //! entries replicated from a healthy leader and snapshots.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -13,22 +13,7 @@ use openraft::ServerState;
 use crate::control::ControlPlane;
 use crate::error::ControlError;
 
-/// Free bytes for unprivileged writers on the filesystem holding `dir`.
-pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
-    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(std::io::Error::other)?;
-    // SAFETY: statvfs(2) fills the zeroed struct we own; the path is a
-    // valid NUL-terminated string for the duration of the call.
-    #[allow(unsafe_code)]
-    let (rc, stat) = unsafe {
-        let mut stat: libc::statvfs = std::mem::zeroed();
-        (libc::statvfs(path.as_ptr(), &mut stat), stat)
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
-}
+pub use llmgw_procfs::free_bytes;
 
 /// The data directory and the space that must stay free in it.
 #[derive(Debug, Clone)]

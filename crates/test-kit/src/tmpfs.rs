@@ -42,7 +42,7 @@ impl Tmpfs {
     /// afterwards.
     pub fn fill(&self, leave_mb: u64) -> Result<u64, String> {
         let free = || {
-            llmgw_raft::free_bytes(&self.mountpoint)
+            llmgw_procfs::free_bytes(&self.mountpoint)
                 .map_err(|e| format!("statvfs {}: {e}", self.mountpoint.display()))
         };
         let size = free()?.saturating_sub(leave_mb << 20);

@@ -239,7 +239,7 @@ async fn metric(port: u16, name: &str) -> Option<f64> {
         .await
         .ok()?
         .to_bytes();
-    llmgw_test_kit::metric(&String::from_utf8_lossy(&body), name)
+    llmgw_prometheus::metric(&String::from_utf8_lossy(&body), name)
 }
 
 /// Phase 2: many concurrent slow streams; reports the simulator's RSS.
