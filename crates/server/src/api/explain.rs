@@ -12,7 +12,7 @@ use axum::extract::{Path, Query, State};
 use llmgw_api::{ModelExplanation, ReplicaWhy};
 use llmgw_catalog::{Managed, Model};
 use llmgw_scheduler::{Explanation, NodeView, Request, Siblings};
-use llmgw_state::{FleetState, Replica};
+use llmgw_state::{FleetState, ModelRecord, Replica};
 
 use super::{ApiError, ApiState, ReadQuery};
 use crate::reconcile::{node_views, take_survivor_gpus};
@@ -24,14 +24,38 @@ pub async fn explain(
 ) -> Result<Json<ModelExplanation>, ApiError> {
     state.before_read(&query).await?;
     let strategy = state.placement.strategy;
-    let survivor_gpus = match state.control.leading_term() {
-        Some(_) => state.hub.survivor_gpus(),
-        None => HashMap::new(),
-    };
+    let survivor_gpus = survivor_gpus(&state);
     state
         .control
         .read(|fleet| explain_model(fleet, &name, strategy, &survivor_gpus))
         .map(Json)
+}
+
+/// Per node, GPUs held by processes that outlived SIGKILL: only the leader
+/// hears of them, so a follower's answer leaves them out.
+pub(super) fn survivor_gpus(state: &ApiState) -> HashMap<String, Vec<u32>> {
+    match state.control.leading_term() {
+        Some(_) => state.hub.survivor_gpus(),
+        None => HashMap::new(),
+    }
+}
+
+/// The catalog entry `name` and the model it means, or why there is none
+/// this peer can read.
+pub(super) fn readable_model<'a>(
+    fleet: &'a FleetState,
+    name: &str,
+) -> Result<(&'a ModelRecord, &'a Model), ApiError> {
+    let record = fleet
+        .models
+        .get(name)
+        .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))?;
+    let model = record.spec.model().map_err(|why| {
+        ApiError::bad_request(format!(
+            "model {name}: this peer cannot read its stored entry: {why}"
+        ))
+    })?;
+    Ok((record, model))
 }
 
 /// `survivor_gpus`: per node, GPUs held by processes that outlived
@@ -42,15 +66,7 @@ pub fn explain_model(
     strategy: llmgw_scheduler::Strategy,
     survivor_gpus: &HashMap<String, Vec<u32>>,
 ) -> Result<ModelExplanation, ApiError> {
-    let record = fleet
-        .models
-        .get(name)
-        .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))?;
-    let model = record.spec.model().map_err(|why| {
-        ApiError::bad_request(format!(
-            "model {name}: this peer cannot read its stored entry: {why}"
-        ))
-    })?;
+    let (record, model) = readable_model(fleet, name)?;
     let Some(managed) = model.managed() else {
         return Ok(static_model_explanation(name, model));
     };

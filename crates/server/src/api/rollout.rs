@@ -11,6 +11,7 @@ use llmgw_raft::now_ms;
 use llmgw_scheduler::{Request, Siblings};
 use llmgw_state::{Command, FleetState, Replica, ReplicaState};
 
+use super::explain::{readable_model, survivor_gpus};
 use super::{ApiError, ApiState, ReadQuery};
 use crate::reconcile::{node_views, take_survivor_gpus};
 
@@ -21,10 +22,7 @@ pub async fn status(
 ) -> Result<Json<RolloutView>, ApiError> {
     state.before_read(&query).await?;
     let strategy = state.placement.strategy;
-    let survivor_gpus = match state.control.leading_term() {
-        Some(_) => state.hub.survivor_gpus(),
-        None => HashMap::new(),
-    };
+    let survivor_gpus = survivor_gpus(&state);
     state
         .control
         .read(|fleet| rollout_view(fleet, &name, strategy, &survivor_gpus))
@@ -56,15 +54,7 @@ pub fn rollout_view(
     strategy: llmgw_scheduler::Strategy,
     survivor_gpus: &HashMap<String, Vec<u32>>,
 ) -> Result<RolloutView, ApiError> {
-    let record = fleet
-        .models
-        .get(name)
-        .ok_or_else(|| ApiError::not_found(format!("model {name} is not in the catalog")))?;
-    let model = record.spec.model().map_err(|why| {
-        ApiError::bad_request(format!(
-            "model {name}: this peer cannot read its stored entry: {why}"
-        ))
-    })?;
+    let (record, model) = readable_model(fleet, name)?;
     let Some(managed) = model.managed() else {
         return Err(ApiError::bad_request(format!(
             "model {name} is served by static endpoints; llmgw runs no replicas of it to roll"
