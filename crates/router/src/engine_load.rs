@@ -26,26 +26,10 @@ const KV_USAGE: &[&str] = &[
 /// `None` when the page has none of the names.
 pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     let mut load = EngineLoad::default();
-    for (name, value) in text.lines().filter_map(sample) {
-        add_sample(&mut load, name, value);
+    for sample in llmgw_prometheus::samples(text).filter(|s| s.value.is_finite()) {
+        add_sample(&mut load, sample.name, sample.value);
     }
     (load != EngineLoad::default()).then_some(load)
-}
-
-/// The metric name and finite value of one sample line; `None` for
-/// comments, blank lines and anything that does not parse.
-fn sample(line: &str) -> Option<(&str, f64)> {
-    if line.starts_with('#') || line.is_empty() {
-        return None;
-    }
-    let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-    let name = &line[..name_end];
-    let rest = match line[name_end..].strip_prefix('{') {
-        Some(_) => line.rfind('}').map_or("", |i| &line[i + 1..]),
-        None => &line[name_end..],
-    };
-    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
-    value.is_finite().then_some((name, value))
 }
 
 fn add_sample(load: &mut EngineLoad, name: &str, value: f64) {
