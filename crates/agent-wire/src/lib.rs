@@ -23,7 +23,7 @@ pub struct NodeFacts {
     pub labels: BTreeMap<String, String>,
 }
 
-pub use llmgw_api::check_node_id;
+pub use llmgw_node_id::check_node_id;
 
 /// The most of each thing one node may report. Far above any machine
 /// (eight or sixteen GPUs, a few HCAs), and low enough that a registration

@@ -11,7 +11,6 @@ mod cluster;
 mod error;
 mod fleet;
 mod health;
-mod node_id;
 pub mod paths;
 mod rollout;
 
@@ -22,7 +21,7 @@ pub use fleet::{
     DrainQuery, LinkView, ModelExplanation, NodeShard, NodeView, Refusal, ReplicaView, ReplicaWhy,
 };
 pub use health::{Readiness, StateEvent};
-pub use node_id::check_node_id;
+pub use llmgw_node_id::check_node_id;
 pub use rollout::{RolloutPhase, RolloutReplica, RolloutView};
 
 pub use llmgw_catalog::{Model, RolloutPolicy};

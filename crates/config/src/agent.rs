@@ -177,7 +177,7 @@ impl Decode for AgentConfig {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         let f = cx.map(node, path, AGENT_KEYS)?;
         let node_id: String = f.or(cx, "node_id", hostname());
-        if let Err(why) = llmgw_api::check_node_id(&node_id) {
+        if let Err(why) = llmgw_node_id::check_node_id(&node_id) {
             f.report(cx, "node_id", why);
         }
         let servers = decode_servers(&f, cx);

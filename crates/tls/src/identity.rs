@@ -84,7 +84,7 @@ impl fmt::Display for Identity {
     }
 }
 
-pub use llmgw_api::check_node_id;
+pub use llmgw_node_id::check_node_id;
 
 #[cfg(test)]
 mod tests {
