@@ -131,8 +131,9 @@ impl FleetState {
             Command::RollbackModel {
                 name,
                 reason,
+                from,
                 at_ms,
-            } => self.rollback_model(name, reason, *at_ms),
+            } => self.rollback_model(name, reason, from.as_deref(), *at_ms),
             Command::FinishRollout {
                 name,
                 fingerprint,

@@ -165,6 +165,11 @@ pub enum Command {
     RollbackModel {
         name: String,
         reason: String,
+        /// The launch fingerprint being rolled back: refused if the model's
+        /// changed since, so a rollback decided twice (or after a newer
+        /// change) never swaps the specs back. None: whatever runs now.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
         at_ms: u64,
     },
     /// Every replica of the model runs `fingerprint` and is ready: its

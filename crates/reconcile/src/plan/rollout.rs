@@ -57,6 +57,7 @@ impl Round<'_> {
         self.commands.push(Command::RollbackModel {
             name: record.name.clone(),
             reason,
+            from: Some(rollout.to.clone()),
             at_ms: self.now_ms,
         });
         true

@@ -245,3 +245,27 @@ fn with_no_room_for_a_surge_only_max_unavailable_lets_an_old_replica_go_first() 
             .contains("max_unavailable"),
     );
 }
+
+#[test]
+fn a_rollback_decided_twice_applies_once() {
+    let mut w = running_two(serde_json::json!({}));
+    put(
+        &mut w,
+        entry(2, &["--enforce-eager"], serde_json::json!({})),
+    );
+    let broken = w.fleet.models["m"].spec.launch_fingerprint().to_owned();
+    let rollback = Command::RollbackModel {
+        name: "m".into(),
+        reason: "failing".into(),
+        from: Some(broken.clone()),
+        at_ms: 5,
+    };
+    assert_eq!(w.fleet.apply(&rollback), llmgw_state::Outcome::Applied);
+    let restored = w.fleet.models["m"].spec.launch_fingerprint().to_owned();
+    assert_ne!(restored, broken);
+    assert!(
+        matches!(w.fleet.apply(&rollback), llmgw_state::Outcome::Rejected(_)),
+        "the second copy must not swap the broken spec back"
+    );
+    assert_eq!(w.fleet.models["m"].spec.launch_fingerprint(), restored);
+}

@@ -38,6 +38,7 @@ pub async fn rollback(
         .write(Command::RollbackModel {
             name: name.clone(),
             reason: "an operator asked for it (ctl models rollback)".to_owned(),
+            from: None,
             at_ms: now_ms(),
         })
         .await?;

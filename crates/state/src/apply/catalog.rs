@@ -75,10 +75,24 @@ impl FleetState {
     /// Restores the launch spec the model had before its last change; its
     /// replica count, aliases and rollout settings stay as they are now.
     /// The replicas then roll back like any other change.
-    pub(super) fn rollback_model(&mut self, name: &str, reason: &str, at_ms: u64) -> Outcome {
+    pub(super) fn rollback_model(
+        &mut self,
+        name: &str,
+        reason: &str,
+        from: Option<&str>,
+        at_ms: u64,
+    ) -> Outcome {
         let Some(record) = self.models.get(name) else {
             return Rejection::not_found(format!("model {name} is not in the catalog"));
         };
+        if let Some(from) = from
+            && from != record.spec.launch_fingerprint()
+        {
+            return Rejection::conflict(format!(
+                "model {name} no longer runs launch spec {from} (it runs {}): nothing to roll back",
+                record.spec.launch_fingerprint()
+            ));
+        }
         let Some(previous) = &record.previous else {
             return Rejection::conflict(format!(
                 "model {name} has no earlier launch spec to roll back to: its entry has not \
