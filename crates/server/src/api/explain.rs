@@ -22,18 +22,35 @@ pub async fn explain(
     Path(name): Path<String>,
     Query(query): Query<ReadQuery>,
 ) -> Result<Json<ModelExplanation>, ApiError> {
-    state.before_read(&query).await?;
+    placed_read(&state, &query, &name, explain_model).await
+}
+
+/// A view of model `name` that runs placement as the leader would: read
+/// from this peer's state after `query`'s consistency wait, with the
+/// GPUs only the leader knows to be held.
+pub(super) async fn placed_read<T>(
+    state: &ApiState,
+    query: &ReadQuery,
+    name: &str,
+    view: impl FnOnce(
+        &FleetState,
+        &str,
+        llmgw_scheduler::Strategy,
+        &HashMap<String, Vec<u32>>,
+    ) -> Result<T, ApiError>,
+) -> Result<Json<T>, ApiError> {
+    state.before_read(query).await?;
     let strategy = state.placement.strategy;
-    let survivor_gpus = survivor_gpus(&state);
+    let survivor_gpus = survivor_gpus(state);
     state
         .control
-        .read(|fleet| explain_model(fleet, &name, strategy, &survivor_gpus))
+        .read(|fleet| view(fleet, name, strategy, &survivor_gpus))
         .map(Json)
 }
 
 /// Per node, GPUs held by processes that outlived SIGKILL: only the leader
 /// hears of them, so a follower's answer leaves them out.
-pub(super) fn survivor_gpus(state: &ApiState) -> HashMap<String, Vec<u32>> {
+fn survivor_gpus(state: &ApiState) -> HashMap<String, Vec<u32>> {
     match state.control.leading_term() {
         Some(_) => state.hub.survivor_gpus(),
         None => HashMap::new(),

@@ -11,7 +11,7 @@ use llmgw_raft::now_ms;
 use llmgw_scheduler::{Request, Siblings};
 use llmgw_state::{Command, FleetState, Replica, ReplicaState};
 
-use super::explain::{readable_model, survivor_gpus};
+use super::explain::{placed_read, readable_model};
 use super::{ApiError, ApiState, ReadQuery};
 use crate::reconcile::{node_views, take_survivor_gpus};
 
@@ -20,13 +20,7 @@ pub async fn status(
     Path(name): Path<String>,
     Query(query): Query<ReadQuery>,
 ) -> Result<Json<RolloutView>, ApiError> {
-    state.before_read(&query).await?;
-    let strategy = state.placement.strategy;
-    let survivor_gpus = survivor_gpus(&state);
-    state
-        .control
-        .read(|fleet| rollout_view(fleet, &name, strategy, &survivor_gpus))
-        .map(Json)
+    placed_read(&state, &query, &name, rollout_view).await
 }
 
 pub async fn rollback(
