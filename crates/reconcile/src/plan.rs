@@ -104,6 +104,14 @@ fn serving<'a>(fleet: &'a FleetState, model: &str) -> Vec<&'a Replica> {
         .collect()
 }
 
+/// The live replica placed to replace `old` (a drain or a rolling update).
+fn replacement_of<'a>(fleet: &'a FleetState, old: &Replica) -> Option<&'a Replica> {
+    fleet
+        .replicas
+        .values()
+        .find(|r| r.replaces.as_deref() == Some(old.id.as_str()) && r.stop.is_none())
+}
+
 fn first_failure(replica: &Replica) -> Option<(&Shard, &ShardFailure)> {
     replica
         .shards
@@ -320,11 +328,7 @@ impl Round<'_> {
             }
             let past_deadline = self.now_ms >= drain.deadline_ms;
             for old in on_node.into_iter().filter(|r| r.stop.is_none()) {
-                let replacement =
-                    self.fleet.replicas.values().find(|r| {
-                        r.replaces.as_deref() == Some(old.id.as_str()) && r.stop.is_none()
-                    });
-                match replacement {
+                match replacement_of(self.fleet, old) {
                     Some(new) if new.state() == ReplicaState::Ready => self.stop(
                         old,
                         format!("node {} drains; replica {} took over", drain.node, new.id),

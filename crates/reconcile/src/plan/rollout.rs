@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use llmgw_catalog::Model;
 use llmgw_state::{Command, ModelRecord, Replica, ReplicaState};
 
-use super::{Round, serving};
+use super::{Round, replacement_of, serving};
 use crate::specs::outdated;
 
 impl Round<'_> {
@@ -74,11 +74,6 @@ impl Round<'_> {
             .values()
             .filter(|r| r.model == name && r.stop.is_none())
             .collect();
-        let replacement_of = |old: &Replica| {
-            live.iter()
-                .copied()
-                .find(|r| r.replaces.as_deref() == Some(old.id.as_str()))
-        };
         let old: Vec<&Replica> = live
             .iter()
             .copied()
@@ -96,7 +91,7 @@ impl Round<'_> {
             if self.on_draining_node(replica) {
                 continue;
             }
-            match replacement_of(replica) {
+            match replacement_of(fleet, replica) {
                 Some(new) if new.state() == ReplicaState::Ready => self.stop(
                     replica,
                     format!(
