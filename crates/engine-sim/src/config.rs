@@ -52,6 +52,15 @@ pub struct ServeConfig {
     /// or the simulated node size.
     pub visible_gpus: u64,
     pub knobs: Knobs,
+    /// Tokens per KV block: vLLM's `--block-size` (16), SGLang's
+    /// `--page-size` (1).
+    pub block_size: usize,
+    /// Where KV events go (`--kv-events-config`); none when off.
+    pub kv_events: Option<crate::kv_events::KvEventsConfig>,
+    /// Seeds the prefix cache's hash chain: `PYTHONHASHSEED` when set;
+    /// otherwise vLLM before 0.34 draws one per process and the others
+    /// hash deterministically.
+    pub hash_seed: u64,
     /// Options given on the command line, as `non-default args` shows them.
     pub given: Vec<(String, String)>,
     /// Warnings the engine's parser printed (deprecated options), in order.
@@ -125,6 +134,21 @@ impl ServeConfig {
             .map(|n| n as u64);
         let shutdown_timeout = Duration::from_secs(line.int("--shutdown-timeout", 0)?);
         let flag = |name: &str| args.flag(&line.key(name)).unwrap_or(false);
+        let block_size = if vllm {
+            line.int("--block-size", 16)?
+        } else {
+            line.int("--page-size", 1)?
+        };
+        let kv_events = crate::kv_events::parse(persona, line.str("--kv-events-config"))
+            .map_err(ConfigError)?;
+        let hash_seed = match env
+            .get("PYTHONHASHSEED")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            Some(seed) => seed,
+            None if vllm && !persona.at_least((0, 34, 0)) => knobs.seed,
+            None => 0,
+        };
         Ok(Self {
             persona,
             model,
@@ -155,6 +179,9 @@ impl ServeConfig {
             log_stats: !flag("--disable-log-stats"),
             visible_gpus: line.visible_gpus(env, knobs.node_gpus),
             knobs,
+            block_size: block_size.max(1) as usize,
+            kv_events,
+            hash_seed,
             given: line.given(),
             parse_warnings: args.warnings.clone(),
         })

@@ -54,6 +54,10 @@ pub enum Failure {
     RendezvousPortInUse {
         port: u16,
     },
+    /// The KV event publisher could not bind its socket.
+    KvEventsBind {
+        endpoint: String,
+    },
     /// SGLang: a scheduler process was killed (host OOM killer).
     SchedulerKilled,
     /// SGLang asked for more GPUs than the node shows.
@@ -126,6 +130,9 @@ impl Failure {
             Failure::RendezvousPortInUse { port } => format!(
                 "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
             ),
+            Failure::KvEventsBind { endpoint } => {
+                format!("zmq.error.ZMQError: Address already in use (addr='{endpoint}')")
+            }
             Failure::SchedulerKilled => "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.".into(),
             Failure::InvalidDeviceOrdinal => "torch.AcceleratorError: CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1".into(),
             Failure::Rendezvous(reason) => format!("torch.distributed.DistNetworkError: {reason}"),

@@ -98,6 +98,33 @@ fn pace(state: &EngineState) -> Pace {
     }
 }
 
+/// The prompt's prefill: only the tokens the prefix cache lacks cost
+/// time, and one prefill runs at a time, so uncached prompts queue behind
+/// each other. Returns the time it took, queueing included.
+async fn prefill(
+    state: &EngineState,
+    plan: &Plan,
+    interrupt: &mut watch::Receiver<Interrupt>,
+    client: Option<&mpsc::Sender<Result<Bytes, Stop>>>,
+) -> Result<Duration, Stop> {
+    let started = Instant::now();
+    let uncached = state.record_prefix(&plan.prompt_token_ids);
+    let work = state
+        .cfg
+        .knobs
+        .prefill_per_token
+        .saturating_mul(u32::try_from(uncached).unwrap_or(u32::MAX));
+    if work.is_zero() {
+        return Ok(Duration::ZERO);
+    }
+    let _lane = tokio::select! {
+        lane = state.prefill_lane.lock() => lane,
+        stop = wait_interrupt(interrupt) => return Err(stop),
+    };
+    pause(work, interrupt, client).await?;
+    Ok(started.elapsed())
+}
+
 /// Counts generated tokens; returns true when the OOM fault fires.
 fn count_generated(state: &Arc<EngineState>, oom_after: Option<u64>, tokens: u64) -> bool {
     state
@@ -134,12 +161,12 @@ pub async fn run_full(state: Arc<EngineState>, mut plan: Plan) -> Result<String,
         .metrics
         .prompt_tokens
         .fetch_add(plan.prompt_tokens, Ordering::Relaxed);
-    state.record_prefix(plan.prompt_fingerprint, plan.prompt_tokens);
     let completion = plan.completion_tokens();
     guard.add_kv(plan.prompt_tokens + completion);
     let ttft = jittered(&mut plan.rng, p.ttft);
+    let prefill = prefill(&state, &plan, &mut interrupt, None).await?;
     pause(ttft, &mut interrupt, None).await?;
-    state.metrics.ttft.observe(ttft.as_secs_f64());
+    state.metrics.ttft.observe((ttft + prefill).as_secs_f64());
     let longest = plan
         .choices
         .iter()
@@ -228,11 +255,11 @@ async fn stream_inner(
         .metrics
         .prompt_tokens
         .fetch_add(plan.prompt_tokens, Ordering::Relaxed);
-    state.record_prefix(plan.prompt_fingerprint, plan.prompt_tokens);
     guard.add_kv(plan.prompt_tokens);
     let ttft = jittered(&mut plan.rng, p.ttft);
+    let prefill = prefill(state, plan, interrupt, Some(tx)).await?;
     pause(ttft, interrupt, Some(tx)).await?;
-    state.metrics.ttft.observe(ttft.as_secs_f64());
+    state.metrics.ttft.observe((ttft + prefill).as_secs_f64());
     let env = plan.envelope.clone();
     if env.route == Route::Chat {
         for i in 0..plan.choices.len() {

@@ -93,12 +93,21 @@ pub struct Knobs {
     pub seed: u64,
     /// Fixed completion length; `None` draws 16..=64 tokens per request.
     pub output_tokens: Option<u64>,
+    /// Prefill time per prompt token not found in the prefix cache. One
+    /// prefill runs at a time per engine (it is compute-bound), so uncached
+    /// prompts queue behind each other as on a real GPU.
+    pub prefill_per_token: Duration,
+    /// Caps the prefix cache below the KV cache the load sized (to make a
+    /// small fleet's cache a small share of a workload).
+    pub prefix_cache_tokens: Option<u64>,
 }
 
 /// Defaults, chosen so that tests are fast.
 pub const DEFAULT_LOAD_TIME: Duration = Duration::from_secs(2);
 pub const DEFAULT_TTFT: Duration = Duration::from_millis(20);
 pub const DEFAULT_ITL: Duration = Duration::from_millis(5);
+/// About 50,000 prompt tokens a second: a small model on one GPU.
+pub const DEFAULT_PREFILL_PER_TOKEN: Duration = Duration::from_micros(20);
 pub const DEFAULT_GPU_MEMORY_GB: f64 = 80.0;
 pub const DEFAULT_NODE_GPUS: u64 = 8;
 
@@ -238,6 +247,11 @@ impl Knobs {
         let load_time = duration("sim-load-time", "LLMGW_SIM_LOAD_TIME", DEFAULT_LOAD_TIME);
         let ttft = duration("sim-ttft", "LLMGW_SIM_TTFT", DEFAULT_TTFT);
         let itl = duration("sim-itl", "LLMGW_SIM_ITL", DEFAULT_ITL);
+        let prefill_per_token = duration(
+            "sim-prefill-per-token",
+            "LLMGW_SIM_PREFILL_PER_TOKEN",
+            DEFAULT_PREFILL_PER_TOKEN,
+        );
         let mut number = |flag: &str, var: &str| -> Option<f64> {
             let (source_name, value) = lookup(flag, var)?;
             match value.trim().parse::<f64>() {
@@ -258,6 +272,8 @@ impl Knobs {
             .unwrap_or_else(seed_from_clock);
         let output_tokens =
             number("sim-output-tokens", "LLMGW_SIM_OUTPUT_TOKENS").map(|n| n as u64);
+        let prefix_cache_tokens =
+            number("sim-prefix-cache-tokens", "LLMGW_SIM_PREFIX_CACHE_TOKENS").map(|n| n as u64);
         let faults = match lookup("sim-fault", "LLMGW_SIM_FAULT") {
             None => Vec::new(),
             Some((source_name, value)) => parse_faults(&value, &source_name).unwrap_or_else(|e| {
@@ -277,6 +293,8 @@ impl Knobs {
             faults,
             seed,
             output_tokens,
+            prefill_per_token,
+            prefix_cache_tokens,
         })
     }
 

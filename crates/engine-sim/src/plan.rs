@@ -11,6 +11,7 @@ use crate::continuation::{self, VOCABULARY};
 use crate::persona::Engine;
 use crate::rng::SplitMix;
 use crate::state::EngineState;
+use crate::tokens::{self, ChatTokens};
 use crate::wire::{self, Envelope, Finish, Route};
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,7 +95,8 @@ pub struct ChoicePlan {
 pub struct Plan {
     pub envelope: Envelope,
     pub prompt_tokens: u64,
-    pub prompt_fingerprint: u64,
+    /// The prompt as token ids, for the prefix cache.
+    pub prompt_token_ids: Vec<u32>,
     pub choices: Vec<ChoicePlan>,
     pub stream: bool,
     pub include_usage: bool,
@@ -129,14 +131,19 @@ fn count_tokens(text: &str) -> u64 {
     (text.len() as u64).div_ceil(4)
 }
 
-fn fingerprint(text: &str) -> u64 {
-    // FNV-1a over the first 256 bytes: a shared system prompt is a shared prefix.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.as_bytes().iter().take(256) {
-        hash ^= u64::from(*b);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+/// The prompt's token ids, as `/tokenize` answers for a chat (`messages`)
+/// or a completion (`prompt`) request.
+pub fn prompt_token_ids(request: &GenRequest, model_name: &str) -> Result<Vec<u32>, Rejection> {
+    let prompt = if request.messages.is_some() {
+        chat_prompt(request)?
+    } else {
+        completion_prompt(request, model_name)?
+    };
+    let mut ids = prompt.token_ids;
+    if let Some(said) = prompt.continued {
+        tokens::text_ids(&said, &mut ids);
     }
-    hash
+    Ok(ids)
 }
 
 /// Validates a request against the served model and plans its output.
@@ -159,6 +166,7 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
     let Prompt {
         mut text,
         mut tokens,
+        mut token_ids,
         continued,
     } = match route {
         Route::Chat => chat_prompt(&request)?,
@@ -180,6 +188,7 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
     };
     let prompt_tokens = tokens + said_words;
     if let Some(said) = continued {
+        tokens::text_ids(&said, &mut token_ids);
         text.push_str(&said);
     }
     let max_len = state.max_model_len;
@@ -222,7 +231,7 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
     Ok(Plan {
         envelope,
         prompt_tokens,
-        prompt_fingerprint: fingerprint(&text),
+        prompt_token_ids: token_ids,
         choices,
         stream,
         include_usage,
@@ -269,6 +278,8 @@ struct Prompt {
     text: String,
     /// Tokens of `text`, template framing included.
     tokens: u64,
+    /// Their ids, as `/tokenize` answers.
+    token_ids: Vec<u32>,
     /// The answer so far that this request asks to continue, if any; the
     /// conversation before it decides the words.
     continued: Option<String>,
@@ -299,6 +310,7 @@ fn chat_prompt(request: &GenRequest) -> Result<Prompt, Rejection> {
     };
     let mut text = String::new();
     let mut tokens = 3;
+    let mut ids = ChatTokens::new();
     for m in asked {
         let start = text.len();
         if let Some(role) = &m.role {
@@ -308,6 +320,7 @@ fn chat_prompt(request: &GenRequest) -> Result<Prompt, Rejection> {
             text_of(content, &mut text);
         }
         tokens += 4 + count_tokens(&text[start..]);
+        ids.message(m.role.as_deref(), &text[start..]);
     }
     let continued = final_message.map(|last| {
         let mut said = String::new();
@@ -319,6 +332,7 @@ fn chat_prompt(request: &GenRequest) -> Result<Prompt, Rejection> {
     Ok(Prompt {
         text,
         tokens,
+        token_ids: ids.finish(),
         continued,
     })
 }
@@ -337,6 +351,7 @@ fn completion_prompt(request: &GenRequest, model_name: &str) -> Result<Prompt, R
         continuation::split_own_answer(model_name, &text).map(|(offset, _)| text.split_off(offset));
     Ok(Prompt {
         tokens: 1 + count_tokens(&text),
+        token_ids: tokens::completion_ids(&text),
         text,
         continued,
     })

@@ -131,6 +131,7 @@ impl EngineApp {
             "/v1/chat/completions" if post => return self.generate(Route::Chat, req).await,
             "/v1/completions" if post => return self.generate(Route::Completion, req).await,
             "/v1/embeddings" if post => return self.embeddings(req).await,
+            "/tokenize" if post => return self.tokenize(req).await,
             "/health"
             | "/ping"
             | "/version"
@@ -172,11 +173,16 @@ impl EngineApp {
                     ),
                 )
             }
-            "/flush_cache" if get || post => http::text(
-                200,
-                "text/plain",
-                "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
-            ),
+            "/flush_cache" if get || post => {
+                if s.in_flight() == 0 {
+                    s.prefix_cache.clear();
+                }
+                http::text(
+                    200,
+                    "text/plain",
+                    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n",
+                )
+            }
             "/metrics" if get && s.cfg.knobs.faults.contains(&Fault::MetricsError) => {
                 http::text(500, "text/plain", "Internal Server Error")
             }
@@ -189,6 +195,7 @@ impl EngineApp {
             "/v1/chat/completions" if post => return self.generate(Route::Chat, req).await,
             "/v1/completions" if post => return self.generate(Route::Completion, req).await,
             "/v1/embeddings" if post => return self.embeddings(req).await,
+            "/tokenize" | "/v1/tokenize" if post => return self.tokenize(req).await,
             _ => http::json(404, NOT_FOUND),
         })
     }
@@ -339,6 +346,35 @@ impl EngineApp {
             Err(Stop::EngineDead) => Ok(http::empty(500)),
             Err(stop) => Err(StreamCut(stop)),
         }
+    }
+
+    /// `/tokenize`: a chat's or a prompt's token ids as the model sees
+    /// them, in the shape both engines answer.
+    async fn tokenize(&self, req: Request<Incoming>) -> HandlerResult {
+        let s = &self.state;
+        let body = match http::read_body(req.into_body()).await {
+            Ok(b) => b,
+            Err(message) => return Ok(self.error(&Rejection::bad_request(message))),
+        };
+        let request: plan::GenRequest = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return Ok(self.error(&Rejection::bad_request(format!("JSON decode error: {e}"))));
+            }
+        };
+        let ids = match plan::prompt_token_ids(&request, &s.cfg.model) {
+            Ok(ids) => ids,
+            Err(rejection) => return Ok(self.error(&rejection)),
+        };
+        let mut answer = serde_json::json!({
+            "count": ids.len(),
+            "max_model_len": s.max_model_len,
+            "tokens": ids,
+        });
+        if s.cfg.persona.is_vllm() {
+            answer["token_strs"] = serde_json::Value::Null;
+        }
+        Ok(http::json(200, answer.to_string()))
     }
 
     async fn embeddings(&self, req: Request<Incoming>) -> HandlerResult {

@@ -81,7 +81,8 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
             ),
         );
     }
-    let state = EngineState::new(cfg.clone(), *log, facts);
+    let prefix_cache = crate::kv_events::prefix_cache(&cfg, loaded.kv_tokens).await?;
+    let state = EngineState::new(cfg.clone(), *log, facts, prefix_cache);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut membership = loaded.membership.take();
 

@@ -10,6 +10,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use crate::config::ServeConfig;
 use crate::logs::Logger;
 use crate::metrics::{Gauges, Metrics};
+use crate::prefix_cache::PrefixCache;
 
 /// Where the server is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +57,10 @@ pub struct EngineState {
     pub open_streams: AtomicU64,
     pub tokens_generated: AtomicU64,
     pub fatal_started: AtomicBool,
-    /// Prompt fingerprints seen recently, for prefix-cache hit counting.
-    prefix_seen: std::sync::Mutex<std::collections::HashSet<u64>>,
+    pub prefix_cache: PrefixCache,
+    /// One prefill at a time: prompts not found in the prefix cache queue
+    /// for the GPU's compute.
+    pub prefill_lane: tokio::sync::Mutex<()>,
     pub started: Instant,
     pub created_unix: u64,
 }
@@ -118,10 +121,13 @@ impl Drop for WaitingGuard<'_> {
     }
 }
 
-const PREFIX_MEMORY: usize = 4096;
-
 impl EngineState {
-    pub fn new(cfg: ServeConfig, log: Logger, facts: ServingFacts) -> Arc<Self> {
+    pub fn new(
+        cfg: ServeConfig,
+        log: Logger,
+        facts: ServingFacts,
+        prefix_cache: PrefixCache,
+    ) -> Arc<Self> {
         let ServingFacts {
             kv_capacity,
             max_model_len,
@@ -153,7 +159,8 @@ impl EngineState {
             open_streams: AtomicU64::new(0),
             tokens_generated: AtomicU64::new(0),
             fatal_started: AtomicBool::new(false),
-            prefix_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
+            prefix_cache,
+            prefill_lane: tokio::sync::Mutex::new(()),
             started: Instant::now(),
             created_unix,
         })
@@ -228,23 +235,16 @@ impl EngineState {
     }
 
     /// Counts prefix-cache queries and hits for a prompt of `tokens` tokens.
-    pub fn record_prefix(&self, fingerprint: u64, tokens: u64) {
+    /// Looks the prompt up in the prefix cache (storing what it lacked)
+    /// and counts the queried and hit tokens as the engines do.
+    pub fn record_prefix(&self, token_ids: &[u32]) -> u64 {
+        let lookup = self.prefix_cache.admit(token_ids);
         self.metrics
             .prefix_queries
-            .fetch_add(tokens, Ordering::Relaxed);
-        let mut seen = match self.prefix_seen.lock() {
-            Ok(seen) => seen,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if seen.contains(&fingerprint) {
-            self.metrics
-                .prefix_hits
-                .fetch_add(tokens, Ordering::Relaxed);
-        } else {
-            if seen.len() >= PREFIX_MEMORY {
-                seen.clear();
-            }
-            seen.insert(fingerprint);
-        }
+            .fetch_add(lookup.prompt_tokens, Ordering::Relaxed);
+        self.metrics
+            .prefix_hits
+            .fetch_add(lookup.cached_tokens, Ordering::Relaxed);
+        lookup.prompt_tokens - lookup.cached_tokens
     }
 }
