@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use llmgw_catalog::{Engine, LaunchMode, Profile};
-use llmgw_engines::{FabricAssignment, ShardAssignment};
+use llmgw_engines::{FabricAssignment, KvEventSockets, ShardAssignment};
 use llmgw_proto::agent::ShardSpec;
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +76,11 @@ pub struct LaunchSpec {
     pub engine_args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The head's KV event publisher ports; 0 when not asked to publish.
+    #[serde(default)]
+    pub kv_events_port: u16,
+    #[serde(default)]
+    pub kv_replay_port: u16,
 }
 
 /// Shard ids become file names in `work_dir`, so they are kept to a safe set.
@@ -179,6 +184,8 @@ impl LaunchSpec {
             gpu_models: spec.gpu_models.clone(),
             engine_args: spec.engine_args.clone(),
             env: spec.env.clone().into_iter().collect(),
+            kv_events_port: port(&shard, "kv_events_port", spec.kv_events_port)?,
+            kv_replay_port: port(&shard, "kv_replay_port", spec.kv_replay_port)?,
             shard_id: shard,
         })
     }
@@ -213,6 +220,8 @@ impl LaunchSpec {
                 .unwrap_or_default(),
             min_gpu_memory_gb: self.min_gpu_memory_gb,
             gpu_models: self.gpu_models.clone(),
+            kv_events_port: u32::from(self.kv_events_port),
+            kv_replay_port: u32::from(self.kv_replay_port),
         }
     }
 
@@ -248,6 +257,12 @@ impl LaunchSpec {
             head_addr: self.master_addr.clone(),
             rendezvous_port: self.master_port,
             fabric,
+            kv_events: (self.kv_events_port != 0 && self.kv_replay_port != 0).then_some(
+                KvEventSockets {
+                    stream: self.kv_events_port,
+                    replay: self.kv_replay_port,
+                },
+            ),
         }
     }
 

@@ -175,6 +175,12 @@ pub fn ports_of(spec: &LaunchSpec, plan: &LaunchPlan) -> Vec<u16> {
         // dist-init address, the Ray GCS).
         ports.push(spec.master_port);
     }
+    // The KV event publisher's two sockets bind on every interface.
+    for port in [spec.kv_events_port, spec.kv_replay_port] {
+        if port != 0 && !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
     ports
 }
 

@@ -57,8 +57,21 @@ pub struct ReplicaView {
     pub state: ReplicaState,
     /// The head shard's HTTP address, where the router sends requests.
     pub endpoint: Option<String>,
+    /// Where the head engine publishes its KV events, for routers' prefix
+    /// indexes; absent when it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsView>,
     #[serde(flatten)]
     pub replica: Replica,
+}
+
+/// A head engine's KV event sockets, as `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEventsView {
+    /// The PUB socket streaming every batch.
+    pub stream: String,
+    /// The ROUTER socket replaying recent batches from a seq.
+    pub replay: String,
 }
 
 /// `POST /api/v1/nodes/{id}/drain?deadline_s=N`.

@@ -18,7 +18,8 @@ pub use backup::{BackupLeaderId, BackupLogId, BackupSummary};
 pub use cluster::{AddPeer, ClusterView, Membership, PeerAdded, PeerRemoved, PeerRole, PeerView};
 pub use error::{ErrorBody, ErrorDetail};
 pub use fleet::{
-    DrainQuery, LinkView, ModelExplanation, NodeShard, NodeView, Refusal, ReplicaView, ReplicaWhy,
+    DrainQuery, KvEventsView, LinkView, ModelExplanation, NodeShard, NodeView, Refusal,
+    ReplicaView, ReplicaWhy,
 };
 pub use health::{Readiness, StateEvent};
 pub use llmgw_node_id::check_node_id;

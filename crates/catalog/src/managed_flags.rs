@@ -20,6 +20,7 @@ const VLLM_FLAGS: &[&str] = &[
     "--master-port",
     "--headless",
     "--device-ids",
+    "--kv-events-config",
 ];
 const VLLM_SHORT_FLAGS: &[(&str, &str)] = &[
     ("-tp", "--tensor-parallel-size"),
@@ -44,6 +45,7 @@ const SGLANG_FLAGS: &[&str] = &[
     "--dist-init-addr",
     "--nccl-init-addr",
     "--base-gpu-id",
+    "--kv-events-config",
 ];
 
 /// Environment llmgw derives from the placement and the node.

@@ -118,7 +118,21 @@ fn shard_env(
     if let Some(fabric) = &shard.fabric {
         env.insert("NCCL_IB_HCA".into(), fabric.hcas.join(","));
     }
+    if shard.kv_events.is_some() {
+        // vLLM 0.11 seeds its block hashes from this, randomly per process
+        // when unset; a fixed seed names one prefix alike on every engine
+        // and across restarts. A profile's own seed is kept.
+        env.entry("PYTHONHASHSEED".into())
+            .or_insert_with(|| "0".into());
+    }
     env
+}
+
+/// `--kv-events-config`, on the head only: its scheduler owns the cache.
+fn push_kv_events_args(args: &mut Vec<String>, shard: &ShardAssignment) {
+    if let Some(kv) = &shard.kv_events {
+        args.extend(["--kv-events-config".into(), kv.config_json()]);
+    }
 }
 
 fn served_names(shard: &ShardAssignment) -> Vec<String> {
@@ -278,6 +292,7 @@ fn push_vllm_http_args(serve: &mut Vec<String>, shard: &ShardAssignment, node: &
     ]);
     serve.push("--served-model-name".into());
     serve.extend(served_names(shard));
+    push_kv_events_args(serve, shard);
 }
 
 fn vllm_parallel_args(shard: &ShardAssignment) -> [String; 4] {
@@ -328,6 +343,7 @@ fn plan_sglang(shard: &ShardAssignment, node: &NodeContext, sglang: &SglangConfi
             format!("{}:{}", shard.head_addr, shard.rendezvous_port),
         ]);
     }
+    push_kv_events_args(&mut args, shard);
     args.extend(profile.engine_args.iter().cloned());
     let head = shard.rank == 0;
     LaunchPlan {

@@ -13,6 +13,7 @@ mod settings;
 
 pub use adapters::{PlanError, plan_shard};
 pub use plan::{
-    FabricAssignment, LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness, ShardAssignment,
+    FabricAssignment, KvEventSockets, LaunchPlan, NodeContext, ProcessRole, ProcessSpec, Readiness,
+    ShardAssignment,
 };
 pub use settings::{EnginesConfig, SglangConfig, VLLM_MP_MIN_VERSION, VllmConfig};

@@ -33,6 +33,29 @@ pub struct ShardAssignment {
     pub rendezvous_port: u16,
     /// The fabric the replica spans and this node's HCAs on it.
     pub fabric: Option<FabricAssignment>,
+    /// Where the head engine publishes its KV events; none: it does not.
+    pub kv_events: Option<KvEventSockets>,
+}
+
+/// The ports of a head engine's KV event publisher, bound on every
+/// interface of its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvEventSockets {
+    pub stream: u16,
+    pub replay: u16,
+}
+
+impl KvEventSockets {
+    /// `--kv-events-config` as all three engine versions accept it: vLLM
+    /// 0.11 needs both `enable_kv_cache_events` and the `zmq` publisher,
+    /// SGLang only the publisher, and vLLM 0.34 refuses keys it does not
+    /// know. `*` makes the engine bind (an address would make it connect).
+    pub fn config_json(&self) -> String {
+        format!(
+            r#"{{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:{}","replay_endpoint":"tcp://*:{}","topic":""}}"#,
+            self.stream, self.replay
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use llmgw_catalog::{Engine, LaunchMode, Profile};
 use llmgw_engine_options::Version;
 use llmgw_engines::{
-    EnginesConfig, FabricAssignment, LaunchPlan, NodeContext, PlanError, SglangConfig,
-    ShardAssignment, VllmConfig, plan_shard,
+    EnginesConfig, FabricAssignment, KvEventSockets, LaunchPlan, NodeContext, PlanError,
+    SglangConfig, ShardAssignment, VllmConfig, plan_shard,
 };
 
 fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> Profile {
@@ -73,6 +73,11 @@ fn shard(profile: Profile, rank: u32, gpus: Vec<u32>) -> ShardAssignment {
         fabric: multi.then(|| FabricAssignment {
             name: "ib-a".into(),
             hcas: vec!["mlx5_0".into(), "mlx5_1".into()],
+        }),
+        // The head publishes its KV events for the routers.
+        kv_events: (rank == 0).then_some(KvEventSockets {
+            stream: 8101,
+            replay: 8102,
         }),
     }
 }

@@ -8,8 +8,8 @@ use std::ops::RangeInclusive;
 use llmgw_catalog::Model;
 use llmgw_scheduler::{Placement, Placer, Request, Siblings, Strategy};
 use llmgw_state::{
-    Command, FleetState, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard, ShardFailure,
-    ShardState,
+    Command, FleetState, KvEventPorts, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard,
+    ShardFailure, ShardState,
 };
 
 use crate::fleet_view::{node_views, take_survivor_gpus};
@@ -532,6 +532,14 @@ impl Round<'_> {
         } else {
             None
         };
+        // Every engine publishes its KV cache events for the routers.
+        let kv_event_ports = {
+            let host = self.host(&shards[0].node);
+            Some(KvEventPorts {
+                stream: self.take_port(&host)?,
+                replay: self.take_port(&host)?,
+            })
+        };
         // Later placements of this round see these GPUs as taken, and this
         // replica as a sibling.
         if let Some(placer) = &mut self.placer {
@@ -560,6 +568,7 @@ impl Round<'_> {
             replaces,
             spec_fingerprint: entry.map(|e| e.spec.launch_fingerprint().to_owned()),
             served_names: entry.map(|e| e.spec.served_names(&model.name)),
+            kv_event_ports,
             at_ms: self.now_ms,
         })
     }

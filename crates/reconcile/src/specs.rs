@@ -64,6 +64,19 @@ pub fn endpoint(fleet: &FleetState, replica: &Replica) -> Option<String> {
     ))
 }
 
+/// Where the head engine publishes KV events, as (stream, replay)
+/// `host:port` addresses: what a router subscribes to.
+pub fn kv_event_addresses(fleet: &FleetState, replica: &Replica) -> Option<(String, String)> {
+    let ports = replica.kv_event_ports?;
+    let head = replica.shards.iter().find(|s| s.rank == 0)?;
+    let node = fleet.nodes.get(&head.node)?;
+    let host = url_host(mgmt_host(&node.mgmt_addr));
+    Some((
+        format!("{host}:{}", ports.stream),
+        format!("{host}:{}", ports.replay),
+    ))
+}
+
 fn profile<'a>(model: &'a Model, replica: &Replica) -> Option<&'a Profile> {
     model
         .managed()?
@@ -121,6 +134,15 @@ pub fn shard_spec(
             .unwrap_or_default(),
         min_gpu_memory_gb: profile.min_gpu_memory_gb,
         gpu_models: profile.gpu_models.clone(),
+        // Only the head runs the scheduler whose cache the events describe.
+        kv_events_port: replica
+            .kv_event_ports
+            .filter(|_| shard.rank == 0)
+            .map_or(0, |k| u32::from(k.stream)),
+        kv_replay_port: replica
+            .kv_event_ports
+            .filter(|_| shard.rank == 0)
+            .map_or(0, |k| u32::from(k.replay)),
     })
 }
 

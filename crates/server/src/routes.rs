@@ -10,7 +10,7 @@ use llmgw_router::{Endpoint, EndpointState, RoutedModel, RoutingTable};
 use llmgw_state::{FleetState, ReplicaState};
 use tokio::sync::watch;
 
-use llmgw_reconcile::endpoint;
+use llmgw_reconcile::{endpoint, kv_event_addresses};
 
 /// How often the applied index is checked for changes.
 const REFRESH: Duration = Duration::from_millis(100);
@@ -41,6 +41,13 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
                 endpoints.push(Endpoint {
                     url: normalize(&url),
                     state: endpoint_state,
+                    kv_events: kv_event_addresses(fleet, replica).map(|(stream, replay)| {
+                        llmgw_router::KvEventEndpoints {
+                            stream,
+                            replay: Some(replay),
+                            topic: String::new(),
+                        }
+                    }),
                 });
             }
         }

@@ -80,17 +80,24 @@ impl FleetState {
                 replaces,
                 spec_fingerprint,
                 served_names,
+                kv_event_ports,
                 at_ms,
             } => {
                 let held = holders.get_or_insert_with(|| Holders::of(self));
+                let head_ports: Vec<u16> = rendezvous_port
+                    .iter()
+                    .copied()
+                    .chain(kv_event_ports.iter().flat_map(|k| [k.stream, k.replay]))
+                    .collect();
                 let outcome =
-                    self.place_replica(held, id, model, profile, shards, *rendezvous_port, *at_ms);
+                    self.place_replica(held, id, model, profile, shards, &head_ports, *at_ms);
                 if let (Outcome::Applied, Some(replica)) = (&outcome, self.replicas.get_mut(id)) {
                     replica.fabric.clone_from(fabric);
                     replica.rendezvous_port = *rendezvous_port;
                     replica.replaces.clone_from(replaces);
                     replica.spec_fingerprint.clone_from(spec_fingerprint);
                     replica.served_names.clone_from(served_names);
+                    replica.kv_event_ports = *kv_event_ports;
                     held.add(self, &self.replicas[id]);
                 }
                 outcome

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model_spec::ModelSpec;
-use crate::types::{NodeInventory, NodeStatus, ReplicaFailure, Shard, ShardFailure, ShardState};
+use crate::types::{
+    KvEventPorts, NodeInventory, NodeStatus, ReplicaFailure, Shard, ShardFailure, ShardState,
+};
 
 /// A change to the replicated state, as it travels in the Raft log.
 ///
@@ -95,6 +97,9 @@ pub enum Command {
         /// The names its engine is launched to serve.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         served_names: Option<Vec<String>>,
+        /// The head engine's KV event ports, held like its other ports.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kv_event_ports: Option<KvEventPorts>,
         at_ms: u64,
     },
     /// An observed shard transition reported by an agent.

@@ -20,7 +20,7 @@ pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
-    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, ModelRecord, NodeInventory, NodeRecord,
-    NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout, Shard, ShardFailure, ShardState,
-    StopOrder,
+    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, KvEventPorts, ModelRecord,
+    NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout, Shard,
+    ShardFailure, ShardState, StopOrder,
 };

@@ -39,19 +39,25 @@ impl FleetState {
     }
 
     /// The ports `replica` holds, as (host, port): the engine port of each
-    /// shard not stopped, and a multi-node replica's rendezvous port on its
-    /// head's host.
+    /// shard not stopped, and on its head's host a multi-node replica's
+    /// rendezvous port and the KV event ports.
     pub fn ports_of<'a>(&'a self, replica: &'a Replica) -> impl Iterator<Item = (&'a str, u16)> {
         let engines = replica
             .shards
             .iter()
             .filter(|shard| shard.state != ShardState::Stopped)
             .map(move |shard| (self.host_of(&shard.node), shard.port));
-        let rendezvous = replica
-            .rendezvous_port
-            .zip(replica.shards.first())
-            .map(|(port, head)| (self.host_of(&head.node), port));
-        engines.chain(rendezvous)
+        let head_host = replica.shards.first().map(|head| self.host_of(&head.node));
+        let head_ports = replica.rendezvous_port.into_iter().chain(
+            replica
+                .kv_event_ports
+                .into_iter()
+                .flat_map(|k| [k.stream, k.replay]),
+        );
+        let head = head_host
+            .into_iter()
+            .flat_map(move |host| head_ports.clone().map(move |port| (host, port)));
+        engines.chain(head)
     }
 }
 

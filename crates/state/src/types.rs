@@ -312,8 +312,20 @@ pub struct Replica {
     /// name for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_names: Option<Vec<String>>,
+    /// Where the head engine publishes its KV events, on the head's host;
+    /// none on a replica placed before llmgw asked engines to publish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_event_ports: Option<KvEventPorts>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopOrder>,
+}
+
+/// The two ports a head engine's KV event publisher listens on: its PUB
+/// stream and the ROUTER socket that replays recent batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEventPorts {
+    pub stream: u16,
+    pub replay: u16,
 }
 
 impl Replica {

@@ -155,6 +155,8 @@ pub fn spec(shard_id: &str, engine: Engine, gpus: &[u32], port: u16) -> LaunchSp
         gpu_models: vec![],
         engine_args: vec![],
         env: BTreeMap::new(),
+        kv_events_port: 0,
+        kv_replay_port: 0,
     }
 }
 

@@ -8,12 +8,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderValue;
 use axum::http::header::LINK;
 use axum::response::{IntoResponse, Response};
-use llmgw_api::{DrainQuery, NodeShard, NodeView, ReplicaView};
+use llmgw_api::{DrainQuery, KvEventsView, NodeShard, NodeView, ReplicaView};
 use llmgw_raft::now_ms;
 use llmgw_state::{Command, FleetState, NodeRecord, NodeStatus, ShardState};
 
 use super::{ApiError, ApiState, ReadQuery};
-use llmgw_reconcile::endpoint;
+use llmgw_reconcile::{endpoint, kv_event_addresses};
 
 /// Every node's shards, in one pass over the replicas.
 fn shards_by_node(fleet: &FleetState) -> BTreeMap<&str, Vec<NodeShard>> {
@@ -199,6 +199,8 @@ pub async fn replicas(
             .map(|replica| ReplicaView {
                 state: replica.state(),
                 endpoint: endpoint(fleet, replica),
+                kv_events: kv_event_addresses(fleet, replica)
+                    .map(|(stream, replay)| KvEventsView { stream, replay }),
                 replica: replica.clone(),
             })
             .collect()

@@ -20,7 +20,7 @@ impl FleetState {
         model: &str,
         profile: &str,
         shards: &[Shard],
-        rendezvous_port: Option<u16>,
+        head_ports: &[u16],
         at_ms: u64,
     ) -> Outcome {
         if id.is_empty() {
@@ -72,10 +72,10 @@ impl FleetState {
         // that picked them: a leader deciding from a view that lags the log
         // must not hand out a port twice.
         let head = shards.iter().find(|s| s.rank == 0).map(|s| s.node.as_str());
-        let wanted = shards
-            .iter()
-            .map(|s| (s.node.as_str(), s.port))
-            .chain(head.zip(rendezvous_port));
+        let wanted = shards.iter().map(|s| (s.node.as_str(), s.port)).chain(
+            head.into_iter()
+                .flat_map(|h| head_ports.iter().map(move |p| (h, *p))),
+        );
         let mut taken: BTreeSet<(&str, u16)> = BTreeSet::new();
         for (node, port) in wanted {
             let host = self.host_of(node);
@@ -115,6 +115,7 @@ impl FleetState {
                 stop: None,
                 spec_fingerprint: None,
                 served_names: None,
+                kv_event_ports: None,
             },
         );
         Outcome::Applied

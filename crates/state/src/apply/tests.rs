@@ -3,8 +3,8 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use crate::{
-    Command, FleetState, Gpu, Leadership, ModelSpec, NodeInventory, NodeStatus, Outcome,
-    RejectionKind, ReplicaState, SeedModel, Shard, ShardFailure, ShardState,
+    Command, FleetState, Gpu, KvEventPorts, Leadership, ModelSpec, NodeInventory, NodeStatus,
+    Outcome, RejectionKind, ReplicaState, SeedModel, Shard, ShardFailure, ShardState,
 };
 
 fn register(id: &str, at_ms: u64) -> Command {
@@ -68,6 +68,7 @@ fn place(id: &str, model: &str, shards: Vec<Shard>) -> Command {
         replaces: None,
         spec_fingerprint: None,
         served_names: None,
+        kv_event_ports: None,
         at_ms: 10,
     }
 }
@@ -569,6 +570,35 @@ fn ports_names_and_aliases_are_checked_at_apply() {
         *rendezvous_port = Some(port);
     }
     assert_eq!(rejected_kind(state.apply(&two)), RejectionKind::Conflict);
+    // So are the KV event ports, and a replica cannot ask for one twice.
+    let kv = |id: &str, gpu: u32, stream: u16, replay: u16| {
+        let mut command = place(id, "llama", vec![shard("gpu-22", &[gpu], 0)]);
+        if let Command::PlaceReplica { kv_event_ports, .. } = &mut command {
+            *kv_event_ports = Some(KvEventPorts { stream, replay });
+        }
+        command
+    };
+    assert_eq!(
+        rejected_kind(state.apply(&kv("r5", 2, port, 40_001))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&kv("r5", 2, 40_001, 40_001))),
+        RejectionKind::Invalid
+    );
+    assert_eq!(state.apply(&kv("r5", 2, 40_001, 40_002)), Outcome::Applied);
+    assert_eq!(
+        state.replicas["r5"].kv_event_ports,
+        Some(KvEventPorts {
+            stream: 40_001,
+            replay: 40_002
+        })
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&kv("r6", 3, 40_002, 40_003))),
+        RejectionKind::Conflict,
+        "r5's replay port is held"
+    );
     // Once r1's shard stopped, its port is free.
     set_shard(&mut state, ShardState::Stopped);
     let mut reuse = shard("gpu-22", &[1], 0);
