@@ -57,6 +57,11 @@ pub enum BalancePolicy {
     LeastOutstanding,
     /// Bounded-load consistent hashing on the prompt prefix.
     PrefixAffinity,
+    /// The engine with the lowest cost: the prompt tokens it lacks in its
+    /// KV cache (from the engines' KV events) plus its load in tokens.
+    /// Falls back to prefix affinity where no engine publishes events or
+    /// the request's tokens are unknown.
+    CacheAware,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -69,6 +74,15 @@ pub struct Balancing {
     pub load_factor: f64,
     /// How often engines' `/metrics` are read for load; 0s turns it off.
     pub metrics_interval: Duration,
+    /// Cache-aware cost of one request of load (outstanding or queued), in
+    /// prompt tokens to prefill: how many cached tokens are worth queueing
+    /// behind one more request.
+    pub load_weight_tokens: f64,
+    /// (block, engine) pairs the prefix index holds at most.
+    pub kv_index_max_entries: usize,
+    /// How long the router waits for an engine's `/tokenize` before routing
+    /// the request by prompt prefix instead.
+    pub tokenize_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -299,6 +313,9 @@ impl Balancing {
             prefix_bytes: 256,
             load_factor: 1.25,
             metrics_interval: Duration::from_secs(2),
+            load_weight_tokens: 1000.0,
+            kv_index_max_entries: 2_000_000,
+            tokenize_timeout: Duration::from_millis(200),
         }
     }
 }
@@ -308,17 +325,26 @@ impl Decode for Balancing {
         let f = cx.map(
             node,
             path,
-            &["policy", "prefix_bytes", "load_factor", "metrics_interval"],
+            &[
+                "policy",
+                "prefix_bytes",
+                "load_factor",
+                "metrics_interval",
+                "load_weight_tokens",
+                "kv_index_max_entries",
+                "tokenize_timeout",
+            ],
         )?;
         let d = Balancing::defaults();
         let policy = match f.optional::<String>(cx, "policy").as_deref() {
             None | Some("least_outstanding") => BalancePolicy::LeastOutstanding,
             Some("prefix_affinity") => BalancePolicy::PrefixAffinity,
+            Some("cache_aware") => BalancePolicy::CacheAware,
             Some(other) => {
                 f.report(
                     cx,
                     "policy",
-                    format!("unknown policy {other:?}; expected `least_outstanding` or `prefix_affinity`"),
+                    format!("unknown policy {other:?}; expected `least_outstanding`, `prefix_affinity` or `cache_aware`"),
                 );
                 d.policy
             }
@@ -331,11 +357,26 @@ impl Decode for Balancing {
                 "must be at least 1.0 (1.0 means perfectly even load)",
             );
         }
+        let load_weight_tokens: f64 = f.or(cx, "load_weight_tokens", d.load_weight_tokens);
+        if !(load_weight_tokens.is_finite() && load_weight_tokens >= 0.0) {
+            f.report(
+                cx,
+                "load_weight_tokens",
+                "must be a number of tokens, 0 or more",
+            );
+        }
+        let kv_index_max_entries: usize = f.or(cx, "kv_index_max_entries", d.kv_index_max_entries);
+        if kv_index_max_entries == 0 {
+            f.report(cx, "kv_index_max_entries", "must be at least 1");
+        }
         Some(Balancing {
             policy,
             prefix_bytes: f.or(cx, "prefix_bytes", d.prefix_bytes),
             load_factor,
             metrics_interval: f.or(cx, "metrics_interval", d.metrics_interval),
+            load_weight_tokens,
+            kv_index_max_entries,
+            tokenize_timeout: f.or(cx, "tokenize_timeout", d.tokenize_timeout),
         })
     }
 }

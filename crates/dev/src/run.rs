@@ -349,7 +349,10 @@ fn start_router(
     let router_url = format!("http://127.0.0.1:{}", args.port);
     let text = format!(
         "# Written by `llmgw dev`: a standalone router that follows the control plane.\n\
-         listen: 127.0.0.1:{}\ncontrol_plane: [{}]\n{}",
+         listen: 127.0.0.1:{}\ncontrol_plane: [{}]\n\
+         # Route by what each engine holds in its KV cache (the engines publish\n\
+         # their KV events; see docs/router.md).\n\
+         balancing:\n  policy: cache_aware\n{}",
         args.port,
         apis.iter()
             .map(|a| format!("\"{a}\""))

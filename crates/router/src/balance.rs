@@ -7,6 +7,12 @@
 //!   prefix (a consistent hash: adding or removing an endpoint moves only
 //!   that endpoint's share), taking the first whose load stays under
 //!   `load_factor` times the mean, so one hot prefix cannot swamp a replica.
+//! * Cache-aware: the endpoint with the lowest cost, the prompt tokens it
+//!   would have to prefill (those its KV cache lacks, by the prefix index)
+//!   plus its load weighed in tokens. A hot prefix stays on its engine only
+//!   while the queue there costs less than prefilling elsewhere, so load
+//!   spreads it before it becomes a pile-up; with nothing cached anywhere
+//!   the cost is load alone.
 
 use std::cell::Cell;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -16,19 +22,58 @@ use llmgw_config::BalancePolicy;
 
 use crate::endpoints::EndpointStats;
 
+/// What a request offers to pick its endpoint by, besides load.
+#[derive(Debug, Clone, Copy)]
+pub enum Affinity<'a> {
+    None,
+    /// The first bytes of the prompt.
+    Prefix(&'a str),
+    /// Per candidate, in order: the prompt tokens its cache lacks.
+    Cache {
+        uncached: &'a [u64],
+        load_weight_tokens: f64,
+    },
+}
+
 pub fn choose(
     policy: BalancePolicy,
     candidates: &[Arc<EndpointStats>],
-    prefix: Option<&str>,
+    affinity: Affinity<'_>,
     load_factor: f64,
 ) -> Option<usize> {
-    match (policy, prefix) {
+    match (policy, affinity) {
         _ if candidates.len() <= 1 => candidates.first().map(|_| 0),
-        (BalancePolicy::PrefixAffinity, Some(prefix)) => {
+        (
+            BalancePolicy::CacheAware,
+            Affinity::Cache {
+                uncached,
+                load_weight_tokens,
+            },
+        ) if uncached.len() == candidates.len() => {
+            Some(cheapest(candidates, uncached, load_weight_tokens))
+        }
+        (BalancePolicy::PrefixAffinity | BalancePolicy::CacheAware, Affinity::Prefix(prefix)) => {
             Some(prefix_affinity(candidates, prefix, load_factor))
         }
         _ => Some(power_of_two(candidates)),
     }
+}
+
+/// The candidate of lowest cost; ties go to a random one among them.
+fn cheapest(candidates: &[Arc<EndpointStats>], uncached: &[u64], load_weight_tokens: f64) -> usize {
+    let n = candidates.len();
+    let start = (next_random() % n as u64) as usize;
+    let mut best = start;
+    let mut best_cost = f64::INFINITY;
+    for offset in 0..n {
+        let i = (start + offset) % n;
+        let cost = uncached[i] as f64 + load_weight_tokens * candidates[i].load_score();
+        if cost < best_cost {
+            best = i;
+            best_cost = cost;
+        }
+    }
+    best
 }
 
 fn power_of_two(candidates: &[Arc<EndpointStats>]) -> usize {
@@ -110,7 +155,7 @@ mod tests {
         let _busy: Vec<_> = (0..5).map(|_| list[0].start_request()).collect();
         for _ in 0..100 {
             assert_eq!(
-                choose(BalancePolicy::LeastOutstanding, &list, None, 1.25),
+                choose(BalancePolicy::LeastOutstanding, &list, Affinity::None, 1.25),
                 Some(1)
             );
         }
@@ -121,7 +166,8 @@ mod tests {
         let (_r, list) = endpoints(4);
         let mut seen = [0usize; 4];
         for _ in 0..400 {
-            seen[choose(BalancePolicy::LeastOutstanding, &list, None, 1.25).unwrap()] += 1;
+            seen[choose(BalancePolicy::LeastOutstanding, &list, Affinity::None, 1.25).unwrap()] +=
+                1;
         }
         assert!(seen.iter().all(|&c| c > 40), "uneven spread {seen:?}");
     }
@@ -132,7 +178,7 @@ mod tests {
         let first = choose(
             BalancePolicy::PrefixAffinity,
             &list,
-            Some("sys prompt"),
+            Affinity::Prefix("sys prompt"),
             1.25,
         )
         .unwrap();
@@ -141,7 +187,7 @@ mod tests {
                 choose(
                     BalancePolicy::PrefixAffinity,
                     &list,
-                    Some("sys prompt"),
+                    Affinity::Prefix("sys prompt"),
                     1.25
                 ),
                 Some(first)
@@ -152,7 +198,7 @@ mod tests {
         let spill = choose(
             BalancePolicy::PrefixAffinity,
             &list,
-            Some("sys prompt"),
+            Affinity::Prefix("sys prompt"),
             1.25,
         )
         .unwrap();
@@ -165,8 +211,57 @@ mod tests {
         let mut seen = [0usize; 3];
         for i in 0..300 {
             let p = format!("prompt {i}");
-            seen[choose(BalancePolicy::PrefixAffinity, &list, Some(&p), 1.25).unwrap()] += 1;
+            seen[choose(
+                BalancePolicy::PrefixAffinity,
+                &list,
+                Affinity::Prefix(&p),
+                1.25,
+            )
+            .unwrap()] += 1;
         }
         assert!(seen.iter().all(|&c| c > 50), "uneven spread {seen:?}");
+    }
+
+    fn by_cache(list: &[Arc<EndpointStats>], uncached: &[u64]) -> usize {
+        choose(
+            BalancePolicy::CacheAware,
+            list,
+            Affinity::Cache {
+                uncached,
+                load_weight_tokens: 1000.0,
+            },
+            1.25,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn cache_aware_prefers_the_engine_holding_the_prompt_until_its_queue_costs_more() {
+        let (_r, list) = endpoints(3);
+        // 7,000-token prompt: endpoint 2 holds 6,000 of it.
+        let uncached = [7000, 7000, 1000];
+        assert_eq!(by_cache(&list, &uncached), 2);
+        // Five requests queued there still cost less than 6,000 tokens.
+        let mut held: Vec<_> = (0..5).map(|_| list[2].start_request()).collect();
+        assert_eq!(by_cache(&list, &uncached), 2);
+        // Seven cost more: the hot prefix spreads instead of piling up.
+        held.extend((0..2).map(|_| list[2].start_request()));
+        assert_ne!(by_cache(&list, &uncached), 2);
+    }
+
+    #[test]
+    fn with_nothing_cached_cache_aware_is_least_loaded_and_spreads_ties() {
+        let (_r, list) = endpoints(4);
+        let uncached = [500; 4];
+        let _busy = list[1].start_request();
+        let mut seen = [0usize; 4];
+        for _ in 0..400 {
+            seen[by_cache(&list, &uncached)] += 1;
+        }
+        assert_eq!(seen[1], 0, "the loaded endpoint was picked: {seen:?}");
+        assert!(
+            seen.iter().enumerate().all(|(i, &c)| i == 1 || c > 60),
+            "uneven spread {seen:?}"
+        );
     }
 }

@@ -331,6 +331,14 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
         model.endpoints.push(Endpoint {
             url: normalize_url(url),
             state,
+            kv_events: view
+                .kv_events
+                .as_ref()
+                .map(|kv| llmgw_kv_events::Endpoints {
+                    stream: kv.stream.clone(),
+                    replay: Some(kv.replay.clone()),
+                    topic: String::new(),
+                }),
         });
     }
     table
@@ -389,6 +397,7 @@ mod tests {
         ReplicaView {
             state,
             endpoint: endpoint.map(String::from),
+            kv_events: None,
             replica: Replica {
                 id: id.into(),
                 model: "llama".into(),
@@ -407,6 +416,7 @@ mod tests {
                 created_at_ms: 1,
                 fabric: None,
                 rendezvous_port: None,
+                kv_event_ports: None,
                 replaces: None,
                 stop: None,
                 spec_fingerprint: None,

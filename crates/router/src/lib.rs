@@ -24,6 +24,7 @@ mod front;
 /// Public for the fuzz targets (`crates/fuzz-targets`).
 #[doc(hidden)]
 pub mod fuzzing;
+mod kv;
 mod metrics;
 mod openai;
 mod peek;
@@ -41,6 +42,8 @@ mod upstream;
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use error::RouterError;
+/// Where an endpoint's engine publishes its KV events.
+pub use llmgw_kv_events::Endpoints as KvEventEndpoints;
 /// Public for `examples/metrics-cost.rs`, which measures its hot path.
 pub use metrics::Metrics;
 pub use peek::{PeekError, Peeked, peek, prefix};

@@ -13,7 +13,7 @@ use hyper::header::{CONTENT_TYPE, HeaderMap};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Response, StatusCode};
 
-use crate::balance::choose;
+use crate::balance::{Affinity, choose};
 use crate::endpoints::EndpointStats;
 use crate::openai::ApiError;
 use crate::relay::{Finish, Relay, ResponseBody};
@@ -28,6 +28,9 @@ pub struct Outgoing<'a> {
     pub headers: HeaderMap,
     pub body: Bytes,
     pub prefix: Option<&'a str>,
+    /// The prompt's token ids, under `cache_aware` when an engine of the
+    /// model publishes KV events.
+    pub tokens: Option<Vec<u32>>,
     /// The client asked for server-sent events.
     pub stream: bool,
     /// The client did not turn mid-stream failover off.
@@ -89,14 +92,30 @@ pub async fn forward(
     let attempts = settings.max_retries as usize + 1;
     let mut last_error = None;
     for attempt in 0..attempts {
-        let Some(index) = choose(
-            settings.policy,
-            &pool,
-            outgoing.prefix,
-            settings.load_factor,
-        ) else {
+        let deciding = Instant::now();
+        let uncached = outgoing
+            .tokens
+            .as_deref()
+            .and_then(|tokens| crate::kv::uncached_tokens(shared, &pool, tokens));
+        let affinity = match (&uncached, outgoing.prefix) {
+            (Some(uncached), _) => Affinity::Cache {
+                uncached,
+                load_weight_tokens: settings.load_weight_tokens,
+            },
+            (None, Some(prefix)) => Affinity::Prefix(prefix),
+            (None, None) => Affinity::None,
+        };
+        let Some(index) = choose(settings.policy, &pool, affinity, settings.load_factor) else {
             break;
         };
+        if let (Some(uncached), Some(tokens), 0) = (&uncached, &outgoing.tokens, attempt) {
+            crate::kv::count_decision(
+                shared,
+                tokens.len() as u64,
+                uncached[index],
+                deciding.elapsed(),
+            );
+        }
         let endpoint = pool.swap_remove(index);
         let result = tokio::time::timeout_at(
             deadline,

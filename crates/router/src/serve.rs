@@ -14,6 +14,7 @@ use crate::endpoints::Registry;
 use crate::engine_load::scrape_loop;
 use crate::error::RouterError;
 use crate::front::serve_connection;
+use crate::kv::{KvState, follow_loop};
 use crate::metrics::Metrics;
 use crate::probes::probe_loop;
 use crate::resume::ResumeMemory;
@@ -21,6 +22,7 @@ use crate::service::Shared;
 use crate::settings::Settings;
 use crate::table::{EndpointSource, RoutingTable};
 use crate::upstream::{IDLE_LIMIT, Upstream, drive_own_reactor};
+use llmgw_config::BalancePolicy;
 
 /// A router not yet listening.
 pub struct Router {
@@ -42,8 +44,10 @@ impl Router {
     pub fn new(settings: Settings, source: &dyn EndpointSource) -> Self {
         let upstream = Upstream::new(settings.connect_timeout);
         let resume_memory = Arc::new(ResumeMemory::new(settings.resume.memory_cap_bytes));
+        let kv = Arc::new(KvState::new(settings.kv_index_max_entries));
         Router {
             shared: Arc::new(Shared {
+                kv,
                 settings,
                 resume_memory,
                 upstream,
@@ -149,6 +153,9 @@ impl Router {
             shared.table.clone(),
         ));
         tasks.spawn(close_idle_connections(shared.upstream.clone()));
+        if shared.settings.policy == BalancePolicy::CacheAware {
+            tasks.spawn(follow_loop(Arc::clone(&shared.kv), shared.table.clone()));
+        }
         tasks
     }
 }

@@ -8,6 +8,8 @@ use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOS
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
+use llmgw_config::BalancePolicy;
+
 use crate::auth::{authenticate, forbidden, may_use};
 use crate::endpoints::Registry;
 use crate::front::RequestBody;
@@ -24,6 +26,8 @@ use crate::upstream::Upstream;
 /// Everything requests share.
 pub struct Shared {
     pub settings: Settings,
+    /// The prefix index and its counters (filled under `cache_aware`).
+    pub kv: Arc<crate::kv::KvState>,
     /// What resumable streams hold, against `resume.memory_cap_bytes`.
     pub resume_memory: Arc<ResumeMemory>,
     pub upstream: Upstream,
@@ -41,13 +45,13 @@ pub async fn handle(shared: &Arc<Shared>, request: Request<RequestBody>) -> Resp
     let path = request.uri().path();
     match (request.method(), path) {
         (&Method::GET, "/health") => text_response(StatusCode::OK, "text/plain", String::new()),
-        (&Method::GET, "/metrics") => text_response(
-            StatusCode::OK,
-            "text/plain; version=0.0.4",
-            shared
+        (&Method::GET, "/metrics") => text_response(StatusCode::OK, "text/plain; version=0.0.4", {
+            let mut page = shared
                 .metrics
-                .render(&shared.registry, &shared.resume_memory),
-        ),
+                .render(&shared.registry, &shared.resume_memory);
+            shared.kv.render(&mut page);
+            page
+        }),
         (&Method::GET, "/v1/models") => list_models(shared, &request),
         (&Method::POST, p) if PROXIED.contains(&p) => proxy(shared, request).await,
         (_, p) if PROXIED.contains(&p) || p == "/v1/models" => ApiError::new(
@@ -183,11 +187,17 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
     } else {
         bytes.clone()
     };
+    let tokens = if shared.settings.policy == BalancePolicy::CacheAware {
+        crate::kv::request_tokens(shared, model, &bytes, &[]).await
+    } else {
+        None
+    };
     let outgoing = Outgoing {
         path,
         headers: parts.headers,
         body,
         prefix: affinity,
+        tokens,
         stream: peeked.stream,
         resume,
     };

@@ -14,6 +14,11 @@ pub struct Settings {
     pub load_factor: f64,
     /// How often engines' `/metrics` are read; zero turns it off.
     pub metrics_interval: Duration,
+    /// Cache-aware routing: one request of load weighs this many prompt
+    /// tokens to prefill.
+    pub load_weight_tokens: f64,
+    pub kv_index_max_entries: usize,
+    pub tokenize_timeout: Duration,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub stall_timeout: Duration,
@@ -59,6 +64,9 @@ impl Default for Settings {
             prefix_bytes: balancing.prefix_bytes,
             load_factor: balancing.load_factor,
             metrics_interval: balancing.metrics_interval,
+            load_weight_tokens: balancing.load_weight_tokens,
+            kv_index_max_entries: balancing.kv_index_max_entries,
+            tokenize_timeout: balancing.tokenize_timeout,
             connect_timeout: timeouts.connect,
             request_timeout: timeouts.request,
             stall_timeout: timeouts.stall,
@@ -119,6 +127,9 @@ impl Settings {
             prefix_bytes: config.balancing.prefix_bytes,
             load_factor: config.balancing.load_factor,
             metrics_interval: config.balancing.metrics_interval,
+            load_weight_tokens: config.balancing.load_weight_tokens,
+            kv_index_max_entries: config.balancing.kv_index_max_entries,
+            tokenize_timeout: config.balancing.tokenize_timeout,
             connect_timeout: config.timeouts.connect,
             request_timeout: config.timeouts.request,
             stall_timeout: config.timeouts.stall,

@@ -32,6 +32,9 @@ pub struct Endpoint {
     /// Base URL of the engine's HTTP server, e.g. `http://10.0.0.5:8000`.
     pub url: String,
     pub state: EndpointState,
+    /// Where the engine publishes its KV events; none when it does not (or
+    /// is not known to), and the router routes to it by load alone.
+    pub kv_events: Option<llmgw_kv_events::Endpoints>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +86,7 @@ impl Endpoint {
         Endpoint {
             url: normalize_url(&url.into()),
             state: EndpointState::Ready,
+            kv_events: None,
         }
     }
 
@@ -90,7 +94,13 @@ impl Endpoint {
         Endpoint {
             url: normalize_url(&url.into()),
             state: EndpointState::Draining,
+            kv_events: None,
         }
+    }
+
+    pub fn with_kv_events(mut self, kv_events: Option<llmgw_kv_events::Endpoints>) -> Self {
+        self.kv_events = kv_events;
+        self
     }
 }
 

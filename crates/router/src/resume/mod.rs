@@ -18,7 +18,7 @@ use hyper::http::uri::PathAndQuery;
 
 pub use transcript::{Charge, ResumeMemory, Route};
 
-use crate::balance::choose;
+use crate::balance::{Affinity, choose};
 use crate::endpoints::InFlight;
 use crate::openai::ApiError;
 use crate::proxy::{candidates, send_to};
@@ -320,9 +320,26 @@ async fn open(
     let routed = table.resolve(&model).ok_or_else(no_replica)?;
     let mut pool = candidates(&shared, routed, &tried);
     let settings = &shared.settings;
+    // The survivor holding the longest cached prefix of this very
+    // sequence takes it over, under cache-aware routing.
+    let tokens = if settings.policy == llmgw_config::BalancePolicy::CacheAware {
+        crate::kv::request_tokens(&shared, routed, &body, &tried).await
+    } else {
+        None
+    };
     let mut last_error = None;
     for _ in 0..=settings.max_retries {
-        let Some(index) = choose(settings.policy, &pool, None, settings.load_factor) else {
+        let uncached = tokens
+            .as_deref()
+            .and_then(|tokens| crate::kv::uncached_tokens(&shared, &pool, tokens));
+        let affinity = match &uncached {
+            Some(uncached) => Affinity::Cache {
+                uncached,
+                load_weight_tokens: settings.load_weight_tokens,
+            },
+            None => Affinity::None,
+        };
+        let Some(index) = choose(settings.policy, &pool, affinity, settings.load_factor) else {
             break;
         };
         let endpoint = pool.swap_remove(index);

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::header::HeaderMap;
 use hyper::{Method, Response};
@@ -263,10 +263,32 @@ impl Upstream {
     ) -> Result<(u16, String), UpstreamError> {
         let (authority, path) =
             split_http_url(url).ok_or_else(|| UpstreamError::Url(url.to_string()))?;
+        let (status, body) = self
+            .fetch(
+                &Method::GET,
+                &authority,
+                &path,
+                &HeaderMap::new(),
+                &[],
+                limit,
+            )
+            .await?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+
+    /// One small exchange read whole: status and body, at most
+    /// [`GET_TEXT_LIMIT`] bytes of it, all within `limit`.
+    pub async fn fetch(
+        &self,
+        method: &Method,
+        authority: &str,
+        path: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        limit: Duration,
+    ) -> Result<(u16, Bytes), UpstreamError> {
         let fetch = async {
-            let response = self
-                .send(&Method::GET, &authority, &path, &HeaderMap::new(), &[])
-                .await?;
+            let response = self.send(method, authority, path, headers, body).await?;
             let status = response.status().as_u16();
             let body = http_body_util::Limited::new(response.into_body(), GET_TEXT_LIMIT)
                 .collect()
@@ -278,7 +300,7 @@ impl Upstream {
                     }
                 })?
                 .to_bytes();
-            Ok::<_, UpstreamError>((status, String::from_utf8_lossy(&body).into_owned()))
+            Ok::<_, UpstreamError>((status, body))
         };
         tokio::time::timeout(limit, fetch)
             .await

@@ -11,3 +11,4 @@ mod t40_drain;
 mod t50_control_plane;
 mod t60_cancel;
 mod t70_threads;
+mod t80_cache_aware;

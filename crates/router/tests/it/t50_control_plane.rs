@@ -58,6 +58,7 @@ fn ready_replica(model: &str, engine_port: u16) -> ReplicaView {
     ReplicaView {
         state: ReplicaState::Ready,
         endpoint: Some(format!("http://127.0.0.1:{engine_port}")),
+        kv_events: None,
         replica: Replica {
             id: "r1".into(),
             model: model.into(),
@@ -76,6 +77,7 @@ fn ready_replica(model: &str, engine_port: u16) -> ReplicaView {
             created_at_ms: 0,
             fabric: None,
             rendezvous_port: None,
+            kv_event_ports: None,
             replaces: None,
             stop: None,
             spec_fingerprint: None,

@@ -1,0 +1,192 @@
+//! Cache-aware routing with real simulated engines publishing KV events:
+//! the router sends a prompt where its prefix is cached, fills gaps from
+//! the replay socket, forgets a restarted engine, and holds its memory cap.
+
+use std::time::Duration;
+
+use llmgw_config::BalancePolicy;
+use llmgw_router::{Endpoint, KvEventEndpoints, Settings};
+
+use crate::common::*;
+
+struct PublishingSim {
+    sim: Sim,
+    stream: u16,
+    replay: u16,
+}
+
+impl PublishingSim {
+    fn start(hwm: usize) -> PublishingSim {
+        PublishingSim::start_on(free_port(), free_port(), free_port(), hwm)
+    }
+
+    fn start_on(port: u16, stream: u16, replay: u16, hwm: usize) -> PublishingSim {
+        let config = format!(
+            r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}","hwm":{hwm}}}"#
+        );
+        let sim = Sim::start_on(
+            port,
+            SMALL,
+            &["qwen", "--kv-events-config", &config],
+            &[("LLMGW_SIM_PREFILL_PER_TOKEN", "10us")],
+        );
+        PublishingSim {
+            sim,
+            stream,
+            replay,
+        }
+    }
+
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::ready(self.sim.url()).with_kv_events(Some(KvEventEndpoints {
+            stream: format!("127.0.0.1:{}", self.stream),
+            replay: Some(format!("127.0.0.1:{}", self.replay)),
+            topic: String::new(),
+        }))
+    }
+}
+
+fn cache_aware() -> Settings {
+    Settings {
+        policy: BalancePolicy::CacheAware,
+        ..test_settings()
+    }
+}
+
+/// About `tokens` simulated tokens of text unique to `seed`.
+fn text(seed: usize, tokens: usize) -> String {
+    (0..tokens).map(|i| format!("{:03} ", (seed * 7 + i * 13) % 1000)).collect()
+}
+
+fn chat(system: &str, user: &str) -> String {
+    serde_json::json!({
+        "model": "qwen",
+        "max_tokens": 2,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    })
+    .to_string()
+}
+
+async fn router_metric(router: &TestRouter, name: &str) -> f64 {
+    let (_, page) = get(&format!("{}/metrics", router.url()))
+        .await
+        .expect("router metrics");
+    metric(&page, name).unwrap_or(0.0)
+}
+
+async fn wait_metric(router: &TestRouter, name: &str, what: &str, ok: impl Fn(f64) -> bool) {
+    let reached = wait_until(Duration::from_secs(60), || async {
+        ok(router_metric(router, name).await)
+    })
+    .await;
+    assert!(
+        reached,
+        "{what}: {name} is {} after 60s",
+        router_metric(router, name).await
+    );
+}
+
+async fn prefix_hits(sim: &Sim) -> f64 {
+    let (_, page) = get(&format!("{}/metrics", sim.url()))
+        .await
+        .expect("engine metrics");
+    metric(&page, "vllm:prefix_cache_hits_total").unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgotten() {
+    let mut sims: Vec<PublishingSim> = (0..3).map(|_| PublishingSim::start(100_000)).collect();
+    for s in &sims {
+        s.sim.wait_ready().await;
+    }
+    let router = TestRouter::start(
+        cache_aware(),
+        vec![model("qwen", &[], sims.iter().map(PublishingSim::endpoint).collect())],
+    )
+    .await;
+    wait_metric(&router, "llmgw_router_kv_engines_followed", "subscribed to all", |v| v == 3.0).await;
+
+    let system = text(1, 1000);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", router.url());
+    let (status, body) = post(&client, &url, chat(&system, "first"), &[]).await.expect("first");
+    assert_eq!(status, 200, "{body}");
+    // The first answer's blocks reach the index through the events.
+    wait_metric(&router, "llmgw_router_kv_index_entries", "first prompt indexed", |v| v >= 60.0).await;
+
+    for i in 0..10 {
+        let (status, body) = post(&client, &url, chat(&system, &format!("question {i}")), &[])
+            .await
+            .expect("chat");
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut hits = Vec::new();
+    for s in &sims {
+        hits.push(prefix_hits(&s.sim).await);
+    }
+    let holder = hits
+        .iter()
+        .position(|h| *h > 0.0)
+        .unwrap_or_else(|| panic!("no engine had a prefix hit: {hits:?}"));
+    // Ten requests, each with the ~1,000-token system prompt cached.
+    assert!(hits[holder] >= 10.0 * 960.0, "hits {hits:?}");
+    assert_eq!(
+        hits.iter().filter(|h| **h > 0.0).count(),
+        1,
+        "every request went to the engine holding the prompt: {hits:?}"
+    );
+    assert!(router_metric(&router, "llmgw_router_kv_decisions_total{how=\"cache\"}").await >= 11.0);
+
+    // The engine holding everything restarts on the same ports: its cache
+    // is empty, and so must be its share of the index.
+    let old = sims.remove(holder);
+    let (port, stream, replay) = (old.sim.port, old.stream, old.replay);
+    drop(old);
+    let restarted = PublishingSim::start_on(port, stream, replay, 100_000);
+    restarted.sim.wait_ready().await;
+    wait_metric(&router, "llmgw_router_kv_index_entries", "restarted engine forgotten", |v| v == 0.0).await;
+}
+
+#[tokio::test]
+async fn a_router_started_late_rebuilds_its_index_from_the_replay_and_holds_its_cap() {
+    let sim = PublishingSim::start(100_000);
+    sim.sim.wait_ready().await;
+    // Traffic before any router subscribes: only the replay has it.
+    let url = format!("{}/v1/chat/completions", sim.sim.url());
+    let burst: Vec<_> = (0..60)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let body = chat(&text(100 + i, 256), "go");
+                post(&client(), &url, body, &[]).await.expect("chat").0
+            })
+        })
+        .collect();
+    for request in burst {
+        assert_eq!(request.await.expect("task"), 200);
+    }
+    let router = TestRouter::start(
+        cache_aware(),
+        vec![model("qwen", &[], vec![sim.endpoint()])],
+    )
+    .await;
+    // Each prompt is about 270 tokens: 16 full blocks at least, none
+    // shared; all of them come back through the replay, nothing is lost.
+    wait_metric(&router, "llmgw_router_kv_index_entries", "every block indexed", |v| v >= 60.0 * 16.0).await;
+    assert!(router_metric(&router, "llmgw_router_kv_batches_replayed_total").await >= 60.0);
+    assert_eq!(router_metric(&router, "llmgw_router_kv_batches_missed_total").await, 0.0);
+    assert_eq!(router_metric(&router, "llmgw_router_kv_blocks_orphaned_total").await, 0.0);
+
+    // The same history through a router whose index may hold 200 entries.
+    let capped = TestRouter::start(
+        Settings {
+            kv_index_max_entries: 200,
+            ..cache_aware()
+        },
+        vec![model("qwen", &[], vec![sim.endpoint()])],
+    )
+    .await;
+    wait_metric(&capped, "llmgw_router_kv_blocks_stored_total", "replayed history", |v| v >= 60.0 * 16.0).await;
+    assert!(router_metric(&capped, "llmgw_router_kv_index_entries").await <= 200.0);
+    assert!(router_metric(&capped, "llmgw_router_kv_blocks_evicted_total").await >= 60.0 * 16.0 - 200.0);
+}
