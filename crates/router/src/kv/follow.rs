@@ -31,13 +31,13 @@ pub async fn follow_loop(kv: Arc<KvState>, mut table: watch::Receiver<Arc<Routin
             keep
         });
         for (url, endpoints) in wanted {
-            if !followed.contains_key(&url) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = followed.entry(url) {
                 let task = tokio::spawn(follow_engine(
                     Arc::clone(&kv),
-                    url.clone(),
+                    slot.key().clone(),
                     endpoints.clone(),
                 ));
-                followed.insert(url, (endpoints, task));
+                slot.insert((endpoints, task));
             }
         }
         kv.stats

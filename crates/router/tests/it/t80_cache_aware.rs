@@ -55,7 +55,9 @@ fn cache_aware() -> Settings {
 
 /// About `tokens` simulated tokens of text unique to `seed`.
 fn text(seed: usize, tokens: usize) -> String {
-    (0..tokens).map(|i| format!("{:03} ", (seed * 7 + i * 13) % 1000)).collect()
+    (0..tokens)
+        .map(|i| format!("{:03} ", (seed * 7 + i * 13) % 1000))
+        .collect()
 }
 
 fn chat(system: &str, user: &str) -> String {
@@ -101,18 +103,36 @@ async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgo
     }
     let router = TestRouter::start(
         cache_aware(),
-        vec![model("qwen", &[], sims.iter().map(PublishingSim::endpoint).collect())],
+        vec![model(
+            "qwen",
+            &[],
+            sims.iter().map(PublishingSim::endpoint).collect(),
+        )],
     )
     .await;
-    wait_metric(&router, "llmgw_router_kv_engines_followed", "subscribed to all", |v| v == 3.0).await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_engines_followed",
+        "subscribed to all",
+        |v| v == 3.0,
+    )
+    .await;
 
     let system = text(1, 1000);
     let client = client();
     let url = format!("{}/v1/chat/completions", router.url());
-    let (status, body) = post(&client, &url, chat(&system, "first"), &[]).await.expect("first");
+    let (status, body) = post(&client, &url, chat(&system, "first"), &[])
+        .await
+        .expect("first");
     assert_eq!(status, 200, "{body}");
     // The first answer's blocks reach the index through the events.
-    wait_metric(&router, "llmgw_router_kv_index_entries", "first prompt indexed", |v| v >= 60.0).await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_index_entries",
+        "first prompt indexed",
+        |v| v >= 60.0,
+    )
+    .await;
 
     for i in 0..10 {
         let (status, body) = post(&client, &url, chat(&system, &format!("question {i}")), &[])
@@ -144,7 +164,13 @@ async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgo
     drop(old);
     let restarted = PublishingSim::start_on(port, stream, replay, 100_000);
     restarted.sim.wait_ready().await;
-    wait_metric(&router, "llmgw_router_kv_index_entries", "restarted engine forgotten", |v| v == 0.0).await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_index_entries",
+        "restarted engine forgotten",
+        |v| v == 0.0,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -172,10 +198,22 @@ async fn a_router_started_late_rebuilds_its_index_from_the_replay_and_holds_its_
     .await;
     // Each prompt is about 270 tokens: 16 full blocks at least, none
     // shared; all of them come back through the replay, nothing is lost.
-    wait_metric(&router, "llmgw_router_kv_index_entries", "every block indexed", |v| v >= 60.0 * 16.0).await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_index_entries",
+        "every block indexed",
+        |v| v >= 60.0 * 16.0,
+    )
+    .await;
     assert!(router_metric(&router, "llmgw_router_kv_batches_replayed_total").await >= 60.0);
-    assert_eq!(router_metric(&router, "llmgw_router_kv_batches_missed_total").await, 0.0);
-    assert_eq!(router_metric(&router, "llmgw_router_kv_blocks_orphaned_total").await, 0.0);
+    assert_eq!(
+        router_metric(&router, "llmgw_router_kv_batches_missed_total").await,
+        0.0
+    );
+    assert_eq!(
+        router_metric(&router, "llmgw_router_kv_blocks_orphaned_total").await,
+        0.0
+    );
 
     // The same history through a router whose index may hold 200 entries.
     let capped = TestRouter::start(
@@ -186,7 +224,15 @@ async fn a_router_started_late_rebuilds_its_index_from_the_replay_and_holds_its_
         vec![model("qwen", &[], vec![sim.endpoint()])],
     )
     .await;
-    wait_metric(&capped, "llmgw_router_kv_blocks_stored_total", "replayed history", |v| v >= 60.0 * 16.0).await;
+    wait_metric(
+        &capped,
+        "llmgw_router_kv_blocks_stored_total",
+        "replayed history",
+        |v| v >= 60.0 * 16.0,
+    )
+    .await;
     assert!(router_metric(&capped, "llmgw_router_kv_index_entries").await <= 200.0);
-    assert!(router_metric(&capped, "llmgw_router_kv_blocks_evicted_total").await >= 60.0 * 16.0 - 200.0);
+    assert!(
+        router_metric(&capped, "llmgw_router_kv_blocks_evicted_total").await >= 60.0 * 16.0 - 200.0
+    );
 }
