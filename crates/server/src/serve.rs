@@ -243,7 +243,12 @@ fn start_router(
     // queues behind this peer's Raft and agent-stream tasks, nor they
     // behind it.
     let threads = std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
-    let router = llmgw_router::Router::new(llmgw_router::Settings::default(), &table)
+    // Every engine the leader places publishes its KV events: route by them.
+    let settings = llmgw_router::Settings {
+        policy: llmgw_config::BalancePolicy::CacheAware,
+        ..llmgw_router::Settings::default()
+    };
+    let router = llmgw_router::Router::new(settings, &table)
         .bind_threads(addr, threads)
         .map_err(|e| ServerError::Serve {
             what: "router",

@@ -46,6 +46,8 @@ struct Options {
     policies: Vec<BalancePolicy>,
     /// Scales every workload's request count.
     scale: f64,
+    /// The cache-aware cost of one request of load, in tokens.
+    load_weight_tokens: f64,
 }
 
 fn parse_options() -> anyhow::Result<Options> {
@@ -63,6 +65,7 @@ fn parse_options() -> anyhow::Result<Options> {
             BalancePolicy::CacheAware,
         ],
         scale: 1.0,
+        load_weight_tokens: Settings::default().load_weight_tokens,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -75,6 +78,7 @@ fn parse_options() -> anyhow::Result<Options> {
             "--prefill-per-token-us" => o.prefill_per_token_us = value()?.parse()?,
             "--workloads" => o.workloads = value()?.split(',').map(str::to_owned).collect(),
             "--scale" => o.scale = value()?.parse()?,
+            "--load-weight-tokens" => o.load_weight_tokens = value()?.parse()?,
             "--policies" => {
                 o.policies = value()?
                     .split(',')
@@ -90,7 +94,7 @@ fn parse_options() -> anyhow::Result<Options> {
                 println!(
                     "kv-bench [--engines 8] [--cache-tokens 6000] [--prefill-per-token-us 100] \
                      [--workloads shared,multiturn,unique] [--policies least_outstanding,prefix_affinity,cache_aware] \
-                     [--scale 1.0] [--sim PATH] [--base-port 19100]"
+                     [--scale 1.0] [--load-weight-tokens 1000] [--sim PATH] [--base-port 19100]"
                 );
                 std::process::exit(0);
             }
@@ -137,26 +141,40 @@ async fn run(o: Options) -> anyhow::Result<()> {
             workload.working_set() as f64 / (o.cache_tokens * o.engines as u64) as f64
         );
         println!(
-            "{:<32} {:>9} {:>9} {:>9} {:>11} {:>9} {:>12}",
-            "policy", "hit rate", "TTFT p50", "TTFT p90", "out tok/s", "errors", "decision"
+            "{:<32} {:>9} {:>9} {:>9} {:>10} {:>6} {:>9} {:>8} {:>8}",
+            "policy",
+            "hit rate",
+            "TTFT p50",
+            "TTFT p90",
+            "out tok/s",
+            "errors",
+            "decision",
+            "index",
+            "rebuild"
         );
         for policy in &o.policies {
             let fleet = Fleet::start(&o).await?;
             let result = run_one(&o, &fleet, *policy, &workload).await;
             drop(fleet);
             let r = result?;
+            let or_dash = |text: Option<String>| text.unwrap_or_else(|| "-".to_string());
             println!(
-                "{:<32} {:>8.1}% {:>7.0}ms {:>7.0}ms {:>11.0} {:>9} {:>12}",
+                "{:<32} {:>8.1}% {:>7.0}ms {:>7.0}ms {:>10.0} {:>6} {:>9} {:>8} {:>8}",
                 policy_name(*policy),
                 r.hit_rate * 100.0,
                 r.ttft_p50.as_secs_f64() * 1000.0,
                 r.ttft_p90.as_secs_f64() * 1000.0,
                 r.output_tokens_per_s,
                 r.errors,
-                r.decision.map_or("-".to_string(), |d| format!(
-                    "{:.1}us",
-                    d.as_secs_f64() * 1e6
-                )),
+                or_dash(
+                    r.decision
+                        .map(|d| format!("{:.1}us", d.as_secs_f64() * 1e6))
+                ),
+                or_dash(r.rebuild.map(|_| format!("{:.0}", r.index_entries))),
+                or_dash(
+                    r.rebuild
+                        .map(|d| format!("{:.0}ms", d.as_secs_f64() * 1000.0))
+                ),
             );
         }
     }
@@ -183,7 +201,7 @@ impl Fleet {
                 .args(["serve", SOURCE, "--host", "127.0.0.1", "--port"])
                 .arg(port.to_string())
                 .args(["--served-model-name", MODEL, "--kv-events-config", &config])
-                .env("LLMGW_SIM_PERSONA", "vllm-0.34.0")
+                .env("LLMGW_SIM_PERSONA", "vllm=0.34.0")
                 .env("LLMGW_SIM_LOAD_TIME", "200ms")
                 .env("LLMGW_SIM_TTFT", "5ms")
                 .env("LLMGW_SIM_ITL", "5ms")
@@ -195,7 +213,9 @@ impl Fleet {
                 .env("LLMGW_SIM_PREFIX_CACHE_TOKENS", o.cache_tokens.to_string())
                 .env("CUDA_VISIBLE_DEVICES", "0")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(std::fs::File::create(
+                    std::env::temp_dir().join(format!("kv-bench-engine-{i}.log")),
+                )?)
                 .spawn()
                 .with_context(|| format!("starting {}", o.sim.display()))?;
             children.push(child);
@@ -222,7 +242,11 @@ impl Fleet {
                     break;
                 }
                 if Instant::now() > deadline {
-                    bail!("{} not healthy within 60s", endpoint.url);
+                    bail!(
+                        "{} not healthy within 60s; its log is in {}",
+                        endpoint.url,
+                        std::env::temp_dir().join("kv-bench-engine-*.log").display()
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -265,6 +289,9 @@ struct Outcome {
     output_tokens_per_s: f64,
     errors: usize,
     decision: Option<Duration>,
+    index_entries: f64,
+    /// Cache-aware only: how long a fresh router took to rebuild the index.
+    rebuild: Option<Duration>,
 }
 
 async fn run_one(
@@ -286,6 +313,7 @@ async fn run_one(
     let settings = Settings {
         policy,
         metrics_interval: Duration::from_millis(500),
+        load_weight_tokens: o.load_weight_tokens,
         ..Settings::default()
     };
     let router = Router::new(settings, &tx)
@@ -318,15 +346,17 @@ async fn run_one(
         &router_page,
         "llmgw_router_kv_decisions_total{how=\"cache\"}",
     )
-    .or_else(|| {
-        llmgw_prometheus::samples(&router_page)
-            .find(|s| s.name == "llmgw_router_kv_decisions_total" && s.labels.contains("cache"))
-            .map(|s| s.value)
-    })
     .unwrap_or(0.0);
     let decision_seconds =
         llmgw_prometheus::metric(&router_page, "llmgw_router_kv_decision_seconds_total")
             .unwrap_or(0.0);
+    let index_entries =
+        llmgw_prometheus::metric(&router_page, "llmgw_router_kv_index_entries").unwrap_or(0.0);
+    let rebuild = if policy == BalancePolicy::CacheAware {
+        Some(rebuild_time(&tx, &client, index_entries, o.engines).await?)
+    } else {
+        None
+    };
     Ok(Outcome {
         hit_rate: if queried > 0.0 {
             (after.1 - before.1) / queried
@@ -338,7 +368,47 @@ async fn run_one(
         output_tokens_per_s: output as f64 / wall.as_secs_f64(),
         errors,
         decision: (decisions > 0.0).then(|| Duration::from_secs_f64(decision_seconds / decisions)),
+        index_entries,
+        rebuild,
     })
+}
+
+/// A router started now, with the fleet idle: how long until its index
+/// holds what the router that saw the traffic holds (rebuilt from the
+/// engines' replay sockets alone).
+async fn rebuild_time(
+    table: &watch::Sender<Arc<RoutingTable>>,
+    client: &reqwest::Client,
+    entries: f64,
+    engines: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let settings = Settings {
+        policy: BalancePolicy::CacheAware,
+        ..Settings::default()
+    };
+    let fresh = Router::new(settings, table)
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await?;
+    let base = format!("http://{}", fresh.local_addr());
+    loop {
+        let page = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let have = llmgw_prometheus::metric(&page, "llmgw_router_kv_index_entries").unwrap_or(0.0);
+        let followed =
+            llmgw_prometheus::metric(&page, "llmgw_router_kv_engines_followed").unwrap_or(0.0);
+        if followed as usize == engines && have >= entries {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("a fresh router's index holds {have} of {entries} entries after 60s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn wait_followed(client: &reqwest::Client, base: &str, engines: usize) -> anyhow::Result<()> {
@@ -427,16 +497,20 @@ async fn chat(client: &reqwest::Client, base: &str, messages: &serde_json::Value
     }
 }
 
-/// Deterministic text of `tokens` simulated tokens (four bytes each).
+/// Deterministic text of `tokens` simulated tokens (four bytes each):
+/// three letters and a space, drawn by splitmix64 from `seed`, so texts of
+/// different seeds share nothing.
 fn text(seed: u64, tokens: usize) -> String {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let mut out = String::with_capacity(tokens * 4);
     for _ in 0..tokens {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
         for i in 0..3 {
-            out.push((b'a' + ((x >> (i * 5)) % 26) as u8) as char);
+            out.push((b'a' + ((z >> (i * 16)) % 26) as u8) as char);
         }
         out.push(' ');
     }
@@ -478,7 +552,7 @@ impl Workload {
                 contexts: 16,
                 context_tokens: 2000,
                 query_tokens: 200,
-                requests: n(800.0),
+                requests: n(1200.0),
                 rate: 50.0,
             },
             "multiturn" => Workload::MultiTurn {

@@ -53,9 +53,10 @@ struct EngineBlocks {
 }
 
 pub struct PrefixIndex {
-    /// Key → engine slots holding it (few: a block is on a handful of
-    /// engines at most).
-    holders: HashMap<BlockKey, Vec<u32>>,
+    /// Key → engine slots holding it, each with how many of the engine's
+    /// hashes name it (two cache groups of one engine can store the same
+    /// tokens). Few per key: a block is on a handful of engines at most.
+    holders: HashMap<BlockKey, Vec<(u32, u32)>>,
     engines: HashMap<String, EngineBlocks>,
     next_slot: u32,
     /// (block, engine) entries at most; the oldest of the largest engine go
@@ -189,8 +190,9 @@ impl PrefixIndex {
         }
         for key in new_keys {
             let holders = self.holders.entry(key).or_default();
-            if !holders.contains(&slot) {
-                holders.push(slot);
+            match holders.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, count)) => *count += 1,
+                None => holders.push((slot, 1)),
             }
             self.entries += 1;
             applied.stored += 1;
@@ -219,7 +221,12 @@ impl PrefixIndex {
 
     fn release(&mut self, key: BlockKey, slot: u32) {
         if let Some(holders) = self.holders.get_mut(&key) {
-            holders.retain(|s| *s != slot);
+            if let Some(i) = holders.iter().position(|(s, _)| *s == slot) {
+                holders[i].1 -= 1;
+                if holders[i].1 == 0 {
+                    holders.swap_remove(i);
+                }
+            }
             if holders.is_empty() {
                 self.holders.remove(&key);
             }
@@ -313,7 +320,7 @@ impl PrefixIndex {
                 let Some(holders) = self.holders.get(key) else {
                     break;
                 };
-                alive.retain(|(_, slot)| holders.contains(slot));
+                alive.retain(|(_, slot)| holders.iter().any(|(s, _)| s == slot));
                 if alive.is_empty() {
                     break;
                 }
@@ -428,5 +435,18 @@ mod tests {
             vec![0]
         );
         assert_eq!(index.engine_blocks(B), 1);
+    }
+
+    #[test]
+    fn a_block_two_cache_groups_hold_stays_until_both_remove_it() {
+        let mut index = PrefixIndex::new(1000);
+        let prompt: Vec<u32> = (0..4).collect();
+        index.apply(A, 0, &stored(&[1], None, prompt.clone()));
+        index.apply(A, 0, &stored(&[2], None, prompt.clone()));
+        index.apply(A, 0, &removed(&[1]));
+        assert_eq!(index.cached_tokens(&[A], &prompt, None), vec![4]);
+        index.apply(A, 0, &removed(&[2]));
+        assert_eq!(index.cached_tokens(&[A], &prompt, None), vec![0]);
+        assert_eq!(index.entries(), 0);
     }
 }
