@@ -314,7 +314,7 @@ impl Balancing {
             load_factor: 1.25,
             metrics_interval: Duration::from_secs(2),
             load_weight_tokens: 250.0,
-            kv_index_max_entries: 2_000_000,
+            kv_index_max_entries: 1_000_000,
             tokenize_timeout: Duration::from_millis(200),
         }
     }

@@ -42,6 +42,9 @@ mod upstream;
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use error::RouterError;
+/// Public for `examples/kv-decision-cost.rs`, which measures a lookup.
+#[doc(hidden)]
+pub use kv::index::PrefixIndex;
 /// Where an endpoint's engine publishes its KV events.
 pub use llmgw_kv_events::Endpoints as KvEventEndpoints;
 /// Public for `examples/metrics-cost.rs`, which measures its hot path.
