@@ -315,6 +315,7 @@ fn log_vllm_routes(cfg: &ServeConfig, log: &Logger, embedding: bool) {
         ("/load", "GET"),
         ("/ping", "POST"),
         ("/ping", "GET"),
+        ("/tokenize", "POST"),
         ("/version", "GET"),
         ("/v1/models", "GET"),
         ("/v1/chat/completions", "POST"),

@@ -258,12 +258,7 @@ impl Fleet {
     async fn prefix_counters(&self, client: &reqwest::Client) -> anyhow::Result<(f64, f64)> {
         let mut sums = (0.0, 0.0);
         for endpoint in &self.endpoints {
-            let page = client
-                .get(format!("{}/metrics", endpoint.url))
-                .send()
-                .await?
-                .text()
-                .await?;
+            let page = metrics_page(client, &endpoint.url).await?;
             sums.0 +=
                 llmgw_prometheus::metric(&page, "vllm:prefix_cache_queries_total").unwrap_or(0.0);
             sums.1 +=
@@ -331,12 +326,7 @@ async fn run_one(
     let results = workload.run(&client, &base).await;
     let wall = started.elapsed();
     let after = fleet.prefix_counters(&client).await?;
-    let router_page = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let router_page = metrics_page(&client, &base).await?;
     let mut ttfts: Vec<Duration> = results.iter().filter_map(|r| r.ttft).collect();
     ttfts.sort();
     let errors = results.iter().filter(|r| r.ttft.is_none()).count();
@@ -392,12 +382,7 @@ async fn rebuild_time(
         .await?;
     let base = format!("http://{}", fresh.local_addr());
     loop {
-        let page = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let page = metrics_page(client, &base).await?;
         let have = llmgw_prometheus::metric(&page, "llmgw_router_kv_index_entries").unwrap_or(0.0);
         let followed =
             llmgw_prometheus::metric(&page, "llmgw_router_kv_engines_followed").unwrap_or(0.0);
@@ -414,12 +399,7 @@ async fn rebuild_time(
 async fn wait_followed(client: &reqwest::Client, base: &str, engines: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let page = client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await?
-            .text()
-            .await?;
+        let page = metrics_page(client, &base).await?;
         let followed =
             llmgw_prometheus::metric(&page, "llmgw_router_kv_engines_followed").unwrap_or(0.0);
         let unreachable =
@@ -432,6 +412,16 @@ async fn wait_followed(client: &reqwest::Client, base: &str, engines: usize) -> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A `/metrics` page of the router or an engine at `base`.
+async fn metrics_page(client: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    Ok(client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?)
 }
 
 fn percentile(sorted: &[Duration], q: f64) -> Duration {
