@@ -399,7 +399,7 @@ async fn rebuild_time(
 async fn wait_followed(client: &reqwest::Client, base: &str, engines: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let page = metrics_page(client, &base).await?;
+        let page = metrics_page(client, base).await?;
         let followed =
             llmgw_prometheus::metric(&page, "llmgw_router_kv_engines_followed").unwrap_or(0.0);
         let unreachable =
