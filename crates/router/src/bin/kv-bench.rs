@@ -13,8 +13,10 @@
 //! Workloads:
 //! * `shared`: few long shared contexts (a document, a tool manual) each
 //!   followed by a short unique question, arriving at a fixed rate;
-//! * `multiturn`: agentic conversations behind one long system prompt,
-//!   each growing turn by turn with the engine's own answers;
+//! * `multiturn`: conversations behind one long system prompt, each
+//!   growing turn by turn with the engine's own answers;
+//! * `agentic`: fewer, longer conversations whose turns add more than the
+//!   shared prompt holds;
 //! * `unique`: prompts that share nothing, at a fixed rate.
 //!
 //! See docs/performance.md, section "Cache-aware routing".
@@ -48,6 +50,12 @@ struct Options {
     scale: f64,
     /// The cache-aware cost of one request of load, in tokens.
     load_weight_tokens: f64,
+    /// Routers in front of the fleet, each with its own index; clients
+    /// spread over them.
+    routers: usize,
+    /// Stop the first router this long into each run and start a fresh
+    /// one on its port (its index rebuilt from the replay sockets).
+    restart_router_after: Option<Duration>,
 }
 
 fn parse_options() -> anyhow::Result<Options> {
@@ -58,7 +66,12 @@ fn parse_options() -> anyhow::Result<Options> {
         base_port: 19100,
         cache_tokens: 6000,
         prefill_per_token_us: 100,
-        workloads: vec!["shared".into(), "multiturn".into(), "unique".into()],
+        workloads: vec![
+            "shared".into(),
+            "multiturn".into(),
+            "agentic".into(),
+            "unique".into(),
+        ],
         policies: vec![
             BalancePolicy::LeastOutstanding,
             BalancePolicy::PrefixAffinity,
@@ -66,6 +79,8 @@ fn parse_options() -> anyhow::Result<Options> {
         ],
         scale: 1.0,
         load_weight_tokens: Settings::default().load_weight_tokens,
+        routers: 1,
+        restart_router_after: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -79,6 +94,10 @@ fn parse_options() -> anyhow::Result<Options> {
             "--workloads" => o.workloads = value()?.split(',').map(str::to_owned).collect(),
             "--scale" => o.scale = value()?.parse()?,
             "--load-weight-tokens" => o.load_weight_tokens = value()?.parse()?,
+            "--routers" => o.routers = value()?.parse::<usize>()?.max(1),
+            "--restart-router-after" => {
+                o.restart_router_after = Some(Duration::from_secs_f64(value()?.parse()?))
+            }
             "--policies" => {
                 o.policies = value()?
                     .split(',')
@@ -93,13 +112,18 @@ fn parse_options() -> anyhow::Result<Options> {
             "-h" | "--help" => {
                 println!(
                     "kv-bench [--engines 8] [--cache-tokens 6000] [--prefill-per-token-us 100] \
-                     [--workloads shared,multiturn,unique] [--policies least_outstanding,prefix_affinity,cache_aware] \
-                     [--scale 1.0] [--load-weight-tokens 1000] [--sim PATH] [--base-port 19100]"
+                     [--workloads shared,multiturn,agentic,unique] [--policies least_outstanding,prefix_affinity,cache_aware] \
+                     [--scale 1.0] [--load-weight-tokens 250] [--routers 1] [--restart-router-after SECONDS] [--sim PATH] [--base-port 19100]"
                 );
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other}; see --help"),
         }
+    }
+    if o.restart_router_after.is_some() && o.routers < 2 {
+        bail!(
+            "--restart-router-after needs --routers 2 or more: the figures come from a router that stays"
+        );
     }
     if !o.sim.exists() {
         bail!(
@@ -311,20 +335,56 @@ async fn run_one(
         load_weight_tokens: o.load_weight_tokens,
         ..Settings::default()
     };
-    let router = Router::new(settings, &tx)
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await?;
-    let base = format!("http://{}", router.local_addr());
+    let mut routers = Vec::new();
+    for _ in 0..o.routers {
+        routers.push(
+            Router::new(settings.clone(), &tx)
+                .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .await?,
+        );
+    }
+    let bases: Vec<String> = routers
+        .iter()
+        .map(|r| format!("http://{}", r.local_addr()))
+        .collect();
+    // The last router is never restarted: its figures are reported.
+    let base = bases.last().expect("at least one router").clone();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
         .build()?;
     if policy == BalancePolicy::CacheAware {
-        wait_followed(&client, &base, o.engines).await?;
+        for base in &bases {
+            wait_followed(&client, base, o.engines).await?;
+        }
     }
+    let restart = o.restart_router_after.map(|after| {
+        let first = routers.remove(0);
+        let (tx, settings) = (tx.clone(), settings.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let addr = first.local_addr();
+            drop(first);
+            // The same port, so clients find it again; a fresh index. The
+            // old listener closes as its tasks wind down.
+            let mut tries = 0;
+            loop {
+                match Router::new(settings.clone(), &tx).bind(addr).await {
+                    Ok(router) => return Ok(router),
+                    Err(_) if tries < 100 => tries += 1,
+                    Err(e) => return Err(e),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    });
     let before = fleet.prefix_counters(&client).await?;
     let started = Instant::now();
-    let results = workload.run(&client, &base).await;
+    let results = workload.run(&client, &bases).await;
     let wall = started.elapsed();
+    if let Some(restart) = restart {
+        let restarted = restart.await??;
+        drop(restarted);
+    }
     let after = fleet.prefix_counters(&client).await?;
     let router_page = metrics_page(&client, &base).await?;
     let mut ttfts: Vec<Duration> = results.iter().filter_map(|r| r.ttft).collect();
@@ -551,12 +611,23 @@ impl Workload {
                 system_tokens: 500,
                 turn_tokens: 150,
             },
+            // Fewer, longer conversations, each turn adding more than the
+            // shared prompt holds: what a session has built up is where
+            // the cache is.
+            "agentic" => Workload::MultiTurn {
+                sessions: n(16.0),
+                turns: 10,
+                system_tokens: 200,
+                turn_tokens: 300,
+            },
             "unique" => Workload::Unique {
                 prompt_tokens: 500,
                 requests: n(600.0),
                 rate: 40.0,
             },
-            other => bail!("unknown workload {other}; expected shared, multiturn or unique"),
+            other => {
+                bail!("unknown workload {other}; expected shared, multiturn, agentic or unique")
+            }
         })
     }
 
@@ -611,7 +682,9 @@ impl Workload {
         }
     }
 
-    async fn run(&self, client: &reqwest::Client, base: &str) -> Vec<Sample> {
+    /// Runs the workload, request `i` (or conversation `i`) through
+    /// `bases[i % len]`.
+    async fn run(&self, client: &reqwest::Client, bases: &[String]) -> Vec<Sample> {
         match self {
             Workload::Shared {
                 contexts,
@@ -630,7 +703,7 @@ impl Workload {
                         {"role": "user", "content": text(1_000_000 + i as u64, *query_tokens)},
                     ])
                 });
-                open_loop(client, base, messages.collect(), *rate).await
+                open_loop(client, bases, messages.collect(), *rate).await
             }
             Workload::Unique {
                 prompt_tokens,
@@ -642,7 +715,7 @@ impl Workload {
                         serde_json::json!([{"role": "user", "content": text(5_000_000 + i as u64, *prompt_tokens)}])
                     })
                     .collect();
-                open_loop(client, base, messages, *rate).await
+                open_loop(client, bases, messages, *rate).await
             }
             Workload::MultiTurn {
                 sessions,
@@ -654,7 +727,7 @@ impl Workload {
                 let tasks: Vec<_> = (0..*sessions)
                     .map(|s| {
                         let client = client.clone();
-                        let base = base.to_string();
+                        let base = bases[s % bases.len()].clone();
                         let system = system.clone();
                         let (turns, turn_tokens) = (*turns, *turn_tokens);
                         tokio::spawn(async move {
@@ -686,7 +759,7 @@ impl Workload {
 /// loop: a slow fleet queues, as it would for real clients).
 async fn open_loop(
     client: &reqwest::Client,
-    base: &str,
+    bases: &[String],
     messages: Vec<serde_json::Value>,
     rate: f64,
 ) -> Vec<Sample> {
@@ -695,7 +768,7 @@ async fn open_loop(
     for (i, message) in messages.into_iter().enumerate() {
         tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / rate)).await;
         let client = client.clone();
-        let base = base.to_string();
+        let base = bases[i % bases.len()].clone();
         tasks.insert(
             i,
             tokio::spawn(async move { chat(&client, &base, &message).await }),
