@@ -21,6 +21,16 @@ impl PublishingSim {
     }
 
     fn start_on(port: u16, stream: u16, replay: u16, hwm: usize) -> PublishingSim {
+        PublishingSim::start_with(port, stream, replay, hwm, &[])
+    }
+
+    fn start_with(
+        port: u16,
+        stream: u16,
+        replay: u16,
+        hwm: usize,
+        env: &[(&str, &str)],
+    ) -> PublishingSim {
         let config = format!(
             r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}","hwm":{hwm}}}"#
         );
@@ -28,7 +38,7 @@ impl PublishingSim {
             port,
             SMALL,
             &["qwen", "--kv-events-config", &config],
-            &[("LLMGW_SIM_PREFILL_PER_TOKEN", "10us")],
+            &[&[("LLMGW_SIM_PREFILL_PER_TOKEN", "10us")], env].concat(),
         );
         PublishingSim {
             sim,
@@ -234,5 +244,99 @@ async fn a_router_started_late_rebuilds_its_index_from_the_replay_and_holds_its_
     assert!(router_metric(&capped, "llmgw_router_kv_index_entries").await <= 200.0);
     assert!(
         router_metric(&capped, "llmgw_router_kv_blocks_evicted_total").await >= 60.0 * 16.0 - 200.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_answer_resumes_on_the_survivor_caching_its_prompt() {
+    // A cuts every stream after five tokens; B and C answer whole.
+    let a = PublishingSim::start_with(
+        free_port(),
+        free_port(),
+        free_port(),
+        100_000,
+        &[
+            ("LLMGW_SIM_FAULT", "crash_mid_stream:cut@5"),
+            ("LLMGW_SIM_OUTPUT_TOKENS", "30"),
+        ],
+    );
+    let (b, c) = (PublishingSim::start(100_000), PublishingSim::start(100_000));
+    for s in [&a, &b, &c] {
+        s.sim.wait_ready().await;
+    }
+    let router = TestRouter::start(
+        cache_aware(),
+        vec![model(
+            "qwen",
+            &[],
+            vec![a.endpoint(), b.endpoint(), c.endpoint()],
+        )],
+    )
+    .await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_engines_followed",
+        "subscribed to all",
+        |v| v == 3.0,
+    )
+    .await;
+    // A holds the whole prompt, B its ~1,000-token system prompt, C nothing:
+    // the request goes to A, and the rest of its answer to B.
+    let system = text(7, 1000);
+    let question = text(8, 200);
+    let direct = |sim: &PublishingSim, user: &str| {
+        (
+            format!("{}/v1/chat/completions", sim.sim.url()),
+            chat(&system, user),
+        )
+    };
+    for (url, body) in [direct(&a, &question), direct(&b, "something else")] {
+        let (status, answer) = post(&client(), &url, body, &[]).await.expect("warm-up");
+        assert_eq!(status, 200, "{answer}");
+    }
+    wait_metric(
+        &router,
+        "llmgw_router_kv_index_entries",
+        "warm-ups indexed",
+        |v| v >= 130.0,
+    )
+    .await;
+    let hits_before = [prefix_hits(&b.sim).await, prefix_hits(&c.sim).await];
+
+    let mut request: serde_json::Value =
+        serde_json::from_str(&chat(&system, &question)).expect("json");
+    request["stream"] = true.into();
+    request["max_tokens"] = 20.into();
+    let url = format!("{}/v1/chat/completions", router.url());
+    let (status, answer) = post(&client(), &url, request.to_string(), &[])
+        .await
+        .expect("stream");
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer.contains("[DONE]") && !answer.contains("\"error\""),
+        "{answer}"
+    );
+    let (_, page) = get(&format!("{}/metrics", router.url()))
+        .await
+        .expect("metrics");
+    let resumed: f64 = page
+        .lines()
+        .filter(|l| {
+            l.starts_with("llmgw_router_stream_resumptions_total{")
+                && l.contains("outcome=\"resumed\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        resumed, 1.0,
+        "the stream began on A and was resumed once:\n{page}"
+    );
+    let gained = [
+        prefix_hits(&b.sim).await - hits_before[0],
+        prefix_hits(&c.sim).await - hits_before[1],
+    ];
+    assert!(
+        gained[0] >= 960.0 && gained[1] == 0.0,
+        "the continuation went where the prompt was cached: hits gained by B and C {gained:?}"
     );
 }
