@@ -63,6 +63,13 @@ impl ApiState {
 /// kilobytes, and nothing larger needs to reach a parser.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// An oversized body is read and dropped up to this many bytes before the
+/// 413 goes out: a peer that answers and closes while the client is still
+/// sending resets the connection, and the client sees the reset, not the
+/// answer.
+const DRAIN_BYTES: usize = 16 << 20;
+const DRAIN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// All admin routes.
 pub fn router(state: ApiState) -> Router {
     Router::new()
@@ -99,22 +106,54 @@ pub fn router(state: ApiState) -> Router {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(name_the_body_limit))
+        .layer(middleware::from_fn(limit_the_body))
         .with_state(state)
 }
 
-/// axum refuses an oversized body with a plain-text 413; the API answers
-/// every error in its own shape, naming the request and the limit.
-async fn name_the_body_limit(request: Request, next: Next) -> Response {
+/// Reads the body whole, up to [`MAX_BODY_BYTES`]; a larger one is read
+/// on and dropped (up to [`DRAIN_BYTES`]) so that the client, done
+/// sending, reads the 413 that names the request and the limit (axum's own
+/// would be plain text, sent while the client still writes).
+async fn limit_the_body(request: Request, next: Next) -> Response {
+    use http_body_util::BodyExt;
     let what = format!("{} {}", request.method(), request.uri().path());
-    let response = next.run(request).await;
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
-    if response.status() != StatusCode::PAYLOAD_TOO_LARGE || is_json {
-        return response;
+    let (parts, mut body) = request.into_parts();
+    let mut kept = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    let read = tokio::time::timeout(DRAIN_WITHIN, async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map(|f| f.into_data()) else {
+                return false;
+            };
+            let Ok(data) = data else { continue };
+            seen += data.len();
+            if seen <= MAX_BODY_BYTES {
+                kept.extend_from_slice(&data);
+            } else if seen > DRAIN_BYTES {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    if seen > MAX_BODY_BYTES {
+        return too_large(&what, read == Ok(true));
     }
+    if read != Ok(true) {
+        return ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "bad_request",
+            message: format!("{what}: the request body could not be read whole"),
+        }
+        .into_response();
+    }
+    let request = Request::from_parts(parts, axum::body::Body::from(kept.freeze()));
+    next.run(request).await
+}
+
+/// The 413, in the API's own shape. `drained`: the whole body was read, so
+/// the connection can carry another request.
+fn too_large(what: &str, drained: bool) -> Response {
     let mut response = ApiError {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         kind: "payload_too_large",
@@ -123,12 +162,14 @@ async fn name_the_body_limit(request: Request, next: Next) -> Response {
         ),
     }
     .into_response();
-    // The rest of the body is never read, so the connection cannot carry
-    // another request: say so, or a client reuses it and its next request
-    // fails.
-    response.headers_mut().insert(
-        header::CONNECTION,
-        header::HeaderValue::from_static("close"),
-    );
+    if !drained {
+        // The rest of the body was not read, so the connection cannot
+        // carry another request: say so, or a client reuses it and its
+        // next request fails.
+        response.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
     response
 }
