@@ -52,11 +52,71 @@ struct EngineBlocks {
     order: VecDeque<(u32, BlockHash)>,
 }
 
+/// The engines holding one block, each with how many of its hashes name
+/// the block. Almost always one engine, kept inline: a block's entry costs
+/// no allocation of its own.
+enum Holders {
+    One {
+        slot: u32,
+        count: u32,
+    },
+    /// A boxed slice, not a `Vec`: two words in the map, not three.
+    Many(Box<[(u32, u32)]>),
+}
+
+impl Holders {
+    fn add(&mut self, slot: u32) {
+        match self {
+            Holders::One { slot: s, count } if *s == slot => *count += 1,
+            Holders::One { slot: s, count } => {
+                *self = Holders::Many(Box::new([(*s, *count), (slot, 1)]));
+            }
+            Holders::Many(list) => match list.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, count)) => *count += 1,
+                None => {
+                    let mut grown = list.to_vec();
+                    grown.push((slot, 1));
+                    *list = grown.into_boxed_slice();
+                }
+            },
+        }
+    }
+
+    /// Takes one of `slot`'s hashes away; true when no engine is left.
+    fn remove(&mut self, slot: u32) -> bool {
+        match self {
+            Holders::One { slot: s, count } if *s == slot => {
+                *count -= 1;
+                *count == 0
+            }
+            Holders::One { .. } => false,
+            Holders::Many(list) => {
+                if let Some(i) = list.iter().position(|(s, _)| *s == slot) {
+                    list[i].1 -= 1;
+                    if list[i].1 == 0 {
+                        let mut shrunk = list.to_vec();
+                        shrunk.swap_remove(i);
+                        *list = shrunk.into_boxed_slice();
+                    }
+                }
+                list.is_empty()
+            }
+        }
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        match self {
+            Holders::One { slot: s, .. } => *s == slot,
+            Holders::Many(list) => list.iter().any(|(s, _)| *s == slot),
+        }
+    }
+}
+
 pub struct PrefixIndex {
     /// Key → engine slots holding it, each with how many of the engine's
     /// hashes name it (two cache groups of one engine can store the same
     /// tokens). Few per key: a block is on a handful of engines at most.
-    holders: HashMap<BlockKey, Vec<(u32, u32)>>,
+    holders: HashMap<BlockKey, Holders>,
     engines: HashMap<String, EngineBlocks>,
     next_slot: u32,
     /// (block, engine) entries at most; the oldest of the largest engine go
@@ -189,10 +249,11 @@ impl PrefixIndex {
             }
         }
         for key in new_keys {
-            let holders = self.holders.entry(key).or_default();
-            match holders.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, count)) => *count += 1,
-                None => holders.push((slot, 1)),
+            match self.holders.get_mut(&key) {
+                Some(holders) => holders.add(slot),
+                None => {
+                    self.holders.insert(key, Holders::One { slot, count: 1 });
+                }
             }
             self.entries += 1;
             applied.stored += 1;
@@ -220,16 +281,10 @@ impl PrefixIndex {
     }
 
     fn release(&mut self, key: BlockKey, slot: u32) {
-        if let Some(holders) = self.holders.get_mut(&key) {
-            if let Some(i) = holders.iter().position(|(s, _)| *s == slot) {
-                holders[i].1 -= 1;
-                if holders[i].1 == 0 {
-                    holders.swap_remove(i);
-                }
-            }
-            if holders.is_empty() {
-                self.holders.remove(&key);
-            }
+        if let Some(holders) = self.holders.get_mut(&key)
+            && holders.remove(slot)
+        {
+            self.holders.remove(&key);
         }
         self.entries = self.entries.saturating_sub(1);
     }
@@ -320,7 +375,7 @@ impl PrefixIndex {
                 let Some(holders) = self.holders.get(key) else {
                     break;
                 };
-                alive.retain(|(_, slot)| holders.iter().any(|(s, _)| s == slot));
+                alive.retain(|(_, slot)| holders.contains(*slot));
                 if alive.is_empty() {
                     break;
                 }
