@@ -40,6 +40,9 @@ pub enum TermCheck {
 pub struct TermStore {
     path: PathBuf,
     highest: Leadership,
+    /// The file was there: false on a first start, and on a disk that lost
+    /// it.
+    found: bool,
 }
 
 impl TermStore {
@@ -51,9 +54,9 @@ impl TermStore {
     /// not parse is an error: guessing would let a deposed leader in.
     pub fn open(work_dir: &Path) -> io::Result<Self> {
         let path = work_dir.join(Self::FILE);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+        let (text, found) = match std::fs::read_to_string(&path) {
+            Ok(text) => (text, true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), false),
             Err(e) => return Err(e),
         };
         let highest = parse(&text).map_err(|why| {
@@ -63,11 +66,31 @@ impl TermStore {
                 path.display()
             ))
         })?;
-        Ok(TermStore { path, highest })
+        Ok(TermStore {
+            path,
+            highest,
+            found,
+        })
     }
 
     pub fn highest(&self) -> Leadership {
         self.highest
+    }
+
+    /// What to tell the operator when the file is missing although this
+    /// agent ran here before (it adopted `adopted` engines an earlier agent
+    /// left): fencing starts again from no leadership seen, so a deposed
+    /// leader's commands are obeyed until a current leader reaches the
+    /// node. Never silent: the agent logs it and sends it with its
+    /// registration (`llmgw ctl nodes` shows it).
+    pub fn reset_warning(&self, adopted: usize) -> Option<String> {
+        (!self.found && adopted > 0).then(|| {
+            format!(
+                "fencing reset: {} is missing although this agent adopted {adopted} running engine(s) an earlier agent left; \
+                 commands of a deposed leader are not refused until a current leader reaches this node. Check the disk under the work directory",
+                self.path.display()
+            )
+        })
     }
 
     /// Checks a command's leadership and durably persists a higher one
@@ -179,5 +202,18 @@ mod tests {
         let error = TermStore::open(dir.path()).err().unwrap().to_string();
         assert!(error.contains(&file.display().to_string()), "{error}");
         assert!(error.contains("not a term number"), "{error}");
+    }
+
+    #[test]
+    fn a_missing_file_after_an_earlier_agent_is_a_warning_not_a_silent_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = TermStore::open(dir.path()).unwrap();
+        assert_eq!(fresh.reset_warning(0), None, "a first start is no reset");
+        let warning = fresh.reset_warning(2).expect("engines adopted, no file");
+        assert!(warning.contains("fencing reset"), "{warning}");
+        assert!(warning.contains(TermStore::FILE), "{warning}");
+        std::fs::write(dir.path().join(TermStore::FILE), "").unwrap();
+        let present = TermStore::open(dir.path()).unwrap();
+        assert_eq!(present.reset_warning(2), None, "the file is there");
     }
 }

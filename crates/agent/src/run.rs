@@ -140,6 +140,15 @@ pub async fn run(config: AgentConfig) -> Result<(), AgentError> {
             dir: config.supervisor.work_dir.clone(),
             source,
         })?;
+    let adopted = adoptions
+        .iter()
+        .filter(|a| matches!(a, Adoption::Adopted { .. }))
+        .count();
+    let mut inventory = inventory;
+    if let Some(warning) = terms.reset_warning(adopted) {
+        tracing::error!("{warning}");
+        inventory.warnings.push(warning);
+    }
     let client = StreamClient::new(config, inventory, supervisor, terms, events_rx).with_tls(tls);
     let stream = tokio::spawn(client.run());
     wait_for_exit_signal().await;
