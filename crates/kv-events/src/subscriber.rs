@@ -69,10 +69,6 @@ impl Subscriber {
         Ok(subscriber)
     }
 
-    pub fn endpoints(&self) -> &Endpoints {
-        &self.endpoints
-    }
-
     /// How many batches came from the replay socket (at connection, and
     /// for every gap since).
     pub fn replayed(&self) -> u64 {

@@ -353,7 +353,7 @@ fn render_endpoints(out: &mut String, registry: &Registry) {
     }
 }
 
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+pub(crate) fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 pub use follow::follow_loop;
+
+use crate::metrics::header;
 pub use index::PrefixIndex;
 pub use route::{count_decision, request_tokens, uncached_tokens};
 
@@ -123,10 +125,8 @@ impl KvState {
             ),
         ];
         for (name, help, value) in gauges {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
+            header(out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {value}");
         }
         let counters: [(&str, &str, u64); 13] = [
             (
@@ -196,21 +196,24 @@ impl KvState {
             ),
         ];
         for (name, help, value) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
+            header(out, name, "counter", help);
+            let _ = writeln!(out, "{name} {value}");
         }
         let name = "llmgw_router_kv_decision_seconds_total";
-        let _ = writeln!(
+        header(
             out,
-            "# HELP {name} Time spent on routing decisions by cache: the index lookup and the cost, tokenizing excluded.\n# TYPE {name} counter\n{name} {:.9}",
-            s.decision_nanos.load(Ordering::Relaxed) as f64 / 1e9
+            name,
+            "counter",
+            "Time spent on routing decisions by cache: the index lookup and the cost, tokenizing excluded.",
         );
+        let seconds = s.decision_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name} {seconds:.9}");
         let name = "llmgw_router_kv_decisions_total";
-        let _ = writeln!(
+        header(
             out,
-            "# HELP {name} Routing decisions under the cache_aware policy, by how they were made: by cache, or falling back to prompt-prefix affinity because no engine of the model publishes KV events (no_index) or the request's tokens were not available (no_tokens).\n# TYPE {name} counter"
+            name,
+            "counter",
+            "Routing decisions under the cache_aware policy, by how they were made: by cache, or falling back to prompt-prefix affinity because no engine of the model publishes KV events (no_index) or the request's tokens were not available (no_tokens).",
         );
         for (how, counter) in [
             ("cache", &s.by_cache),

@@ -7,50 +7,49 @@ use std::time::Duration;
 
 use hyper::Method;
 use hyper::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::upstream::Upstream;
 
-/// The fields of a chat or completion request that decide its tokens.
-#[derive(Deserialize)]
+/// The fields of a chat or completion request that decide its tokens,
+/// borrowed from the client's body as written and written back unparsed.
+#[derive(Deserialize, Serialize)]
 pub struct TokenizeRequest<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     messages: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     prompt: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     add_generation_prompt: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     continue_final_message: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     chat_template_kwargs: Option<&'a RawValue>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, skip_serializing_if = "Option::is_none")]
     tools: Option<&'a RawValue>,
 }
 
+/// `/tokenize`'s body: the engine's name for the model, then those fields.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    #[serde(flatten)]
+    request: &'a TokenizeRequest<'a>,
+}
+
 impl TokenizeRequest<'_> {
-    /// The `/tokenize` body for the engine serving `model`.
+    /// The `/tokenize` body for the engine serving `model`; none for a
+    /// request with neither `messages` nor `prompt` (nothing to tokenize).
     fn body(&self, model: &str) -> Option<Vec<u8>> {
-        let mut body = serde_json::Map::new();
-        body.insert("model".into(), serde_json::Value::String(model.into()));
-        let fields = [
-            ("messages", self.messages),
-            ("prompt", self.prompt),
-            ("add_generation_prompt", self.add_generation_prompt),
-            ("continue_final_message", self.continue_final_message),
-            ("chat_template_kwargs", self.chat_template_kwargs),
-            ("tools", self.tools),
-        ];
         if self.messages.is_none() && self.prompt.is_none() {
             return None;
         }
-        for (key, value) in fields {
-            if let Some(raw) = value {
-                body.insert(key.into(), serde_json::from_str(raw.get()).ok()?);
-            }
-        }
-        serde_json::to_vec(&body).ok()
+        serde_json::to_vec(&Body {
+            model,
+            request: self,
+        })
+        .ok()
     }
 }
 

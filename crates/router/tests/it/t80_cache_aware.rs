@@ -16,23 +16,17 @@ struct PublishingSim {
 }
 
 impl PublishingSim {
-    fn start(hwm: usize) -> PublishingSim {
-        PublishingSim::start_on(free_port(), free_port(), free_port(), hwm)
+    fn start() -> PublishingSim {
+        PublishingSim::start_on(free_port(), free_port(), free_port())
     }
 
-    fn start_on(port: u16, stream: u16, replay: u16, hwm: usize) -> PublishingSim {
-        PublishingSim::start_with(port, stream, replay, hwm, &[])
+    fn start_on(port: u16, stream: u16, replay: u16) -> PublishingSim {
+        PublishingSim::start_with(port, stream, replay, &[])
     }
 
-    fn start_with(
-        port: u16,
-        stream: u16,
-        replay: u16,
-        hwm: usize,
-        env: &[(&str, &str)],
-    ) -> PublishingSim {
+    fn start_with(port: u16, stream: u16, replay: u16, env: &[(&str, &str)]) -> PublishingSim {
         let config = format!(
-            r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}","hwm":{hwm}}}"#
+            r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}"}}"#
         );
         let sim = Sim::start_on(
             port,
@@ -98,6 +92,25 @@ async fn wait_metric(router: &TestRouter, name: &str, what: &str, ok: impl Fn(f6
     );
 }
 
+/// A cache-aware router over `sims`, once they serve and it subscribes to
+/// every one of them.
+async fn following_router(sims: &[&PublishingSim]) -> TestRouter {
+    for s in sims {
+        s.sim.wait_ready().await;
+    }
+    let endpoints = sims.iter().map(|s| s.endpoint()).collect();
+    let router = TestRouter::start(cache_aware(), vec![model("qwen", &[], endpoints)]).await;
+    let all = sims.len() as f64;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_engines_followed",
+        "subscribed to all",
+        |v| v == all,
+    )
+    .await;
+    router
+}
+
 async fn prefix_hits(sim: &Sim) -> f64 {
     let (_, page) = get(&format!("{}/metrics", sim.url()))
         .await
@@ -107,26 +120,8 @@ async fn prefix_hits(sim: &Sim) -> f64 {
 
 #[tokio::test]
 async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgotten() {
-    let mut sims: Vec<PublishingSim> = (0..3).map(|_| PublishingSim::start(100_000)).collect();
-    for s in &sims {
-        s.sim.wait_ready().await;
-    }
-    let router = TestRouter::start(
-        cache_aware(),
-        vec![model(
-            "qwen",
-            &[],
-            sims.iter().map(PublishingSim::endpoint).collect(),
-        )],
-    )
-    .await;
-    wait_metric(
-        &router,
-        "llmgw_router_kv_engines_followed",
-        "subscribed to all",
-        |v| v == 3.0,
-    )
-    .await;
+    let mut sims: Vec<PublishingSim> = (0..3).map(|_| PublishingSim::start()).collect();
+    let router = following_router(&sims.iter().collect::<Vec<_>>()).await;
 
     let system = text(1, 1000);
     let client = client();
@@ -172,7 +167,7 @@ async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgo
     let old = sims.remove(holder);
     let (port, stream, replay) = (old.sim.port, old.stream, old.replay);
     drop(old);
-    let restarted = PublishingSim::start_on(port, stream, replay, 100_000);
+    let restarted = PublishingSim::start_on(port, stream, replay);
     restarted.sim.wait_ready().await;
     wait_metric(
         &router,
@@ -185,7 +180,7 @@ async fn a_shared_prompt_goes_where_it_is_cached_and_a_restarted_engine_is_forgo
 
 #[tokio::test]
 async fn a_router_started_late_rebuilds_its_index_from_the_replay_and_holds_its_cap() {
-    let sim = PublishingSim::start(100_000);
+    let sim = PublishingSim::start();
     sim.sim.wait_ready().await;
     // Traffic before any router subscribes: only the replay has it.
     let url = format!("{}/v1/chat/completions", sim.sim.url());
@@ -254,32 +249,13 @@ async fn a_stream_cut_mid_answer_resumes_on_the_survivor_caching_its_prompt() {
         free_port(),
         free_port(),
         free_port(),
-        100_000,
         &[
             ("LLMGW_SIM_FAULT", "crash_mid_stream:cut@5"),
             ("LLMGW_SIM_OUTPUT_TOKENS", "30"),
         ],
     );
-    let (b, c) = (PublishingSim::start(100_000), PublishingSim::start(100_000));
-    for s in [&a, &b, &c] {
-        s.sim.wait_ready().await;
-    }
-    let router = TestRouter::start(
-        cache_aware(),
-        vec![model(
-            "qwen",
-            &[],
-            vec![a.endpoint(), b.endpoint(), c.endpoint()],
-        )],
-    )
-    .await;
-    wait_metric(
-        &router,
-        "llmgw_router_kv_engines_followed",
-        "subscribed to all",
-        |v| v == 3.0,
-    )
-    .await;
+    let (b, c) = (PublishingSim::start(), PublishingSim::start());
+    let router = following_router(&[&a, &b, &c]).await;
     // A holds the whole prompt, B its ~1,000-token system prompt, C nothing:
     // the request goes to A, and the rest of its answer to B.
     let system = text(7, 1000);
