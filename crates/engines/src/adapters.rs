@@ -293,6 +293,22 @@ fn push_vllm_http_args(serve: &mut Vec<String>, shard: &ShardAssignment, node: &
     serve.push("--served-model-name".into());
     serve.extend(served_names(shard));
     push_kv_events_args(serve, shard);
+    push_vllm_hash_algo(serve, shard);
+}
+
+/// vLLM's default block hash pickles Python objects, so one prefix can hash
+/// differently under another Python or vLLM build; CBOR does not. With
+/// `PYTHONHASHSEED` fixed, a prefix then has one hash on every engine of
+/// the fleet. A profile's own choice (xxhash, for speed) is kept.
+fn push_vllm_hash_algo(serve: &mut Vec<String>, shard: &ShardAssignment) {
+    let chosen = shard
+        .profile
+        .engine_args
+        .iter()
+        .any(|arg| arg.split('=').next() == Some("--prefix-caching-hash-algo"));
+    if shard.kv_events.is_some() && !chosen {
+        serve.extend(["--prefix-caching-hash-algo".into(), "sha256_cbor".into()]);
+    }
 }
 
 fn vllm_parallel_args(shard: &ShardAssignment) -> [String; 4] {
