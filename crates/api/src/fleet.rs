@@ -1,7 +1,7 @@
 //! Nodes, replicas and why a model's replicas are where they are.
 
 use llmgw_scheduler::Explanation;
-use llmgw_state::{NodeRecord, Replica, ReplicaFailure, ReplicaState, ShardState};
+use llmgw_state::{NodeRecord, Replica, ReplicaFailure, ReplicaState, ScaleDecision, ShardState};
 use serde::{Deserialize, Serialize};
 
 /// One entry of `GET /api/v1/nodes`, and `GET /api/v1/nodes/{id}`.
@@ -111,6 +111,13 @@ pub struct ModelExplanation {
     /// The same, with a count per reason for every profile tried.
     pub detail: Option<Explanation>,
     pub last_failure: Option<ReplicaFailure>,
+    /// For an autoscaled model: its bounds and target, and why it wants
+    /// `desired` replicas now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<String>,
+    /// The autoscaler's last change, with the load it saw.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale: Option<ScaleDecision>,
 }
 
 /// Why one replica is where it is.

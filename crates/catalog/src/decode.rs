@@ -7,13 +7,17 @@ use llmgw_yaml::{Cx, Decode, Fields, Node, Path, Problems, Value};
 
 use crate::engine_args::{options_for, resolve_engine_version};
 use crate::managed_flags::{MANAGED_ENV, managed_flag};
-use crate::model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving};
+use crate::model::{
+    Autoscale, Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving,
+};
 
 /// Upper bounds that catch typos (`replicas: 200` for 20) before they cost a
 /// fleet's worth of GPUs. Raise them here if a real fleet needs more.
 pub const MAX_REPLICAS: u32 = 1000;
 pub const MAX_NODES_PER_REPLICA: u32 = 64;
 pub const MAX_GPUS_PER_NODE: u32 = 16;
+/// The longest autoscale window: the leader keeps this much load history.
+pub const MAX_SCALE_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Parses a whole `models.yaml`.
 pub fn parse_catalog(file: &str, src: &str) -> Result<Catalog, Problems> {
@@ -116,6 +120,7 @@ impl Decode for Model {
                 "profiles",
                 "endpoints",
                 "rollout",
+                "autoscale",
             ],
         )?;
         let name: Option<String> = f.required(cx, "name");
@@ -168,7 +173,7 @@ impl Decode for Model {
 }
 
 fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
-    for key in ["source", "replicas", "rollout"] {
+    for key in ["source", "replicas", "rollout", "autoscale"] {
         if f.has(key) {
             f.report(
                 cx,
@@ -223,7 +228,21 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
             "must name what the engine loads, e.g. a Hugging Face repository",
         );
     }
-    let replicas: u32 = f.or(cx, "replicas", 1);
+    let autoscale: Option<Autoscale> = f.optional(cx, "autoscale");
+    // With autoscaling, `replicas` is where the model starts.
+    let replicas: u32 = f.or(cx, "replicas", autoscale.map_or(1, |a| a.min_replicas));
+    if let Some(a) = autoscale
+        && a.clamp(replicas) != replicas
+    {
+        f.report(
+            cx,
+            "replicas",
+            format!(
+                "{replicas} replicas is outside autoscale's bounds ({} to {}); leave it out to start at min_replicas",
+                a.min_replicas, a.max_replicas
+            ),
+        );
+    }
     if replicas > MAX_REPLICAS {
         f.report(
             cx,
@@ -251,7 +270,86 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
         replicas,
         profiles,
         rollout,
+        autoscale,
     }))
+}
+
+impl Decode for Autoscale {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "min_replicas",
+                "max_replicas",
+                "target_requests_per_replica",
+                "scale_up_window",
+                "scale_down_window",
+            ],
+        )?;
+        let min_replicas: u32 = f.required(cx, "min_replicas")?;
+        let max_replicas: u32 = f.required(cx, "max_replicas")?;
+        let autoscale = Autoscale {
+            min_replicas,
+            max_replicas,
+            target_requests_per_replica: f.or(
+                cx,
+                "target_requests_per_replica",
+                Autoscale::DEFAULT_TARGET_REQUESTS,
+            ),
+            scale_up_window: f.or(cx, "scale_up_window", Autoscale::DEFAULT_SCALE_UP_WINDOW),
+            scale_down_window: f.or(
+                cx,
+                "scale_down_window",
+                Autoscale::DEFAULT_SCALE_DOWN_WINDOW,
+            ),
+        };
+        if min_replicas == 0 {
+            f.report(
+                cx,
+                "min_replicas",
+                "scale to zero is not supported yet: keep at least 1 replica",
+            );
+        }
+        if max_replicas < min_replicas {
+            f.report(
+                cx,
+                "max_replicas",
+                format!("{max_replicas} is below min_replicas ({min_replicas})"),
+            );
+        }
+        if max_replicas > MAX_REPLICAS {
+            f.report(
+                cx,
+                "max_replicas",
+                format!("{max_replicas} is above the replica limit of {MAX_REPLICAS}"),
+            );
+        }
+        if autoscale.target_requests_per_replica == 0 {
+            f.report(
+                cx,
+                "target_requests_per_replica",
+                "must be at least 1 (requests running or waiting per replica)",
+            );
+        }
+        for (key, window) in [
+            ("scale_up_window", autoscale.scale_up_window),
+            ("scale_down_window", autoscale.scale_down_window),
+        ] {
+            if window > MAX_SCALE_WINDOW {
+                f.report(
+                    cx,
+                    key,
+                    format!(
+                        "{} is longer than the {} a leader remembers load for",
+                        llmgw_yaml::format_duration(window),
+                        llmgw_yaml::format_duration(MAX_SCALE_WINDOW)
+                    ),
+                );
+            }
+        }
+        Some(autoscale)
+    }
 }
 
 impl Decode for RolloutPolicy {

@@ -20,4 +20,6 @@ pub use engine_args::{check_engine_args, options_for, options_up_to, resolve_eng
 pub use llmgw_engine_options::ArgProblem;
 pub use llmgw_engine_options::Version as EngineRelease;
 pub use managed_flags::{MANAGED_ENV, managed_flag};
-pub use model::{Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving};
+pub use model::{
+    Autoscale, Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving,
+};

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +42,69 @@ pub struct Managed {
     /// it existed keep their bytes.
     #[serde(default, skip_serializing_if = "RolloutPolicy::is_default")]
     pub rollout: RolloutPolicy,
+    /// Replicas that follow the load between two bounds; none: always
+    /// `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<Autoscale>,
+}
+
+/// How many replicas a model runs as its load changes. The signal is the
+/// requests its engines hold (running and waiting, as they report them on
+/// `/metrics`) per ready replica; a change must be wanted for a whole
+/// window before it is made, so a burst or a lull does not move GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autoscale {
+    pub min_replicas: u32,
+    pub max_replicas: u32,
+    /// Requests per replica (running plus waiting) the model is sized for.
+    pub target_requests_per_replica: u32,
+    /// How long more replicas must be wanted before one is added.
+    #[serde(with = "duration_text")]
+    pub scale_up_window: Duration,
+    /// How long fewer replicas must be enough before one is drained.
+    #[serde(with = "duration_text")]
+    pub scale_down_window: Duration,
+}
+
+impl Autoscale {
+    pub const DEFAULT_TARGET_REQUESTS: u32 = 8;
+    pub const DEFAULT_SCALE_UP_WINDOW: Duration = Duration::from_secs(30);
+    pub const DEFAULT_SCALE_DOWN_WINDOW: Duration = Duration::from_secs(300);
+
+    /// The policy as an operator reads it.
+    pub fn describe(&self) -> String {
+        format!(
+            "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica; \
+             a change must be wanted for {} to grow, {} to shrink",
+            self.min_replicas,
+            self.max_replicas,
+            self.target_requests_per_replica,
+            llmgw_yaml::format_duration(self.scale_up_window),
+            llmgw_yaml::format_duration(self.scale_down_window),
+        )
+    }
+
+    /// `replicas` held within the bounds (at most `max_replicas`, should
+    /// the bounds be reversed: never a panic on an entry being checked).
+    pub fn clamp(&self, replicas: u32) -> u32 {
+        replicas.max(self.min_replicas).min(self.max_replicas)
+    }
+}
+
+/// Durations stored as the text an operator writes (`30s`, `5m`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&llmgw_yaml::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        llmgw_yaml::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
 }
 
 /// How a changed model replaces its replicas: make-before-break, a few at

@@ -53,6 +53,32 @@ fn a_good_catalog_loads_with_defaults() {
 }
 
 #[test]
+fn an_autoscaled_model_starts_at_its_minimum_and_round_trips() {
+    let src = "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 2, max_replicas: 6, scale_down_window: 10m}\n    profiles: [{name: p, engine: vllm}]\n";
+    let catalog = parse_catalog("models.yaml", src).unwrap();
+    let model = &catalog.models[0];
+    assert_eq!(model.desired_replicas(), 2);
+    let autoscale = model.managed().unwrap().autoscale.unwrap();
+    assert_eq!(autoscale.target_requests_per_replica, 8);
+    assert_eq!(
+        autoscale.scale_up_window,
+        std::time::Duration::from_secs(30)
+    );
+    assert_eq!(
+        autoscale.scale_down_window,
+        std::time::Duration::from_secs(600)
+    );
+    let json = serde_json::to_value(&catalog).unwrap();
+    assert_eq!(json["models"][0]["autoscale"]["scale_down_window"], "10m");
+    let back: llmgw_catalog::Catalog = serde_json::from_value(json.clone()).unwrap();
+    assert_eq!(back, catalog);
+    assert_eq!(
+        parse_catalog("models.json", &json.to_string()).unwrap(),
+        catalog
+    );
+}
+
+#[test]
 fn catalog_round_trips_through_json() {
     let catalog = parse_catalog("models.yaml", GOOD).unwrap();
     let json = serde_json::to_string(&catalog).unwrap();
@@ -223,6 +249,31 @@ const BROKEN: &[(&str, &str, &str)] = &[
         "replicas on an endpoints model",
         "models:\n  - name: a\n    replicas: 2\n    endpoints: [\"http://h:1\"]\n",
         "3:15: models[0].replicas: `replicas` applies to models llmgw runs",
+    ),
+    (
+        "autoscale bounds reversed",
+        "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 3, max_replicas: 2}\n    profiles: [{name: p, engine: vllm}]\n",
+        "models[0].autoscale.max_replicas: 2 is below min_replicas (3)",
+    ),
+    (
+        "autoscale to zero",
+        "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 0, max_replicas: 2}\n    profiles: [{name: p, engine: vllm}]\n",
+        "models[0].autoscale.min_replicas: scale to zero is not supported yet",
+    ),
+    (
+        "replicas outside autoscale's bounds",
+        "models:\n  - name: a\n    source: x\n    replicas: 5\n    autoscale: {min_replicas: 1, max_replicas: 2}\n    profiles: [{name: p, engine: vllm}]\n",
+        "4:15: models[0].replicas: 5 replicas is outside autoscale's bounds (1 to 2)",
+    ),
+    (
+        "autoscale window without a unit",
+        "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 1, max_replicas: 2, scale_up_window: 30}\n    profiles: [{name: p, engine: vllm}]\n",
+        "models[0].autoscale.scale_up_window: invalid duration \"30\": add a unit",
+    ),
+    (
+        "autoscale on an endpoints model",
+        "models:\n  - name: a\n    autoscale: {min_replicas: 1, max_replicas: 2}\n    endpoints: [\"http://h:1\"]\n",
+        "models[0].autoscale: `autoscale` applies to models llmgw runs",
     ),
     (
         "bad model name",

@@ -145,6 +145,9 @@ pub fn explanation(explained: &ModelExplanation) -> String {
             replica.why
         );
     }
+    if let Some(scaling) = &explained.scaling {
+        let _ = writeln!(out, "scaling: {scaling}");
+    }
     if let Some(why) = &explained.explanation {
         let _ = writeln!(out, "pending: {why}");
     }

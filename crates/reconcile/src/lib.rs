@@ -5,6 +5,7 @@
 //! No clock, no I/O: the server's loop supplies the time and proposes the
 //! commands, and `fleet-bench` calls the same `decide` in process.
 
+pub mod autoscale;
 mod fleet_view;
 mod plan;
 mod specs;

@@ -499,6 +499,8 @@ mod tests {
             explanation: text.map(String::from),
             detail: None,
             last_failure: None,
+            scaling: None,
+            last_scale: None,
         }
     }
 

@@ -41,6 +41,8 @@ mod upstream;
 
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
+pub use endpoints::EngineLoad;
+pub use engine_load::parse_engine_load;
 pub use error::RouterError;
 /// Public for `examples/kv-decision-cost.rs`, which measures a lookup.
 #[doc(hidden)]

@@ -14,6 +14,7 @@ pub mod agents;
 mod api;
 mod args;
 mod auth;
+mod autoscale;
 mod security;
 
 mod model_spec;

@@ -220,6 +220,10 @@ fn spawn_agent_loops(
         options.placement.clone(),
         stop_rx.clone(),
     ));
+    tokio::spawn(crate::autoscale::run_autoscaler(
+        control.clone(),
+        stop_rx.clone(),
+    ));
     AgentStreams {
         control: control.clone(),
         hub: hub.clone(),

@@ -146,6 +146,11 @@ impl FleetState {
                 fingerprint,
                 at_ms,
             } => self.finish_rollout(name, fingerprint, *at_ms),
+            Command::ScaleModel {
+                name,
+                decision,
+                at_ms: _,
+            } => self.scale_model(name, decision),
             Command::Unknown => Outcome::Applied,
         }
     }

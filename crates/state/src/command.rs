@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model_spec::ModelSpec;
 use crate::types::{
-    KvEventPorts, NodeInventory, NodeStatus, ReplicaFailure, Shard, ShardFailure, ShardState,
+    KvEventPorts, NodeInventory, NodeStatus, ReplicaFailure, ScaleDecision, Shard, ShardFailure,
+    ShardState,
 };
 
 /// A change to the replicated state, as it travels in the Raft log.
@@ -184,6 +185,14 @@ pub enum Command {
         fingerprint: String,
         at_ms: u64,
     },
+    /// The leader's autoscaler changes a model's replica count; refused if
+    /// the count is no longer `decision.from` (an operator or another
+    /// decision changed it since) or leaves the model's bounds.
+    ScaleModel {
+        name: String,
+        decision: ScaleDecision,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -212,6 +221,7 @@ impl Command {
             Command::SeedCatalog { .. } => "seed_catalog",
             Command::RollbackModel { .. } => "rollback_model",
             Command::FinishRollout { .. } => "finish_rollout",
+            Command::ScaleModel { .. } => "scale_model",
             Command::Unknown => "unknown",
         }
     }
@@ -232,7 +242,8 @@ impl std::fmt::Display for Command {
             Command::PutModel { name, .. }
             | Command::DeleteModel { name, .. }
             | Command::RollbackModel { name, .. }
-            | Command::FinishRollout { name, .. } => name.clone(),
+            | Command::FinishRollout { name, .. }
+            | Command::ScaleModel { name, .. } => name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

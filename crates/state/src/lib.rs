@@ -21,6 +21,6 @@ pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, KvEventPorts, ModelRecord,
-    NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout, Shard,
-    ShardFailure, ShardState, StopOrder,
+    NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout,
+    ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
 };

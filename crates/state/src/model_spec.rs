@@ -76,7 +76,7 @@ impl ModelSpec {
     /// needs no new replica. `aliases` is among them because a replica
     /// keeps the names it was launched with and the router maps a newer
     /// alias to the model's name itself.
-    pub const NOT_LAUNCHED: [&'static str; 3] = ["replicas", "aliases", "rollout"];
+    pub const NOT_LAUNCHED: [&'static str; 4] = ["replicas", "aliases", "rollout", "autoscale"];
 
     /// The entry of a validated model.
     pub fn new(model: Model) -> Self {

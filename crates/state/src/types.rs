@@ -158,6 +158,46 @@ pub struct ModelRecord {
     /// status` can say how it went.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// The autoscaler's last change to `desired_replicas`, with what it
+    /// saw: why the model has the replicas it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale: Option<ScaleDecision>,
+}
+
+/// One change of a model's replica count by the leader's autoscaler, and
+/// the load that decided it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleDecision {
+    pub from: u32,
+    pub to: u32,
+    /// The fewest and the most requests (running plus waiting) the model's
+    /// engines held over the window.
+    pub requests_low: u32,
+    pub requests_high: u32,
+    pub ready_replicas: u32,
+    pub target_per_replica: u32,
+    /// How long the change was wanted before it was made.
+    pub window_ms: u64,
+    pub at_ms: u64,
+}
+
+impl ScaleDecision {
+    /// The decision as an operator reads it.
+    pub fn reason(&self) -> String {
+        let held = if self.requests_low == self.requests_high {
+            format!("{}", self.requests_low)
+        } else {
+            format!("{} to {}", self.requests_low, self.requests_high)
+        };
+        format!(
+            "{} -> {} replicas: the engines held {held} requests (running and waiting) on {} ready replica(s) for {}s, sized for {} a replica",
+            self.from,
+            self.to,
+            self.ready_replicas,
+            self.window_ms / 1000,
+            self.target_per_replica
+        )
+    }
 }
 
 /// A change to a model's launch spec being rolled onto its replicas. Its

@@ -34,6 +34,8 @@ fn admin_answer(path: &str, engine_port: u16) -> (u16, String) {
             explanation: Some("0/1 nodes fit idle profile tp8: 1 has 1 free GPU (need 8)".into()),
             detail: None,
             last_failure: None,
+            scaling: None,
+            last_scale: None,
         })
     } else {
         return (404, "{}".into());

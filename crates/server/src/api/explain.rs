@@ -104,7 +104,28 @@ pub fn explain_model(
         explanation,
         detail,
         last_failure: record.last_failure.clone(),
+        scaling: managed.autoscale.map(|policy| scaling(&policy, record)),
+        last_scale: record.last_scale.clone(),
     })
+}
+
+/// Why an autoscaled model wants the replicas it wants.
+fn scaling(policy: &llmgw_catalog::Autoscale, record: &ModelRecord) -> String {
+    let bounds = policy.describe();
+    match &record.last_scale {
+        Some(last) if last.to == record.desired_replicas => {
+            format!("{bounds}. Last change: {}", last.reason())
+        }
+        Some(last) => format!(
+            "{bounds}. Now {}: the entry's new bounds moved the count after the last change ({})",
+            record.desired_replicas,
+            last.reason()
+        ),
+        None => format!(
+            "{bounds}. No change yet: the model starts at {} replicas",
+            record.desired_replicas
+        ),
+    }
 }
 
 fn static_model_explanation(name: &str, model: &Model) -> ModelExplanation {
@@ -119,6 +140,8 @@ fn static_model_explanation(name: &str, model: &Model) -> ModelExplanation {
         )),
         detail: None,
         last_failure: None,
+        scaling: None,
+        last_scale: None,
     }
 }
 

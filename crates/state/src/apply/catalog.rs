@@ -2,7 +2,7 @@
 
 use crate::command::{Outcome, Rejection, SeedModel};
 use crate::model_spec::ModelSpec;
-use crate::types::{FleetState, ModelRecord, Rollout};
+use crate::types::{FleetState, ModelRecord, Rollout, ScaleDecision};
 
 impl FleetState {
     pub(super) fn put_model(
@@ -20,6 +20,15 @@ impl FleetState {
         }
         let old = self.models.remove(name);
         let last_failure = old.as_ref().and_then(|m| m.last_failure.clone());
+        // An autoscaled model keeps the count its load decided (within the
+        // new bounds): `replicas` is only where it starts.
+        let autoscale = autoscale_of(spec);
+        let (replicas, last_scale) = match (&old, autoscale) {
+            (Some(old), Some(bounds)) => {
+                (bounds.clamp(old.desired_replicas), old.last_scale.clone())
+            }
+            _ => (replicas, None),
+        };
         if let Some(old) = &old
             && (old.spec.launch_fingerprint() != spec.launch_fingerprint()
                 || old.spec.aliases() != spec.aliases())
@@ -52,8 +61,33 @@ impl FleetState {
                 last_failure,
                 previous,
                 rollout,
+                last_scale,
             },
         );
+        Outcome::Applied
+    }
+
+    pub(super) fn scale_model(&mut self, name: &str, decision: &ScaleDecision) -> Outcome {
+        let Some(record) = self.models.get_mut(name) else {
+            return Rejection::not_found(format!("model {name} is not in the catalog"));
+        };
+        let Some(bounds) = autoscale_of(&record.spec) else {
+            return Rejection::conflict(format!("model {name} is not autoscaled"));
+        };
+        if record.desired_replicas != decision.from {
+            return Rejection::conflict(format!(
+                "model {name} wants {} replicas now, not {}: the decision is stale",
+                record.desired_replicas, decision.from
+            ));
+        }
+        if bounds.clamp(decision.to) != decision.to {
+            return Rejection::invalid(format!(
+                "{} replicas is outside model {name}'s bounds ({} to {})",
+                decision.to, bounds.min_replicas, bounds.max_replicas
+            ));
+        }
+        record.desired_replicas = decision.to;
+        record.last_scale = Some(decision.clone());
         Outcome::Applied
     }
 
@@ -197,4 +231,9 @@ impl FleetState {
 /// A catalog entry's name and its aliases.
 fn model_names<'a>(name: &'a str, spec: &'a ModelSpec) -> impl Iterator<Item = &'a str> {
     std::iter::once(name).chain(spec.aliases().iter().map(String::as_str))
+}
+
+/// The entry's autoscale bounds; none when it has none or cannot be read.
+fn autoscale_of(spec: &ModelSpec) -> Option<llmgw_catalog::Autoscale> {
+    spec.model().ok()?.managed()?.autoscale
 }

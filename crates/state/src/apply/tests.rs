@@ -4,7 +4,8 @@ use proptest::prelude::*;
 
 use crate::{
     Command, FleetState, Gpu, KvEventPorts, Leadership, ModelSpec, NodeInventory, NodeStatus,
-    Outcome, RejectionKind, ReplicaState, SeedModel, Shard, ShardFailure, ShardState,
+    Outcome, RejectionKind, ReplicaState, ScaleDecision, SeedModel, Shard, ShardFailure,
+    ShardState,
 };
 
 fn register(id: &str, at_ms: u64) -> Command {
@@ -39,6 +40,38 @@ fn put_model(name: &str, replicas: u32) -> Command {
         })),
         replicas,
         at_ms: 5,
+    }
+}
+
+/// A model between 1 and 4 replicas, starting at `replicas`.
+fn put_autoscaled_model(name: &str, replicas: u32, max: u32) -> Command {
+    Command::PutModel {
+        name: name.to_owned(),
+        spec: ModelSpec::from_stored(serde_json::json!({
+            "name": name, "source": format!("org/{name}"), "replicas": replicas, "profiles": [],
+            "autoscale": {"min_replicas": 1, "max_replicas": max,
+                          "target_requests_per_replica": 8,
+                          "scale_up_window": "30s", "scale_down_window": "5m"},
+        })),
+        replicas,
+        at_ms: 5,
+    }
+}
+
+fn scale(name: &str, from: u32, to: u32) -> Command {
+    Command::ScaleModel {
+        name: name.to_owned(),
+        decision: ScaleDecision {
+            from,
+            to,
+            requests_low: 20,
+            requests_high: 30,
+            ready_replicas: from,
+            target_per_replica: 8,
+            window_ms: 30_000,
+            at_ms: 9,
+        },
+        at_ms: 9,
     }
 }
 
@@ -734,7 +767,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
         (node.clone(), at.clone()).prop_map(|(id, at_ms)| Command::FinishDrain { id, at_ms }),
         (model.clone(), 0u32..4).prop_map(|(name, n)| put_model(&name, n)),
         (model.clone(), at.clone()).prop_map(|(name, at_ms)| Command::DeleteModel { name, at_ms }),
-        (0u8..4, model, node.clone(), 0u32..4).prop_map(|(r, model, node, gpu)| place(
+        (0u8..4, model.clone(), node.clone(), 0u32..4).prop_map(|(r, model, node, gpu)| place(
             &format!("r{r}"),
             &model,
             vec![shard(&node, &[gpu], 0)]
@@ -768,6 +801,8 @@ fn arb_command() -> impl Strategy<Value = Command> {
             at_ms
         }),
         (1u64..6, at).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
+        (model.clone(), 1u32..4).prop_map(|(name, n)| put_autoscaled_model(&name, n, 4)),
+        (model.clone(), 0u32..5, 0u32..5).prop_map(|(name, from, to)| scale(&name, from, to)),
         Just(seed(&["llama", "qwen"])),
     ]
 }
@@ -904,4 +939,44 @@ fn a_batch_of_placements_sees_its_own_earlier_placements() {
     assert_eq!(state, one_by_one(&commands));
     let placed: Vec<&str> = state.replicas.keys().map(String::as_str).collect();
     assert_eq!(placed, ["r1", "r4", "r5"]);
+}
+
+#[test]
+fn the_autoscaler_changes_a_count_it_saw_within_the_bounds_and_a_put_keeps_it() {
+    let mut state = FleetState::default();
+    assert_eq!(
+        state.apply(&put_autoscaled_model("m", 1, 4)),
+        Outcome::Applied
+    );
+    assert_eq!(state.apply(&scale("m", 1, 3)), Outcome::Applied);
+    assert_eq!(state.models["m"].desired_replicas, 3);
+    assert_eq!(state.models["m"].last_scale.as_ref().map(|d| d.to), Some(3));
+    let before = state.clone();
+    // Decided on a count that changed since: refused, nothing changes.
+    assert_eq!(
+        rejected_kind(state.apply(&scale("m", 1, 2))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&scale("m", 3, 5))),
+        RejectionKind::Invalid
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&scale("x", 1, 2))),
+        RejectionKind::NotFound
+    );
+    assert_eq!(state, before);
+    // The entry put again keeps what the load decided, within new bounds.
+    state.apply(&put_autoscaled_model("m", 1, 4));
+    assert_eq!(state.models["m"].desired_replicas, 3);
+    state.apply(&put_autoscaled_model("m", 1, 2));
+    assert_eq!(state.models["m"].desired_replicas, 2);
+    // Without autoscale the entry's count is the count again.
+    state.apply(&put_model("m", 1));
+    assert_eq!(state.models["m"].desired_replicas, 1);
+    assert_eq!(state.models["m"].last_scale, None);
+    assert_eq!(
+        rejected_kind(state.apply(&scale("m", 1, 2))),
+        RejectionKind::Conflict
+    );
 }

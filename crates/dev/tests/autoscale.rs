@@ -1,0 +1,160 @@
+//! A model that follows its load, on `llmgw dev`: under a chat load above
+//! its target the leader adds a replica, the router sends traffic to it,
+//! no request fails; once the load is gone the extra replica is drained
+//! away. `explain` says why the model has the replicas it has.
+
+use std::time::Duration;
+
+use llmgw_api::{ModelExplanation, ReplicaState, ReplicaView, paths};
+use llmgw_test_kit::dev::{Dev, DevAdmin};
+use llmgw_test_kit::load::ChatLoad;
+use llmgw_test_kit::{DEADLINE, eventually, stream_chat};
+use reqwest::Method;
+use serde_json::json;
+
+const MODEL: &str = "qwen-auto";
+
+async fn replicas(admin: &DevAdmin) -> Result<Vec<ReplicaView>, String> {
+    let all: Vec<ReplicaView> = admin.get(paths::REPLICAS).await?;
+    Ok(all
+        .into_iter()
+        .filter(|r| r.replica.model == MODEL)
+        .collect())
+}
+
+/// Exactly `count` replicas of the model, every one ready.
+async fn ready_replicas(admin: &DevAdmin, count: usize) -> Result<Vec<ReplicaView>, String> {
+    let all = replicas(admin).await?;
+    let ready = all
+        .iter()
+        .filter(|r| r.state == ReplicaState::Ready)
+        .count();
+    if all.len() == count && ready == count {
+        Ok(all)
+    } else {
+        let states: Vec<&str> = all.iter().map(|r| r.state.as_str()).collect();
+        Err(format!("replicas: {states:?}"))
+    }
+}
+
+/// `vllm:request_success_total` over every finish reason.
+fn finished_requests(metrics_page: &str) -> f64 {
+    metrics_page
+        .lines()
+        .filter(|line| line.starts_with("vllm:request_success_total{"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn explain(admin: &DevAdmin) -> ModelExplanation {
+    admin
+        .get(&paths::explain(MODEL))
+        .await
+        .unwrap_or_else(|e| panic!("explain {MODEL}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_the_load_up_and_back_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("dev"), &[]);
+    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
+        .await;
+    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
+    let router = dev_file.router.clone().expect("dev.json names the router");
+    let admin = DevAdmin::new(&dev_file);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+
+    // Each chat streams for about a second, so four clients keep about
+    // four requests on the engines: two replicas' worth at a target of 2.
+    let entry = json!({
+        "name": MODEL,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
+                      "env": {"LLMGW_SIM_ITL": "40ms", "LLMGW_SIM_OUTPUT_TOKENS": "25"}}],
+        "autoscale": {"min_replicas": 1, "max_replicas": 2,
+                      "target_requests_per_replica": 2,
+                      "scale_up_window": "3s", "scale_down_window": "6s"},
+    });
+    let (status, body) = admin
+        .send(Method::PUT, &paths::model(MODEL), Some(entry.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "PUT {MODEL}: {body}");
+    eventually("one ready replica", DEADLINE, || ready_replicas(&admin, 1)).await;
+    eventually("the model routed", DEADLINE, || {
+        stream_chat(&http, &router, MODEL)
+    })
+    .await;
+    let idle = explain(&admin).await;
+    assert_eq!(idle.desired, 1);
+    let scaling = idle
+        .scaling
+        .expect("an autoscaled model says how it scales");
+    assert!(
+        scaling.contains("between 1 and 2 replicas") && scaling.contains("No change yet"),
+        "{scaling}"
+    );
+
+    let load = ChatLoad::start(&http, &router, MODEL);
+    let grown = eventually("a second replica, ready", DEADLINE, || {
+        ready_replicas(&admin, 2)
+    })
+    .await;
+    let up = explain(&admin).await;
+    let decision = up.last_scale.clone().expect("the scale-up is recorded");
+    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
+    assert!(
+        decision.requests_low >= 3,
+        "the load that decided it: {decision:?}"
+    );
+    assert!(
+        up.scaling
+            .as_deref()
+            .unwrap_or_default()
+            .contains("1 -> 2 replicas"),
+        "{:?}",
+        up.scaling
+    );
+    // The new replica takes traffic: its engine has served requests.
+    eventually("both engines serving", DEADLINE, || async {
+        let mut serving = 0;
+        for replica in &grown {
+            let url = replica.endpoint.as_deref().ok_or("no endpoint")?;
+            let page = http
+                .get(format!("{url}/metrics"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            serving += usize::from(finished_requests(&page) > 0.0);
+        }
+        if serving == 2 {
+            Ok(())
+        } else {
+            Err(format!("{serving} of 2 engines have answered"))
+        }
+    })
+    .await;
+    load.stop_without_failures("through a scale-up").await;
+
+    let shrunk = eventually("back to one replica", DEADLINE, || {
+        ready_replicas(&admin, 1)
+    })
+    .await;
+    let down = explain(&admin).await;
+    let decision = down.last_scale.expect("the scale-down is recorded");
+    assert_eq!((decision.from, decision.to), (2, 1), "{decision:?}");
+    assert_eq!(down.desired, 1);
+    assert!(
+        grown.iter().any(|r| r.replica.id == shrunk[0].replica.id),
+        "one of the two stayed"
+    );
+    let answer = stream_chat(&http, &router, MODEL).await.unwrap();
+    assert!(!answer.is_empty());
+}

@@ -1,0 +1,242 @@
+//! The leader's autoscaler as a pure function of load samples: how many
+//! replicas a model wants, and when a change has been wanted long enough
+//! to make.
+//!
+//! The signal is the requests the model's engines hold, running and
+//! waiting, summed over its ready replicas. The sum does not depend on how
+//! many replicas serve it, so replicas still loading after a scale-up do
+//! not make the autoscaler ask for more. A change is made only once every
+//! sample of a whole window wanted it (the least of them when growing, the
+//! most when shrinking), and the window starts over after each change and
+//! whenever the load cannot be read: a burst, a lull or a blind spot never
+//! moves GPUs. A new leader starts with no history, so it waits a whole
+//! window before it acts on what it sees.
+
+use std::collections::{HashMap, VecDeque};
+
+use llmgw_catalog::Autoscale;
+use llmgw_state::ScaleDecision;
+
+/// The load of one model at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadSample {
+    pub at_ms: u64,
+    /// Requests running or waiting on the model's ready engines.
+    pub requests: u32,
+    pub ready_replicas: u32,
+}
+
+/// Replicas that hold `requests` at the policy's target, within its bounds.
+pub fn wanted_replicas(policy: &Autoscale, requests: u32) -> u32 {
+    policy.clamp(requests.div_ceil(policy.target_requests_per_replica.max(1)))
+}
+
+/// Each model's recent samples, while this peer leads.
+#[derive(Debug, Default)]
+pub struct ScaleMemory {
+    samples: HashMap<String, VecDeque<LoadSample>>,
+}
+
+impl ScaleMemory {
+    /// Records the model's load now (none: it could not be read, and the
+    /// window starts over) and returns the change that is due, if any.
+    pub fn observe(
+        &mut self,
+        model: &str,
+        policy: &Autoscale,
+        desired: u32,
+        sample: Option<LoadSample>,
+    ) -> Option<ScaleDecision> {
+        let Some(sample) = sample else {
+            self.samples.remove(model);
+            return None;
+        };
+        let history = self.samples.entry(model.to_owned()).or_default();
+        if history.back().is_some_and(|last| last.at_ms > sample.at_ms) {
+            // A clock that went back: what came before cannot be ordered.
+            history.clear();
+        }
+        history.push_back(sample);
+        let longest = policy.scale_up_window.max(policy.scale_down_window);
+        let horizon = sample.at_ms.saturating_sub(longest.as_millis() as u64);
+        // Keep one sample at or before the horizon: it shows the history
+        // covers the whole window.
+        while history.get(1).is_some_and(|next| next.at_ms <= horizon) {
+            history.pop_front();
+        }
+        let wanted_now = wanted_replicas(policy, sample.requests);
+        let (window, growing) = match wanted_now.cmp(&desired) {
+            std::cmp::Ordering::Greater => (policy.scale_up_window, true),
+            std::cmp::Ordering::Less => (policy.scale_down_window, false),
+            std::cmp::Ordering::Equal => return None,
+        };
+        let window_ms = window.as_millis() as u64;
+        let start = sample.at_ms.checked_sub(window_ms)?;
+        let covered = history.front().is_some_and(|first| first.at_ms <= start);
+        if !covered {
+            return None;
+        }
+        let in_window: Vec<&LoadSample> = history.iter().filter(|s| s.at_ms >= start).collect();
+        let wanted: Vec<u32> = in_window
+            .iter()
+            .map(|s| wanted_replicas(policy, s.requests))
+            .collect();
+        let to = if growing {
+            let least = wanted.iter().copied().min()?;
+            (least > desired).then_some(least)?
+        } else {
+            let most = wanted.iter().copied().max()?;
+            (most < desired).then_some(most)?
+        };
+        let decision = ScaleDecision {
+            from: desired,
+            to,
+            requests_low: in_window.iter().map(|s| s.requests).min()?,
+            requests_high: in_window.iter().map(|s| s.requests).max()?,
+            ready_replicas: sample.ready_replicas,
+            target_per_replica: policy.target_requests_per_replica,
+            window_ms,
+            at_ms: sample.at_ms,
+        };
+        history.clear();
+        Some(decision)
+    }
+
+    /// Drops the history of models no longer autoscaled.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.samples.retain(|model, _| keep(model));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn policy() -> Autoscale {
+        Autoscale {
+            min_replicas: 1,
+            max_replicas: 4,
+            target_requests_per_replica: 8,
+            scale_up_window: Duration::from_secs(10),
+            scale_down_window: Duration::from_secs(60),
+        }
+    }
+
+    fn sample(second: u64, requests: u32) -> Option<LoadSample> {
+        Some(LoadSample {
+            at_ms: second * 1000,
+            requests,
+            ready_replicas: 1,
+        })
+    }
+
+    /// Feeds one sample a second from `from` to `to` (exclusive), returning
+    /// the first decision and the second it came at.
+    fn feed(
+        memory: &mut ScaleMemory,
+        desired: u32,
+        seconds: std::ops::Range<u64>,
+        requests: impl Fn(u64) -> u32,
+    ) -> Option<(u64, ScaleDecision)> {
+        for second in seconds {
+            if let Some(d) =
+                memory.observe("m", &policy(), desired, sample(second, requests(second)))
+            {
+                return Some((second, d));
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn load_above_target_for_a_whole_window_adds_replicas() {
+        let mut memory = ScaleMemory::default();
+        let (at, decision) = feed(&mut memory, 1, 0..30, |_| 20).expect("a scale-up");
+        assert_eq!(at, 10, "only once the window is covered");
+        assert_eq!((decision.from, decision.to), (1, 3));
+        assert_eq!((decision.requests_low, decision.requests_high), (20, 20));
+        assert!(
+            decision.reason().contains("1 -> 3 replicas"),
+            "{}",
+            decision.reason()
+        );
+    }
+
+    #[test]
+    fn a_burst_shorter_than_the_window_changes_nothing() {
+        let mut memory = ScaleMemory::default();
+        let burst = |s: u64| if (20..25).contains(&s) { 40 } else { 6 };
+        assert_eq!(feed(&mut memory, 1, 0..120, burst), None);
+    }
+
+    #[test]
+    fn growing_takes_the_least_the_window_wanted_and_shrinking_the_most() {
+        let mut memory = ScaleMemory::default();
+        let rising = |s: u64| 9 + s as u32;
+        let (_, up) = feed(&mut memory, 1, 0..30, rising).expect("a scale-up");
+        assert_eq!(
+            up.to, 2,
+            "9 requests at the window's start want 2, not more"
+        );
+        let mut memory = ScaleMemory::default();
+        let falling = |s: u64| 30u32.saturating_sub(s as u32 / 4);
+        let (at, down) = feed(&mut memory, 4, 0..200, falling).expect("a scale-down");
+        assert_eq!(down.to, 3, "at {at}: the most the last minute wanted");
+    }
+
+    #[test]
+    fn bounds_hold_and_a_decision_restarts_the_window() {
+        let mut memory = ScaleMemory::default();
+        let (at, decision) = feed(&mut memory, 1, 0..30, |_| 1000).unwrap();
+        assert_eq!((at, decision.to), (10, 4), "max_replicas");
+        assert_eq!(
+            feed(&mut memory, 4, 11..200, |_| 1000),
+            None,
+            "already at max"
+        );
+        let mut memory = ScaleMemory::default();
+        let (at, decision) = feed(&mut memory, 3, 0..100, |_| 0).unwrap();
+        assert_eq!((at, decision.to), (60, 1), "min_replicas");
+        let (again, _) = feed(&mut memory, 1, 61..200, |_| 100).unwrap();
+        assert_eq!(again, 71, "a fresh window after a change");
+    }
+
+    #[test]
+    fn unreadable_load_starts_the_window_over() {
+        let mut memory = ScaleMemory::default();
+        for second in 0..8 {
+            assert_eq!(memory.observe("m", &policy(), 1, sample(second, 20)), None);
+        }
+        assert_eq!(memory.observe("m", &policy(), 1, None), None);
+        let (at, _) = feed(&mut memory, 1, 9..40, |_| 20).unwrap();
+        assert_eq!(at, 19, "a whole window after the blind spot");
+    }
+
+    #[test]
+    fn noise_around_the_target_never_moves_replicas() {
+        let mut memory = ScaleMemory::default();
+        // Two replicas sized for 16 requests; the load wanders ±20 % around
+        // 14 for an hour, one sample a second.
+        let mut state = 7u64;
+        let noisy = |_: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let offset = (state >> 33) % 7; // 0..=6
+            11 + offset as u32 // 11..=17, 14 ± 3
+        };
+        let mut changes = 0;
+        let mut desired = 2;
+        let mut noisy = noisy;
+        for second in 0..3600 {
+            if let Some(d) = memory.observe("m", &policy(), desired, sample(second, noisy(second)))
+            {
+                changes += 1;
+                desired = d.to;
+            }
+        }
+        assert_eq!(changes, 0, "ended at {desired}");
+    }
+}
