@@ -36,6 +36,7 @@ pub struct Router {
 pub struct RunningRouter {
     local_addr: SocketAddr,
     tasks: JoinSet<()>,
+    kv: Arc<KvState>,
     /// Dropped to stop the router's own threads.
     _stop_threads: Option<watch::Sender<()>>,
 }
@@ -73,10 +74,12 @@ impl Router {
             source,
         })?;
         let mut tasks = self.background_tasks();
+        let kv = Arc::clone(&self.shared.kv);
         tasks.spawn(accept_loop(listener, self.shared));
         Ok(RunningRouter {
             local_addr,
             tasks,
+            kv,
             _stop_threads: None,
         })
     }
@@ -128,6 +131,7 @@ impl Router {
         Ok(RunningRouter {
             local_addr,
             tasks: self.background_tasks(),
+            kv: Arc::clone(&self.shared.kv),
             _stop_threads: Some(stop),
         })
     }
@@ -175,6 +179,14 @@ fn reuse_port_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 impl RunningRouter {
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// For each engine of `urls`, how many of `tokens` its KV cache holds
+    /// as a prefix, by this router's index: what kv-bench compares between
+    /// routers to measure how far their indexes agree.
+    #[doc(hidden)]
+    pub fn cached_prefix_tokens(&self, urls: &[&str], tokens: &[u32]) -> Vec<u64> {
+        self.kv.cached_tokens(urls, tokens)
     }
 
     /// Runs until a background task ends, which happens only on a panic.

@@ -25,13 +25,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use llmgw_config::BalancePolicy;
 use llmgw_kv_events::Endpoints;
-use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, Settings};
+use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, RunningRouter, Settings};
 use tokio::sync::watch;
 
 const SOURCE: &str = "Qwen/Qwen2.5-0.5B-Instruct";
@@ -200,6 +201,16 @@ async fn run(o: Options) -> anyhow::Result<()> {
                         .map(|d| format!("{:.0}ms", d.as_secs_f64() * 1000.0))
                 ),
             );
+            if let Some(a) = r.agreement.filter(|a| a.samples > 0) {
+                let share = |n: u64| n as f64 * 100.0 / a.samples as f64;
+                println!(
+                    "  {} routers' indexes over {} requests sampled during the run: {:.1}% identical on every engine, {:.1}% name the same engine as holding the longest prefix",
+                    o.routers - usize::from(o.restart_router_after.is_some()),
+                    a.samples,
+                    share(a.identical),
+                    share(a.same_best)
+                );
+            }
         }
     }
     Ok(())
@@ -311,6 +322,8 @@ struct Outcome {
     index_entries: f64,
     /// Cache-aware only: how long a fresh router took to rebuild the index.
     rebuild: Option<Duration>,
+    /// Cache-aware with two routers or more that stay up.
+    agreement: Option<Agreement>,
 }
 
 async fn run_one(
@@ -379,7 +392,21 @@ async fn run_one(
     });
     let before = fleet.prefix_counters(&client).await?;
     let started = Instant::now();
-    let results = workload.run(&client, &bases).await;
+    let running = AtomicBool::new(true);
+    let probing = policy == BalancePolicy::CacheAware && routers.len() >= 2;
+    let (results, agreement) = tokio::join!(
+        async {
+            let results = workload.run(&client, &bases).await;
+            running.store(false, Ordering::Relaxed);
+            results
+        },
+        async {
+            match probing {
+                true => Some(probe_agreement(&client, &routers, fleet, &running).await),
+                false => None,
+            }
+        }
+    );
     let wall = started.elapsed();
     if let Some(restart) = restart {
         let restarted = restart.await??;
@@ -420,7 +447,80 @@ async fn run_one(
         decision: (decisions > 0.0).then(|| Duration::from_secs_f64(decision_seconds / decisions)),
         index_entries,
         rebuild,
+        agreement,
     })
+}
+
+/// How far the indexes of routers that stayed up agreed during a run.
+#[derive(Default)]
+struct Agreement {
+    samples: u64,
+    /// Every router saw the same cached prefix on every engine.
+    identical: u64,
+    /// Every router names a common engine among those holding the longest
+    /// cached prefix: the cache side of their decisions agrees.
+    same_best: u64,
+}
+
+/// The request most recently sent, for [`probe_agreement`].
+static LATEST_REQUEST: Mutex<Option<serde_json::Value>> = Mutex::new(None);
+
+/// While the workload runs, asks every router what each engine holds of
+/// the request most recently sent.
+async fn probe_agreement(
+    client: &reqwest::Client,
+    routers: &[RunningRouter],
+    fleet: &Fleet,
+    running: &AtomicBool,
+) -> Agreement {
+    let urls: Vec<&str> = fleet.endpoints.iter().map(|e| e.url.as_str()).collect();
+    let mut agreement = Agreement::default();
+    while running.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Some(messages) = LATEST_REQUEST.lock().unwrap().take() else {
+            continue;
+        };
+        let Some(tokens) = tokenize(client, urls[0], &messages).await else {
+            continue;
+        };
+        let views: Vec<Vec<u64>> = routers
+            .iter()
+            .map(|r| r.cached_prefix_tokens(&urls, &tokens))
+            .collect();
+        let best = |view: &Vec<u64>| -> Vec<usize> {
+            let most = view.iter().copied().max().unwrap_or(0);
+            (0..view.len()).filter(|&i| view[i] == most).collect()
+        };
+        let first = best(&views[0]);
+        agreement.samples += 1;
+        agreement.identical += u64::from(views.iter().all(|v| v == &views[0]));
+        agreement.same_best += u64::from(
+            views
+                .iter()
+                .all(|v| best(v).iter().any(|engine| first.contains(engine))),
+        );
+    }
+    agreement
+}
+
+/// The prompt's token ids, from an engine's `/tokenize`.
+async fn tokenize(
+    client: &reqwest::Client,
+    engine: &str,
+    messages: &serde_json::Value,
+) -> Option<Vec<u32>> {
+    #[derive(serde::Deserialize)]
+    struct Tokens {
+        tokens: Vec<u32>,
+    }
+    let body = serde_json::json!({"model": MODEL, "messages": messages});
+    let response = client
+        .post(format!("{engine}/tokenize"))
+        .json(&body)
+        .send()
+        .await
+        .ok()?;
+    response.json::<Tokens>().await.ok().map(|t| t.tokens)
 }
 
 /// A router started now, with the fleet idle: how long until its index
@@ -506,6 +606,7 @@ async fn chat(client: &reqwest::Client, base: &str, messages: &serde_json::Value
         answer: String::new(),
     };
     let started = Instant::now();
+    *LATEST_REQUEST.lock().unwrap() = Some(messages.clone());
     let body = serde_json::json!({"model": MODEL, "stream": true, "messages": messages});
     let Ok(mut response) = client
         .post(format!("{base}/v1/chat/completions"))
