@@ -15,6 +15,8 @@
 //!   followed by a short unique question, arriving at a fixed rate;
 //! * `multiturn`: conversations behind one long system prompt, each
 //!   growing turn by turn with the engine's own answers;
+//! * `chat`: as many conversations, twice as many turns, behind a system
+//!   prompt just long enough that every request's first 256 bytes are alike;
 //! * `agentic`: fewer, longer conversations whose turns add more than the
 //!   shared prompt holds;
 //! * `unique`: prompts that share nothing, at a fixed rate.
@@ -70,6 +72,7 @@ fn parse_options() -> anyhow::Result<Options> {
         workloads: vec![
             "shared".into(),
             "multiturn".into(),
+            "chat".into(),
             "agentic".into(),
             "unique".into(),
         ],
@@ -113,7 +116,7 @@ fn parse_options() -> anyhow::Result<Options> {
             "-h" | "--help" => {
                 println!(
                     "kv-bench [--engines 8] [--cache-tokens 6000] [--prefill-per-token-us 100] \
-                     [--workloads shared,multiturn,agentic,unique] [--policies least_outstanding,prefix_affinity,cache_aware] \
+                     [--workloads shared,multiturn,chat,agentic,unique] [--policies least_outstanding,prefix_affinity,cache_aware] \
                      [--scale 1.0] [--load-weight-tokens 250] [--routers 1] [--restart-router-after SECONDS] [--sim PATH] [--base-port 19100]"
                 );
                 std::process::exit(0);
@@ -204,7 +207,7 @@ async fn run(o: Options) -> anyhow::Result<()> {
             if let Some(a) = r.agreement.filter(|a| a.samples > 0) {
                 let share = |n: u64| n as f64 * 100.0 / a.samples as f64;
                 println!(
-                    "  {} routers' indexes over {} requests sampled during the run: {:.1}% identical on every engine, {:.1}% name the same engine as holding the longest prefix",
+                    "  {} routers' indexes over {} requests sampled during the run: {:.1}% identical on every engine, {:.1}% name the same engines as holding the longest prefix",
                     o.routers - usize::from(o.restart_router_after.is_some()),
                     a.samples,
                     share(a.identical),
@@ -457,8 +460,8 @@ struct Agreement {
     samples: u64,
     /// Every router saw the same cached prefix on every engine.
     identical: u64,
-    /// Every router names a common engine among those holding the longest
-    /// cached prefix: the cache side of their decisions agrees.
+    /// Every router names the same engines as holding the longest cached
+    /// prefix: the cache side of their decisions agrees.
     same_best: u64,
 }
 
@@ -494,11 +497,9 @@ async fn probe_agreement(
         let first = best(&views[0]);
         agreement.samples += 1;
         agreement.identical += u64::from(views.iter().all(|v| v == &views[0]));
-        agreement.same_best += u64::from(
-            views
-                .iter()
-                .all(|v| best(v).iter().any(|engine| first.contains(engine))),
-        );
+        // Equal sets: a router whose index is empty (every engine "best")
+        // disagrees with one that knows where the prefix is.
+        agreement.same_best += u64::from(views.iter().all(|v| best(v) == first));
     }
     agreement
 }
@@ -712,6 +713,16 @@ impl Workload {
                 system_tokens: 500,
                 turn_tokens: 150,
             },
+            // A chat service: many conversations behind one short system
+            // prompt (still longer than the 256 bytes prefix affinity
+            // hashes), so what a conversation has built up soon outweighs
+            // what it shares with every other.
+            "chat" => Workload::MultiTurn {
+                sessions: n(64.0),
+                turns: 12,
+                system_tokens: 80,
+                turn_tokens: 100,
+            },
             // Fewer, longer conversations, each turn adding more than the
             // shared prompt holds: what a session has built up is where
             // the cache is.
@@ -727,7 +738,7 @@ impl Workload {
                 rate: 40.0,
             },
             other => {
-                bail!("unknown workload {other}; expected shared, multiturn, agentic or unique")
+                bail!("unknown workload {other}; expected shared, multiturn, chat, agentic or unique")
             }
         })
     }
