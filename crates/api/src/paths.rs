@@ -32,6 +32,12 @@ pub fn rollback(name: &str) -> String {
     format!("{MODELS}/{name}/rollback")
 }
 
+/// `POST`: a request waits for the model, scaled to zero; a read token
+/// may ask (routers hold one).
+pub fn wake(name: &str) -> String {
+    format!("{MODELS}/{name}/wake")
+}
+
 pub fn explain(name: &str) -> String {
     format!("{MODELS}/{name}/explain")
 }

@@ -304,11 +304,11 @@ impl Decode for Autoscale {
                 Autoscale::DEFAULT_SCALE_DOWN_WINDOW,
             ),
         };
-        if min_replicas == 0 {
+        if max_replicas == 0 {
             f.report(
                 cx,
-                "min_replicas",
-                "scale to zero is not supported yet: keep at least 1 replica",
+                "max_replicas",
+                "must be at least 1: a model that may never run has no use for autoscale",
             );
         }
         if max_replicas < min_replicas {

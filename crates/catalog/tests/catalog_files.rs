@@ -256,9 +256,9 @@ const BROKEN: &[(&str, &str, &str)] = &[
         "models[0].autoscale.max_replicas: 2 is below min_replicas (3)",
     ),
     (
-        "autoscale to zero",
-        "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 0, max_replicas: 2}\n    profiles: [{name: p, engine: vllm}]\n",
-        "models[0].autoscale.min_replicas: scale to zero is not supported yet",
+        "autoscale that never runs",
+        "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 0, max_replicas: 0}\n    profiles: [{name: p, engine: vllm}]\n",
+        "models[0].autoscale.max_replicas: must be at least 1",
     ),
     (
         "replicas outside autoscale's bounds",

@@ -1,7 +1,9 @@
-//! A model that follows its load, on `llmgw dev`: under a chat load above
+//! Models that follow their load, on `llmgw dev`: under a chat load above
 //! its target the leader adds a replica, the router sends traffic to it,
 //! no request fails; once the load is gone the extra replica is drained
-//! away. `explain` says why the model has the replicas it has.
+//! away. A model scaled to zero holds its first request while a replica
+//! starts, and goes back to zero when idle. `explain` says why a model has
+//! the replicas it has.
 
 use std::time::Duration;
 
@@ -14,17 +16,25 @@ use serde_json::json;
 
 const MODEL: &str = "qwen-auto";
 
-async fn replicas(admin: &DevAdmin) -> Result<Vec<ReplicaView>, String> {
+async fn replicas_of(admin: &DevAdmin, model: &str) -> Result<Vec<ReplicaView>, String> {
     let all: Vec<ReplicaView> = admin.get(paths::REPLICAS).await?;
     Ok(all
         .into_iter()
-        .filter(|r| r.replica.model == MODEL)
+        .filter(|r| r.replica.model == model)
         .collect())
 }
 
 /// Exactly `count` replicas of the model, every one ready.
 async fn ready_replicas(admin: &DevAdmin, count: usize) -> Result<Vec<ReplicaView>, String> {
-    let all = replicas(admin).await?;
+    ready_replicas_of(admin, MODEL, count).await
+}
+
+async fn ready_replicas_of(
+    admin: &DevAdmin,
+    model: &str,
+    count: usize,
+) -> Result<Vec<ReplicaView>, String> {
+    let all = replicas_of(admin, model).await?;
     let ready = all
         .iter()
         .filter(|r| r.state == ReplicaState::Ready)
@@ -47,21 +57,31 @@ fn finished_requests(metrics_page: &str) -> f64 {
 }
 
 async fn explain(admin: &DevAdmin) -> ModelExplanation {
-    admin
-        .get(&paths::explain(MODEL))
-        .await
-        .unwrap_or_else(|e| panic!("explain {MODEL}: {e}"))
+    explain_of(admin, MODEL).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_follow_the_load_up_and_back_down() {
-    let dir = tempfile::tempdir().unwrap();
-    let dev = Dev::start(&dir.path().join("dev"), &[]);
+async fn explain_of(admin: &DevAdmin, model: &str) -> ModelExplanation {
+    admin
+        .get(&paths::explain(model))
+        .await
+        .unwrap_or_else(|e| panic!("explain {model}: {e}"))
+}
+
+/// A dev cluster, its router's address and its admin API.
+async fn dev_cluster(dir: &std::path::Path) -> (Dev, String, DevAdmin) {
+    let dev = Dev::start(&dir.join("dev"), &[]);
     dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
         .await;
     let dev_file = dev.dev_file().expect("dev.json once dev is ready");
     let router = dev_file.router.clone().expect("dev.json names the router");
     let admin = DevAdmin::new(&dev_file);
+    (dev, router, admin)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_the_load_up_and_back_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -157,4 +177,85 @@ async fn replicas_follow_the_load_up_and_back_down() {
     );
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() {
+    const ZERO: &str = "qwen-zero";
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let entry = json!({
+        "name": ZERO,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"]}],
+        "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                      "scale_up_window": "3s", "scale_down_window": "5s"},
+    });
+    let (status, body) = admin
+        .send(Method::PUT, &paths::model(ZERO), Some(entry.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "PUT {ZERO}: {body}");
+    let idle = explain_of(&admin, ZERO).await;
+    assert_eq!(idle.desired, 0, "the model starts at zero replicas");
+    assert!(replicas_of(&admin, ZERO).await.unwrap().is_empty());
+    eventually("the router lists the model", DEADLINE, || async {
+        let listed = http
+            .get(format!("{router}/v1/models"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        if listed.contains(ZERO) {
+            Ok(())
+        } else {
+            Err(listed)
+        }
+    })
+    .await;
+
+    // The first request is held while a replica starts, then answered.
+    let started = std::time::Instant::now();
+    let answer = stream_chat(&http, &router, ZERO)
+        .await
+        .expect("the first request is held, not refused");
+    assert!(!answer.is_empty());
+    println!(
+        "first request answered {:?} after it was sent",
+        started.elapsed()
+    );
+    let woken = explain_of(&admin, ZERO).await;
+    let decision = woken.last_scale.expect("the wake is recorded");
+    assert!(decision.woken_by_request, "{decision:?}");
+    assert!(
+        woken
+            .scaling
+            .as_deref()
+            .unwrap_or_default()
+            .contains("a request arrived"),
+        "{:?}",
+        woken.scaling
+    );
+    ready_replicas_of(&admin, ZERO, 1).await.unwrap();
+
+    // Idle for the down window: back to zero, the replica drained away.
+    eventually("zero replicas again", DEADLINE, || async {
+        let left = replicas_of(&admin, ZERO).await?;
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} replica(s)", left.len()))
+        }
+    })
+    .await;
+    let down = explain_of(&admin, ZERO).await;
+    let decision = down.last_scale.expect("the scale-down is recorded");
+    assert_eq!((decision.from, decision.to), (1, 0), "{decision:?}");
 }

@@ -97,6 +97,7 @@ impl ScaleMemory {
             target_per_replica: policy.target_requests_per_replica,
             window_ms,
             at_ms: sample.at_ms,
+            woken_by_request: false,
         };
         history.clear();
         Some(decision)

@@ -116,6 +116,7 @@ mod tests {
             mapped_aliases: Vec::new(),
             endpoints: vec![],
             unavailable_reason: None,
+            wakes_on_request: false,
         };
         assert!(may_use(Some(grant), &model));
         let other = RoutedModel {

@@ -56,16 +56,22 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
                 settings.connect_timeout,
             )?)
         };
-        let source: &dyn EndpointSource = match &source {
-            Source::Static(sender) => sender,
-            Source::ControlPlane(watcher) => watcher,
+        let (source, waker): (&dyn EndpointSource, _) = match &source {
+            Source::Static(sender) => (sender as &dyn EndpointSource, None),
+            Source::ControlPlane(watcher) => {
+                (watcher as &dyn EndpointSource, Some(watcher.waker()))
+            }
         };
         let threads = config
             .threads
             .and_then(NonZeroUsize::new)
             .or_else(|| std::thread::available_parallelism().ok())
             .unwrap_or(NonZeroUsize::MIN);
-        let router = Router::new(settings, source).bind_threads(config.listen, threads)?;
+        let mut router = Router::new(settings, source);
+        if let Some(waker) = waker {
+            router = router.with_waker(waker);
+        }
+        let router = router.bind_threads(config.listen, threads)?;
         tracing::info!(listen = %router.local_addr(), threads, "llmgw router serving");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(RouterError::Runtime)?;

@@ -32,6 +32,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub struct ControlPlaneWatcher {
     table: watch::Receiver<Arc<RoutingTable>>,
     task: JoinHandle<()>,
+    waker: Arc<PeersWaker>,
 }
 
 impl EndpointSource for ControlPlaneWatcher {
@@ -78,6 +79,7 @@ impl ControlPlaneAccess {
 }
 
 /// The admin API as the watcher calls it.
+#[derive(Clone)]
 struct AdminApi {
     http: reqwest::Client,
     token: Option<String>,
@@ -111,6 +113,16 @@ impl AdminApi {
         let body = response.text().await.map_err(|e| error_chain(&e))?;
         Ok((status, body))
     }
+
+    /// Status of an empty `POST url`, within `limit`.
+    async fn post(&self, url: &str, limit: Duration) -> Result<u16, String> {
+        let mut request = self.http.post(url).timeout(limit);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| error_chain(&e))?;
+        Ok(response.status().as_u16())
+    }
 }
 
 impl ControlPlaneWatcher {
@@ -126,8 +138,66 @@ impl ControlPlaneWatcher {
     ) -> Result<Self, RouterError> {
         let (tx, rx) = watch::channel(Arc::new(static_models.clone()));
         let api = AdminApi::new(access, connect_timeout)?;
+        let waker = Arc::new(PeersWaker {
+            peers: peers.clone(),
+            api: api.clone(),
+            last_asked: std::sync::Mutex::new(std::collections::HashMap::new()),
+        });
         let task = tokio::spawn(poll_loop(peers, static_models, interval, api, tx));
-        Ok(ControlPlaneWatcher { table: rx, task })
+        Ok(ControlPlaneWatcher {
+            table: rx,
+            task,
+            waker,
+        })
+    }
+
+    /// Asks the peers for a replica of a model scaled to zero
+    /// (`POST /api/v1/models/{name}/wake`, which the read token may send).
+    pub fn waker(&self) -> Arc<dyn crate::wake::ModelWaker> {
+        Arc::clone(&self.waker) as Arc<dyn crate::wake::ModelWaker>
+    }
+}
+
+/// Held requests for one model ask at most this often.
+const WAKE_COALESCE: Duration = Duration::from_secs(1);
+
+struct PeersWaker {
+    peers: Vec<String>,
+    api: AdminApi,
+    last_asked: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl crate::wake::ModelWaker for PeersWaker {
+    fn wake(&self, model: &str) {
+        {
+            let mut asked = self.last_asked.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            if asked
+                .get(model)
+                .is_some_and(|at| now.duration_since(*at) < WAKE_COALESCE)
+            {
+                return;
+            }
+            asked.insert(model.to_owned(), now);
+        }
+        let (peers, api, model) = (self.peers.clone(), self.api.clone(), model.to_owned());
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            for peer in &peers {
+                let url = format!(
+                    "{}{}",
+                    peer.trim_end_matches('/'),
+                    llmgw_api::paths::wake(&model)
+                );
+                match api.post(&url, FETCH_LIMIT).await {
+                    Ok(status) if (200..300).contains(&status) => return,
+                    Ok(status) => failures.push(format!("{peer}: HTTP {status}")),
+                    Err(error) => failures.push(format!("{peer}: {error}")),
+                }
+            }
+            // The next held request asks again.
+            tracing::warn!(model = %model, "no peer took the request for a replica of a model scaled to zero: {}", failures.join("; "));
+        });
     }
 }
 
@@ -305,6 +375,10 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
                     .map(Endpoint::ready)
                     .collect(),
                 unavailable_reason: None,
+                wakes_on_request: model
+                    .managed()
+                    .and_then(|m| m.autoscale)
+                    .is_some_and(|a| a.min_replicas == 0),
             })
             .collect(),
     };

@@ -38,6 +38,7 @@ mod settings;
 mod sse;
 mod table;
 mod upstream;
+mod wake;
 
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
@@ -56,3 +57,4 @@ pub use resume::ResumeSettings;
 pub use serve::{Router, RunningRouter};
 pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};
+pub use wake::ModelWaker;

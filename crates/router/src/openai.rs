@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::Full;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 
 use crate::relay::ResponseBody;
@@ -16,6 +16,8 @@ pub struct ApiError {
     pub code: &'static str,
     pub param: Option<&'static str>,
     pub message: String,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
@@ -32,7 +34,14 @@ impl ApiError {
             code,
             param: None,
             message: message.into(),
+            retry_after_s: None,
         }
+    }
+
+    /// Tells the client when to try again.
+    pub fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     pub fn param(mut self, param: &'static str) -> Self {
@@ -62,7 +71,13 @@ impl ApiError {
     }
 
     pub fn into_response(self) -> Response<ResponseBody> {
-        json_response(self.status, self.json())
+        let mut response = json_response(self.status, self.json());
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 
     /// The two events that end a stream cut mid-way: the error, then

@@ -55,8 +55,20 @@ impl Router {
                 registry: Arc::new(Registry::default()),
                 metrics: Arc::new(Metrics::default()),
                 table: source.subscribe(),
+                waker: None,
+                held_requests: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
+    }
+
+    /// Lets the router ask for a replica of a model scaled to zero when a
+    /// request for it arrives (without one it holds the request all the
+    /// same, for a replica another router asked for).
+    pub fn with_waker(mut self, waker: Arc<dyn crate::wake::ModelWaker>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.waker = Some(waker);
+        }
+        self
     }
 
     pub async fn bind(self, addr: SocketAddr) -> Result<RunningRouter, RouterError> {

@@ -34,6 +34,10 @@ pub struct Shared {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     pub table: watch::Receiver<Arc<RoutingTable>>,
+    /// Asks the control plane for a replica of a model scaled to zero.
+    pub waker: Option<Arc<dyn crate::wake::ModelWaker>>,
+    /// Requests waiting for such a replica now.
+    pub held_requests: std::sync::atomic::AtomicUsize,
 }
 
 /// `x-llmgw-resume: off` turns mid-stream failover off for one request.
@@ -150,7 +154,7 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
                 .into_response();
         }
     };
-    let table = Arc::clone(&shared.table.borrow());
+    let mut table = Arc::clone(&shared.table.borrow());
     let Some(model) = table.resolve(&peeked.model) else {
         shared.metrics.request_refused(&peeked.model, 404);
         return ApiError::model_not_found(&peeked.model).into_response();
@@ -160,6 +164,21 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         shared.metrics.request_refused(&model.name, 403);
         return forbidden(grant, &peeked.model).into_response();
     }
+    if model.wakes_on_request && model.ready_endpoints().next().is_none() {
+        let name = model.name.clone();
+        match crate::wake::until_ready(shared, &name).await {
+            Ok(ready) => table = ready,
+            Err(refusal) => {
+                shared
+                    .metrics
+                    .request_refused(&name, refusal.status.as_u16());
+                return refusal.into_response();
+            }
+        }
+    }
+    let Some(model) = table.resolve(&peeked.model) else {
+        return ApiError::model_not_found(&peeked.model).into_response();
+    };
     strip_hop_by_hop(&mut parts.headers);
     let resume = parts
         .headers

@@ -34,6 +34,10 @@ pub struct Settings {
     pub api_keys: Vec<KeyGrant>,
     /// Mid-stream failover.
     pub resume: ResumeSettings,
+    /// How long a request for a model scaled to zero waits for a replica.
+    pub hold_for_replica: Duration,
+    /// Requests held for such models at once; more get a 503.
+    pub max_held_requests: usize,
 }
 
 /// One API key and the models it may use (empty: all).
@@ -78,6 +82,8 @@ impl Default for Settings {
             max_body_bytes: 16 * 1024 * 1024,
             api_keys: Vec::new(),
             resume: ResumeSettings::default(),
+            hold_for_replica: Duration::from_secs(300),
+            max_held_requests: 1024,
         }
     }
 }
@@ -146,6 +152,7 @@ impl Settings {
                 max_text_bytes: config.resume.max_text_bytes,
                 memory_cap_bytes: config.resume.memory_cap_bytes,
             },
+            ..Settings::default()
         })
     }
 }

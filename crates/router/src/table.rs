@@ -25,6 +25,9 @@ pub struct RoutedModel {
     /// Why no replica is ready (the placement explanation), shown to clients
     /// in the 503 when `endpoints` has no ready entry.
     pub unavailable_reason: Option<String>,
+    /// The model scales to zero: with no ready replica a request is held
+    /// (and the control plane asked for one) instead of refused.
+    pub wakes_on_request: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +152,7 @@ pub fn static_table(catalog: &Catalog) -> RoutingTable {
                         m.name
                     )
                 }),
+                wakes_on_request: false,
             })
             .collect(),
     }
@@ -177,6 +181,7 @@ mod tests {
                     Endpoint::draining("http://b:1"),
                 ],
                 unavailable_reason: None,
+                wakes_on_request: false,
             }],
         };
         assert_eq!(table.resolve("l3").unwrap().name, "llama");

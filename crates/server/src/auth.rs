@@ -95,7 +95,7 @@ impl AdminAuth {
             .map(str::trim)
             .ok_or(Refusal::Malformed)?;
         let token = self.find(presented).ok_or(Refusal::Unknown)?;
-        let needs = needed_role(method);
+        let needs = needed_role(method, path);
         if token.role < needs {
             return Err(Refusal::Role {
                 name: token.name.clone(),
@@ -112,8 +112,13 @@ impl AdminAuth {
     }
 }
 
-fn needed_role(method: &Method) -> AdminRole {
-    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+fn needed_role(method: &Method, path: &str) -> AdminRole {
+    // A router holding a request for a model scaled to zero asks for a
+    // replica with the read token it polls with: waking starts at most the
+    // replica the model's own autoscale policy allows.
+    let wake =
+        *method == Method::POST && path.starts_with("/api/v1/models/") && path.ends_with("/wake");
+    if wake || matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         AdminRole::Read
     } else {
         AdminRole::Write
@@ -227,6 +232,15 @@ mod tests {
         assert!(auth.check(&Method::GET, models, Some(&write)).is_ok());
         assert!(matches!(
             auth.check(&Method::PUT, models, Some(&read)),
+            Err(Refusal::Role { .. })
+        ));
+        // A router's read token may wake a model scaled to zero, nothing more.
+        assert!(
+            auth.check(&Method::POST, "/api/v1/models/m/wake", Some(&read))
+                .is_ok()
+        );
+        assert!(matches!(
+            auth.check(&Method::POST, "/api/v1/models/m/rollback", Some(&read)),
             Err(Refusal::Role { .. })
         ));
         assert!(matches!(

@@ -24,6 +24,7 @@ mod restore;
 pub mod routes;
 mod seed;
 mod serve;
+mod wake;
 
 pub use api::{ApiState, router};
 pub use args::{ServerArgs, options_from, run_server};

@@ -86,6 +86,10 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             mapped_aliases: Vec::new(),
             endpoints,
             unavailable_reason,
+            wakes_on_request: model
+                .managed()
+                .and_then(|m| m.autoscale)
+                .is_some_and(|a| a.min_replicas == 0),
         };
         for served in served_names {
             routed.note_served_names(served);

@@ -252,7 +252,9 @@ fn start_router(
         policy: llmgw_config::BalancePolicy::CacheAware,
         ..llmgw_router::Settings::default()
     };
+    let waker = std::sync::Arc::new(crate::wake::PeerWaker::new(control.clone()));
     let router = llmgw_router::Router::new(settings, &table)
+        .with_waker(waker)
         .bind_threads(addr, threads)
         .map_err(|e| ServerError::Serve {
             what: "router",

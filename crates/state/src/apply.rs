@@ -151,6 +151,7 @@ impl FleetState {
                 decision,
                 at_ms: _,
             } => self.scale_model(name, decision),
+            Command::WakeModel { name, at_ms } => self.wake_model(name, *at_ms),
             Command::Unknown => Outcome::Applied,
         }
     }

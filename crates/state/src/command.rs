@@ -193,6 +193,13 @@ pub enum Command {
         decision: ScaleDecision,
         at_ms: u64,
     },
+    /// A request arrived for a model scaled to zero: it wants one replica.
+    /// A no-op unless the model autoscales from zero and wants none now, so
+    /// every router holding a request may send it.
+    WakeModel {
+        name: String,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -222,6 +229,7 @@ impl Command {
             Command::RollbackModel { .. } => "rollback_model",
             Command::FinishRollout { .. } => "finish_rollout",
             Command::ScaleModel { .. } => "scale_model",
+            Command::WakeModel { .. } => "wake_model",
             Command::Unknown => "unknown",
         }
     }
@@ -243,7 +251,8 @@ impl std::fmt::Display for Command {
             | Command::DeleteModel { name, .. }
             | Command::RollbackModel { name, .. }
             | Command::FinishRollout { name, .. }
-            | Command::ScaleModel { name, .. } => name.clone(),
+            | Command::ScaleModel { name, .. }
+            | Command::WakeModel { name, .. } => name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

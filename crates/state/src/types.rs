@@ -179,11 +179,21 @@ pub struct ScaleDecision {
     /// How long the change was wanted before it was made.
     pub window_ms: u64,
     pub at_ms: u64,
+    /// A request arrived for the model scaled to zero (the load fields are
+    /// then unused).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub woken_by_request: bool,
 }
 
 impl ScaleDecision {
     /// The decision as an operator reads it.
     pub fn reason(&self) -> String {
+        if self.woken_by_request {
+            return format!(
+                "{} -> {} replicas: a request arrived for the model scaled to zero",
+                self.from, self.to
+            );
+        }
         let held = if self.requests_low == self.requests_high {
             format!("{}", self.requests_low)
         } else {

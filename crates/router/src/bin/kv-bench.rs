@@ -342,6 +342,7 @@ async fn run_one(
             mapped_aliases: Vec::new(),
             endpoints: fleet.endpoints.clone(),
             unavailable_reason: None,
+            wakes_on_request: false,
         }],
     };
     let (tx, _) = watch::channel(Arc::new(table));
@@ -738,7 +739,9 @@ impl Workload {
                 rate: 40.0,
             },
             other => {
-                bail!("unknown workload {other}; expected shared, multiturn, chat, agentic or unique")
+                bail!(
+                    "unknown workload {other}; expected shared, multiturn, chat, agentic or unique"
+                )
             }
         })
     }

@@ -131,6 +131,7 @@ fn serve_router(port: u16, upstream: String, threads: NonZeroUsize) -> anyhow::R
                 mapped_aliases: Vec::new(),
                 endpoints: vec![Endpoint::ready(upstream)],
                 unavailable_reason: None,
+                wakes_on_request: false,
             }],
         };
         let (tx, _) = watch::channel(Arc::new(table));

@@ -111,6 +111,7 @@ pub fn model(name: &str, aliases: &[&str], endpoints: Vec<Endpoint>) -> RoutedMo
         mapped_aliases: Vec::new(),
         endpoints,
         unavailable_reason: None,
+        wakes_on_request: false,
     }
 }
 

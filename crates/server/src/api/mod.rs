@@ -102,6 +102,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/models/{name}/explain", get(explain::explain))
         .route("/api/v1/models/{name}/rollout", get(rollout::status))
         .route("/api/v1/models/{name}/rollback", post(rollout::rollback))
+        .route("/api/v1/models/{name}/wake", post(models::wake))
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })

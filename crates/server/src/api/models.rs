@@ -72,3 +72,19 @@ pub async fn delete(
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+/// A router holds a request for a model scaled to zero: the model wants a
+/// replica (a no-op when it has or wants one already).
+pub async fn wake(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .control
+        .write(Command::WakeModel {
+            name,
+            at_ms: now_ms(),
+        })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -67,6 +67,30 @@ impl FleetState {
         Outcome::Applied
     }
 
+    pub(super) fn wake_model(&mut self, name: &str, at_ms: u64) -> Outcome {
+        let Some(record) = self.models.get_mut(name) else {
+            return Rejection::not_found(format!("model {name} is not in the catalog"));
+        };
+        let Some(bounds) = autoscale_of(&record.spec) else {
+            return Rejection::conflict(format!("model {name} is not autoscaled"));
+        };
+        if record.desired_replicas == 0 && bounds.max_replicas > 0 {
+            record.desired_replicas = 1;
+            record.last_scale = Some(ScaleDecision {
+                from: 0,
+                to: 1,
+                requests_low: 0,
+                requests_high: 0,
+                ready_replicas: 0,
+                target_per_replica: bounds.target_requests_per_replica,
+                window_ms: 0,
+                at_ms,
+                woken_by_request: true,
+            });
+        }
+        Outcome::Applied
+    }
+
     pub(super) fn scale_model(&mut self, name: &str, decision: &ScaleDecision) -> Outcome {
         let Some(record) = self.models.get_mut(name) else {
             return Rejection::not_found(format!("model {name} is not in the catalog"));

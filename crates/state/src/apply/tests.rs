@@ -70,6 +70,7 @@ fn scale(name: &str, from: u32, to: u32) -> Command {
             target_per_replica: 8,
             window_ms: 30_000,
             at_ms: 9,
+            woken_by_request: false,
         },
         at_ms: 9,
     }
@@ -800,9 +801,10 @@ fn arb_command() -> impl Strategy<Value = Command> {
             drain_deadline_ms: drain.then_some(at_ms + 1000),
             at_ms
         }),
-        (1u64..6, at).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
+        (1u64..6, at.clone()).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
         (model.clone(), 1u32..4).prop_map(|(name, n)| put_autoscaled_model(&name, n, 4)),
         (model.clone(), 0u32..5, 0u32..5).prop_map(|(name, from, to)| scale(&name, from, to)),
+        (model.clone(), at).prop_map(|(name, at_ms)| Command::WakeModel { name, at_ms }),
         Just(seed(&["llama", "qwen"])),
     ]
 }
@@ -977,6 +979,52 @@ fn the_autoscaler_changes_a_count_it_saw_within_the_bounds_and_a_put_keeps_it() 
     assert_eq!(state.models["m"].last_scale, None);
     assert_eq!(
         rejected_kind(state.apply(&scale("m", 1, 2))),
+        RejectionKind::Conflict
+    );
+}
+
+#[test]
+fn a_request_wakes_a_model_scaled_to_zero_once() {
+    let mut state = FleetState::default();
+    let from_zero = Command::PutModel {
+        name: "m".to_owned(),
+        spec: ModelSpec::from_stored(serde_json::json!({
+            "name": "m", "source": "org/m", "replicas": 0, "profiles": [],
+            "autoscale": {"min_replicas": 0, "max_replicas": 2,
+                          "target_requests_per_replica": 8,
+                          "scale_up_window": "30s", "scale_down_window": "5m"},
+        })),
+        replicas: 0,
+        at_ms: 5,
+    };
+    let wake = Command::WakeModel {
+        name: "m".to_owned(),
+        at_ms: 7,
+    };
+    state.apply(&from_zero);
+    assert_eq!(state.models["m"].desired_replicas, 0);
+    assert_eq!(state.apply(&wake), Outcome::Applied);
+    assert_eq!(state.models["m"].desired_replicas, 1);
+    let woken = state.models["m"].last_scale.clone().unwrap();
+    assert!(
+        woken.reason().contains("a request arrived"),
+        "{}",
+        woken.reason()
+    );
+    // Every router holding a request may send it: the second changes nothing.
+    let once = state.clone();
+    assert_eq!(state.apply(&wake), Outcome::Applied);
+    assert_eq!(state, once);
+    assert_eq!(state.apply(&scale("m", 1, 0)), Outcome::Applied);
+    state.apply(&wake);
+    assert_eq!(state.models["m"].desired_replicas, 1);
+    // A model that does not autoscale is never woken.
+    state.apply(&put_model("n", 0));
+    assert_eq!(
+        rejected_kind(state.apply(&Command::WakeModel {
+            name: "n".to_owned(),
+            at_ms: 8
+        })),
         RejectionKind::Conflict
     );
 }
