@@ -1,15 +1,17 @@
 //! Models that follow their load, on `llmgw dev`: under a chat load above
-//! its target the leader adds a replica, the router sends traffic to it,
-//! no request fails; once the load is gone the extra replica is drained
-//! away. A model scaled to zero holds its first request while a replica
+//! its target the leader adds a replica (and is killed right after: the
+//! next one places it, once), the router sends traffic to it, no request
+//! fails; under a light load the extra replica is drained away, again
+//! with no request failing. A model scaled to zero holds its first request while a replica
 //! starts, and goes back to zero when idle. `explain` says why a model has
 //! the replicas it has.
 
 use std::time::Duration;
 
-use llmgw_api::{ModelExplanation, ReplicaState, ReplicaView, paths};
-use llmgw_test_kit::dev::{Dev, DevAdmin};
+use llmgw_api::{ClusterView, ModelExplanation, ReplicaState, ReplicaView, paths};
+use llmgw_test_kit::dev::{Dev, DevAdmin, peer_pid};
 use llmgw_test_kit::load::ChatLoad;
+use llmgw_test_kit::process::signal_pid;
 use llmgw_test_kit::{DEADLINE, eventually, stream_chat};
 use reqwest::Method;
 use serde_json::json;
@@ -78,10 +80,21 @@ async fn dev_cluster(dir: &std::path::Path) -> (Dev, String, DevAdmin) {
     (dev, router, admin)
 }
 
+/// Puts a catalog entry.
+async fn put(admin: &DevAdmin, entry: &serde_json::Value) {
+    let name = entry["name"].as_str().expect("an entry names its model");
+    let (status, body) = admin
+        .send(Method::PUT, &paths::model(name), Some(entry.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "PUT {name}: {body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_follow_the_load_up_and_back_down() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let (dev, router, admin) = dev_cluster(dir.path()).await;
+    let dev_file = dev.dev_file().expect("dev.json");
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
@@ -99,11 +112,7 @@ async fn replicas_follow_the_load_up_and_back_down() {
                       "target_requests_per_replica": 2,
                       "scale_up_window": "3s", "scale_down_window": "6s"},
     });
-    let (status, body) = admin
-        .send(Method::PUT, &paths::model(MODEL), Some(entry.to_string()))
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "PUT {MODEL}: {body}");
+    put(&admin, &entry).await;
     eventually("one ready replica", DEADLINE, || ready_replicas(&admin, 1)).await;
     eventually("the model routed", DEADLINE, || {
         stream_chat(&http, &router, MODEL)
@@ -120,6 +129,20 @@ async fn replicas_follow_the_load_up_and_back_down() {
     );
 
     let load = ChatLoad::start(&http, &router, MODEL);
+    // The leader dies as soon as the scale-up is committed: the next one
+    // places the second replica from the replicated count, and only once.
+    eventually("the scale-up committed", DEADLINE, || async {
+        let now = explain(&admin).await;
+        if now.desired == 2 {
+            Ok(())
+        } else {
+            Err(format!("{} desired", now.desired))
+        }
+    })
+    .await;
+    let cluster: ClusterView = admin.get(paths::CLUSTER).await.unwrap();
+    let leader = cluster.leader_id.expect("a leader");
+    signal_pid(peer_pid(&dev_file, leader), libc::SIGKILL);
     let grown = eventually("a second replica, ready", DEADLINE, || {
         ready_replicas(&admin, 2)
     })
@@ -161,12 +184,18 @@ async fn replicas_follow_the_load_up_and_back_down() {
         }
     })
     .await;
-    load.stop_without_failures("through a scale-up").await;
+    load.stop_without_failures("through a scale-up with the leader killed")
+        .await;
 
+    // One client keeps about one request on the engines: one replica's
+    // worth. The other drains away while it runs.
+    let light = ChatLoad::with_workers(&http, &router, MODEL, 1);
     let shrunk = eventually("back to one replica", DEADLINE, || {
         ready_replicas(&admin, 1)
     })
     .await;
+    light.until_answered(20).await;
+    light.stop_without_failures("through a scale-down").await;
     let down = explain(&admin).await;
     let decision = down.last_scale.expect("the scale-down is recorded");
     assert_eq!((decision.from, decision.to), (2, 1), "{decision:?}");
@@ -196,11 +225,7 @@ async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() 
         "autoscale": {"min_replicas": 0, "max_replicas": 1,
                       "scale_up_window": "3s", "scale_down_window": "5s"},
     });
-    let (status, body) = admin
-        .send(Method::PUT, &paths::model(ZERO), Some(entry.to_string()))
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "PUT {ZERO}: {body}");
+    put(&admin, &entry).await;
     let idle = explain_of(&admin, ZERO).await;
     assert_eq!(idle.desired, 0, "the model starts at zero replicas");
     assert!(replicas_of(&admin, ZERO).await.unwrap().is_empty());

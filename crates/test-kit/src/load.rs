@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::{DEADLINE, eventually, stream_chat};
 
-/// Four workers streaming chats for one model through a router until
-/// stopped (at most 400 each).
+/// Workers (four unless told) streaming chats for one model through a
+/// router until stopped (at most 400 each).
 pub struct ChatLoad {
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicU32>,
@@ -16,9 +16,18 @@ pub struct ChatLoad {
 
 impl ChatLoad {
     pub fn start(http: &reqwest::Client, router: &str, model: &str) -> ChatLoad {
+        Self::with_workers(http, router, model, 4)
+    }
+
+    pub fn with_workers(
+        http: &reqwest::Client,
+        router: &str,
+        model: &str,
+        workers: usize,
+    ) -> ChatLoad {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU32::new(0));
-        let workers = (0..4)
+        let workers = (0..workers)
             .map(|_| {
                 let (http, router, model) = (http.clone(), router.to_owned(), model.to_owned());
                 tokio::spawn(chat_worker(
