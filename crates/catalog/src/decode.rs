@@ -121,6 +121,7 @@ impl Decode for Model {
                 "endpoints",
                 "rollout",
                 "autoscale",
+                "priority",
             ],
         )?;
         let name: Option<String> = f.required(cx, "name");
@@ -173,7 +174,7 @@ impl Decode for Model {
 }
 
 fn decode_endpoints(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
-    for key in ["source", "replicas", "rollout", "autoscale"] {
+    for key in ["source", "replicas", "rollout", "autoscale", "priority"] {
         if f.has(key) {
             f.report(
                 cx,
@@ -271,6 +272,7 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
         profiles,
         rollout,
         autoscale,
+        priority: f.or(cx, "priority", 0),
     }))
 }
 

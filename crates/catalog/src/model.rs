@@ -46,6 +46,15 @@ pub struct Managed {
     /// `replicas`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<Autoscale>,
+    /// Which model yields GPUs when the pool is full: a model that cannot
+    /// place a replica it wants takes them from an autoscaled model of
+    /// lower priority running above its `min_replicas`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// How many replicas a model runs as its load changes. The signal is the

@@ -98,6 +98,7 @@ impl ScaleMemory {
             window_ms,
             at_ms: sample.at_ms,
             woken_by_request: false,
+            yielded_to: None,
         };
         history.clear();
         Some(decision)

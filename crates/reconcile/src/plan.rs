@@ -15,6 +15,7 @@ use llmgw_state::{
 use crate::fleet_view::{node_views, take_survivor_gpus};
 use crate::specs::managed_models;
 
+mod preempt;
 mod rollout;
 
 /// How the leader places and retries.
@@ -74,6 +75,9 @@ pub struct Memory {
     /// report them (set by the caller before each round): not free, though
     /// the replicated state may hold nothing on them.
     pub survivor_gpus: HashMap<String, Vec<u32>>,
+    /// Per model that had no room: the lower-priority replica yielding its
+    /// GPUs to it, until that replica is gone.
+    pub yielding: HashMap<String, String>,
 }
 
 impl Memory {
@@ -153,6 +157,8 @@ struct Round<'a> {
     placer: Option<Placer>,
     ports: HashMap<String, BTreeSet<u16>>,
     commands: Vec<Command>,
+    /// A replica was told to yield its GPUs this round: at most one.
+    yielded_this_round: bool,
 }
 
 /// Decides one round.
@@ -171,6 +177,7 @@ pub fn decide(
         placer: None,
         ports: used_ports(fleet),
         commands: Vec::new(),
+        yielded_this_round: false,
     };
     round.retire_replicas(&models);
     round.drain_nodes(&models);
@@ -413,7 +420,11 @@ impl Round<'_> {
             }
             for _ in serving.len()..want {
                 if !self.place(model, None) {
-                    self.memory.backoff(name, self.now_ms, self.settings);
+                    // Room being made for it: placed as soon as there is,
+                    // without waiting out a backoff.
+                    if !self.take_gpus_for(model) {
+                        self.memory.backoff(name, self.now_ms, self.settings);
+                    }
                     break;
                 }
             }

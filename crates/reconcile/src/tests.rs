@@ -445,4 +445,5 @@ fn gpus_held_by_processes_that_outlived_sigkill_are_not_placed_on() {
     assert!(gpus.contains(&vec![0]), "{gpus:?}");
 }
 
+mod preempt;
 mod rollout;

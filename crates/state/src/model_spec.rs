@@ -76,7 +76,8 @@ impl ModelSpec {
     /// needs no new replica. `aliases` is among them because a replica
     /// keeps the names it was launched with and the router maps a newer
     /// alias to the model's name itself.
-    pub const NOT_LAUNCHED: [&'static str; 4] = ["replicas", "aliases", "rollout", "autoscale"];
+    pub const NOT_LAUNCHED: [&'static str; 5] =
+        ["replicas", "aliases", "rollout", "autoscale", "priority"];
 
     /// The entry of a validated model.
     pub fn new(model: Model) -> Self {

@@ -183,6 +183,10 @@ pub struct ScaleDecision {
     /// then unused).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub woken_by_request: bool,
+    /// The model gave a replica's GPUs to this one, of higher priority,
+    /// which could not place a replica it wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yielded_to: Option<String>,
 }
 
 impl ScaleDecision {
@@ -191,6 +195,12 @@ impl ScaleDecision {
         if self.woken_by_request {
             return format!(
                 "{} -> {} replicas: a request arrived for the model scaled to zero",
+                self.from, self.to
+            );
+        }
+        if let Some(to) = &self.yielded_to {
+            return format!(
+                "{} -> {} replicas: gave a replica's GPUs to model {to}, of higher priority, which had no room for a replica it wanted",
                 self.from, self.to
             );
         }

@@ -86,6 +86,7 @@ impl FleetState {
                 window_ms: 0,
                 at_ms,
                 woken_by_request: true,
+                yielded_to: None,
             });
         }
         Outcome::Applied

@@ -71,6 +71,7 @@ fn scale(name: &str, from: u32, to: u32) -> Command {
             window_ms: 30_000,
             at_ms: 9,
             woken_by_request: false,
+            yielded_to: None,
         },
         at_ms: 9,
     }
