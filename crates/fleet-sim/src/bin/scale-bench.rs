@@ -188,10 +188,11 @@ async fn arrivals(
             tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
             let (http, router) = (http.clone(), router.to_owned());
             let sent_s = at;
+            let seq = tasks.len();
             tasks.push(tokio::spawn(async move {
                 Outcome {
                     sent_s,
-                    ttft: ttft(&http, &router).await,
+                    ttft: ttft(&http, &router, seq).await,
                 }
             }));
             at += 1.0 / rate;
@@ -207,13 +208,17 @@ async fn arrivals(
 }
 
 /// Time to the first byte of a streamed chat read to `[DONE]`; none when
-/// it failed.
-async fn ttft(http: &reqwest::Client, router: &str) -> Option<Duration> {
+/// it failed. Every prompt is its own (request `seq`'s), so engines
+/// prefill it whole: a busy engine queues.
+async fn ttft(http: &reqwest::Client, router: &str, seq: usize) -> Option<Duration> {
+    let prompt = format!(
+        "Request {seq}: tell me about the weather in city number {seq} today, tomorrow and the day after, briefly."
+    );
     let sent = Instant::now();
     let mut response = http
         .post(format!("{router}/v1/chat/completions"))
         .json(&json!({"model": MODEL, "stream": true, "max_tokens": 12,
-                      "messages": [{"role": "user", "content": "Tell me about the weather today."}]}))
+                      "messages": [{"role": "user", "content": prompt}]}))
         .send()
         .await
         .ok()?;
