@@ -2,9 +2,10 @@
 //! its target the leader adds a replica (and is killed right after: the
 //! next one places it, once), the router sends traffic to it, no request
 //! fails; under a light load the extra replica is drained away, again
-//! with no request failing. A model scaled to zero holds its first request while a replica
-//! starts, and goes back to zero when idle. `explain` says why a model has
-//! the replicas it has.
+//! with no request failing. A model scaled to zero holds its first request
+//! while a replica starts, and goes back to zero when idle. A model with
+//! no room takes the GPUs of a lower-priority one, drained first.
+//! `explain` says why a model has the replicas it has.
 
 use std::time::Duration;
 
@@ -283,4 +284,65 @@ async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() 
     let down = explain_of(&admin, ZERO).await;
     let decision = down.last_scale.expect("the scale-down is recorded");
     assert_eq!((decision.from, decision.to), (1, 0), "{decision:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // The L40S node's three GPUs the demo model leaves free, all taken by
+    // a model that may shrink to one replica.
+    let profile = json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                          "min_gpu_memory_gb": 16, "gpu_models": ["L40S"]}]);
+    put(
+        &admin,
+        &json!({"name": "batch", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 3, "profiles": profile,
+                "autoscale": {"min_replicas": 1, "max_replicas": 3,
+                              "scale_up_window": "1h", "scale_down_window": "1h"}}),
+    )
+    .await;
+    let before = eventually("three ready replicas of batch", DEADLINE, || {
+        ready_replicas_of(&admin, "batch", 3)
+    })
+    .await;
+    put(
+        &admin,
+        &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 1, "priority": 10, "profiles": profile}),
+    )
+    .await;
+    eventually("chat placed and ready", DEADLINE, || {
+        ready_replicas_of(&admin, "chat", 1)
+    })
+    .await;
+    let answer = eventually("chat answers", DEADLINE, || {
+        stream_chat(&http, &router, "chat")
+    })
+    .await;
+    assert!(!answer.is_empty());
+    let after = ready_replicas_of(&admin, "batch", 2).await.unwrap();
+    assert!(
+        after
+            .iter()
+            .all(|r| before.iter().any(|b| b.replica.id == r.replica.id)),
+        "batch kept two of its replicas and placed none"
+    );
+    let batch = explain_of(&admin, "batch").await;
+    let why = batch.last_scale.expect("the yield is recorded");
+    assert_eq!(
+        (why.from, why.to, why.yielded_to.as_deref()),
+        (3, 2, Some("chat"))
+    );
+    assert!(
+        batch
+            .scaling
+            .unwrap_or_default()
+            .contains("gave a replica's GPUs to model chat"),
+        "ctl explain says why batch shrank"
+    );
 }
