@@ -284,8 +284,8 @@ fn report(args: &Args, outcomes: &[Outcome], samples: &[FleetSample], last: &Mod
         let from = *w as f64 * window;
         let sample = samples
             .iter()
-            .filter(|s| s.at_s >= from && s.at_s < from + window)
-            .last();
+            .rev()
+            .find(|s| s.at_s >= from && s.at_s < from + window);
         let ttfts: Vec<Duration> = sent.iter().filter_map(|o| o.ttft).collect();
         let failed = sent.iter().filter(|o| o.ttft.is_none()).count();
         let p = p90(ttfts);
