@@ -11,6 +11,7 @@ mod cluster;
 mod error;
 mod fleet;
 mod health;
+pub mod keys;
 pub mod paths;
 mod rollout;
 

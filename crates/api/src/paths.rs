@@ -5,6 +5,8 @@ pub const CLUSTER_PEERS: &str = "/api/v1/cluster/peers";
 pub const NODES: &str = "/api/v1/nodes";
 pub const REPLICAS: &str = "/api/v1/replicas";
 pub const MODELS: &str = "/api/v1/models";
+/// `GET` lists API keys (digests, never secrets); `POST` creates one.
+pub const KEYS: &str = "/api/v1/keys";
 pub const SNAPSHOT: &str = "/api/v1/snapshot";
 pub const EVENTS: &str = "/api/v1/events";
 pub const READYZ: &str = "/readyz";
@@ -44,4 +46,14 @@ pub fn explain(name: &str) -> String {
 
 pub fn peer(id: u64) -> String {
     format!("{CLUSTER_PEERS}/{id}")
+}
+
+/// `GET`, `PUT` (new settings) and `DELETE` (revokes) one API key.
+pub fn key(name: &str) -> String {
+    format!("{KEYS}/{name}")
+}
+
+/// `POST`: a new secret for the key; the old one stops working.
+pub fn rotate_key(name: &str) -> String {
+    format!("{KEYS}/{name}/rotate")
 }

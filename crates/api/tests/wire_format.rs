@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 
+use llmgw_api::keys::{ApiKeyRecord, IssuedKey, KeyRequest};
 use llmgw_api::{
     AddPeer, BackupSummary, ClusterView, DrainQuery, ErrorBody, Model, ModelExplanation,
     NodeRecord, NodeView, PeerAdded, PeerRemoved, Readiness, ReplicaView, RolloutView, StateEvent,
@@ -37,6 +38,9 @@ const CHECKS: &[(&str, Check)] = &[
     ("state-event.json", round_trips::<StateEvent>),
     ("error.json", round_trips::<ErrorBody>),
     ("backup.json", summarizes::<BackupSummary>),
+    ("keys.json", round_trips::<Vec<ApiKeyRecord>>),
+    ("key-request.json", round_trips::<KeyRequest>),
+    ("issued-key.json", round_trips::<IssuedKey>),
 ];
 
 fn fixture(name: &str) -> Value {

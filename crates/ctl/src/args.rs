@@ -64,6 +64,12 @@ pub enum CtlCommand {
         #[command(subcommand)]
         action: Option<ModelAction>,
     },
+    /// API keys clients present to routers: list them, or create, update,
+    /// rotate and revoke one.
+    Keys {
+        #[command(subcommand)]
+        action: Option<KeyAction>,
+    },
     /// Backups of the control plane's state.
     Snapshot {
         #[command(subcommand)]
@@ -132,6 +138,63 @@ pub enum ModelAction {
     /// Restore the launch spec the model had before its last change; its
     /// replicas roll back the same way (make-before-break).
     Rollback { name: String },
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeyAction {
+    /// Show one key.
+    Get { name: String },
+    /// Create a key. Its secret is printed once, here, and never again.
+    Create {
+        name: String,
+        #[command(flatten)]
+        settings: KeyFlags,
+    },
+    /// Change a key's team, models, expiry or limits; what no flag names
+    /// stays as it is.
+    Update {
+        name: String,
+        #[command(flatten)]
+        settings: KeyFlags,
+    },
+    /// A new secret for the key, printed once; the old one is refused from
+    /// then on.
+    Rotate { name: String },
+    /// Refuse the key from now on, on every router within a second.
+    Revoke { name: String },
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct KeyFlags {
+    /// The team (or owner) the key belongs to.
+    #[arg(long)]
+    pub team: Option<String>,
+    /// A model (name or alias) the key may use; repeat for several. None
+    /// given on create: every model.
+    #[arg(long = "model", value_name = "MODEL")]
+    pub models: Vec<String>,
+    /// Let the key use every model again.
+    #[arg(long, conflicts_with = "models")]
+    pub all_models: bool,
+    /// Refused after this long from now (e.g. 30d, 12h).
+    #[arg(long, value_parser = parse_deadline)]
+    pub expires_in: Option<std::time::Duration>,
+    /// Remove the expiry.
+    #[arg(long, conflicts_with = "expires_in")]
+    pub never_expires: bool,
+    /// Requests per minute each router admits for the key; 0 removes the
+    /// limit.
+    #[arg(long)]
+    pub requests_per_minute: Option<u32>,
+    /// Requests in flight at once on each router; 0 removes the limit.
+    #[arg(long)]
+    pub max_concurrent: Option<u32>,
+    /// Count what the limits would refuse without refusing it.
+    #[arg(long)]
+    pub shadow: bool,
+    /// Enforce the limits (leave shadow mode).
+    #[arg(long, conflicts_with = "shadow")]
+    pub enforce: bool,
 }
 
 fn parse_deadline(text: &str) -> Result<std::time::Duration, String> {

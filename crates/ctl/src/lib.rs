@@ -4,6 +4,7 @@
 mod args;
 mod client;
 mod drain;
+mod keys;
 mod render;
 mod run;
 mod snapshot;

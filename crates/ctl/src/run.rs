@@ -83,6 +83,7 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
             })
         }
         CtlCommand::Models { action } => models(client, output, action).await,
+        CtlCommand::Keys { action } => crate::keys::run(client, output, action).await,
         CtlCommand::Cordon { node } => node_flag(client, output, &node, "cordon").await,
         CtlCommand::Uncordon { node } => node_flag(client, output, &node, "uncordon").await,
         CtlCommand::Snapshot {
@@ -241,7 +242,7 @@ async fn drain(
 
 /// `-o json` and `-o yaml` print the answer as the peer sent it; a table
 /// reads it through the admin API's contract first.
-fn show<T: DeserializeOwned>(
+pub(crate) fn show<T: DeserializeOwned>(
     output: OutputFormat,
     answer: &Answer,
     table: impl FnOnce(&T) -> String,
@@ -260,7 +261,7 @@ fn pretty_json(value: &Value) -> String {
     )
 }
 
-fn json_body(body: &impl Serialize) -> Result<(&'static str, Vec<u8>), CtlError> {
+pub(crate) fn json_body(body: &impl Serialize) -> Result<(&'static str, Vec<u8>), CtlError> {
     let bytes = serde_json::to_vec(body)
         .map_err(|e| CtlError::Usage(format!("cannot encode the request: {e}")))?;
     Ok(("application/json", bytes))
@@ -284,7 +285,7 @@ fn name_in(text: &str) -> Option<String> {
 }
 
 /// A table cell for a value the API may leave out.
-fn or_dash<T: ToString>(value: Option<T>) -> String {
+pub(crate) fn or_dash<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_owned(), |value| value.to_string())
 }
 

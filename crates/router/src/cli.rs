@@ -42,6 +42,7 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
             // Managed models come from the control plane; only router-only
             // models (with endpoints) are static.
             let static_only = RoutingTable {
+                keys: Default::default(),
                 models: table
                     .models
                     .into_iter()

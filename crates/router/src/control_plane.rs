@@ -20,10 +20,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::error::RouterError;
+use crate::keys::KeyRing;
 use crate::settings::{SecretFileError, read_secret_file};
 use crate::table::{
     Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, normalize_url,
 };
+use llmgw_api::keys::ApiKeyRecord;
 
 /// How often the peers are asked. Replica changes are rare next to
 /// requests; a second bounds how long a drained replica keeps getting work.
@@ -294,6 +296,7 @@ async fn fetch(
     }
     let replicas: Vec<ReplicaView> = get_view(api, &format!("{peer}{}", paths::REPLICAS)).await?;
     let mut table = build_table(&models, &replicas);
+    table.keys = fetch_keys(api, peer).await?;
     for model in &mut table.models {
         if model.ready_endpoints().next().is_none() && model.unavailable_reason.is_none() {
             let url = format!("{peer}{}", paths::explain(&model.name));
@@ -303,6 +306,20 @@ async fn fetch(
         }
     }
     Ok(table)
+}
+
+/// The control plane's API keys. A peer from before keys answers 404 and
+/// has none; any other failure keeps the last table whole, keys included.
+async fn fetch_keys(api: &AdminApi, peer: &str) -> Result<KeyRing, String> {
+    let url = format!("{peer}{}", paths::KEYS);
+    let (status, body) = api.get_text(&url, FETCH_LIMIT).await?;
+    match status {
+        200 => serde_json::from_str::<Vec<ApiKeyRecord>>(&body)
+            .map(|keys| KeyRing::from_records(&keys))
+            .map_err(|e| format!("GET {url}: not the admin API's answer: {e}")),
+        404 => Ok(KeyRing::default()),
+        _ => Err(format!("GET {url} answered {status}")),
+    }
 }
 
 /// Catalog entries this router cannot decode, remembered so that each is
@@ -363,6 +380,7 @@ fn entry_name(entry: &serde_json::Value) -> &str {
 /// endpoints and the endpoints of its `ready` and `draining` replicas.
 pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
     let mut table = RoutingTable {
+        keys: Default::default(),
         models: models
             .iter()
             .map(|model| RoutedModel {

@@ -24,7 +24,9 @@ mod front;
 /// Public for the fuzz targets (`crates/fuzz-targets`).
 #[doc(hidden)]
 pub mod fuzzing;
+mod keys;
 mod kv;
+mod limits;
 mod metrics;
 mod openai;
 mod peek;
@@ -40,14 +42,20 @@ mod table;
 mod upstream;
 mod wake;
 
+/// Public for `examples/key-cost.rs`, which measures a key check.
+#[doc(hidden)]
+pub use auth::authenticate;
 pub use cli::{RouterArgs, run_cli};
 pub use control_plane::{ControlPlaneAccess, ControlPlaneWatcher};
 pub use endpoints::EngineLoad;
 pub use engine_load::parse_engine_load;
 pub use error::RouterError;
+pub use keys::{Grant, KeyRing};
 /// Public for `examples/kv-decision-cost.rs`, which measures a lookup.
 #[doc(hidden)]
 pub use kv::index::PrefixIndex;
+#[doc(hidden)]
+pub use limits::Limiter;
 /// Where an endpoint's engine publishes its KV events.
 pub use llmgw_kv_events::Endpoints as KvEventEndpoints;
 /// Public for `examples/metrics-cost.rs`, which measures its hot path.

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for a `Retry-After` header.
     pub retry_after_s: Option<u64>,
+    /// `x-ratelimit-*` headers of a request over a key's limit.
+    pub rate_headers: Option<Box<[(&'static str, String); 3]>>,
 }
 
 impl ApiError {
@@ -35,6 +37,7 @@ impl ApiError {
             param: None,
             message: message.into(),
             retry_after_s: None,
+            rate_headers: None,
         }
     }
 
@@ -76,6 +79,9 @@ impl ApiError {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let Some(pairs) = &self.rate_headers {
+            crate::limits::insert_rate_headers(response.headers_mut(), &pairs[..]);
         }
         response
     }

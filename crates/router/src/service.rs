@@ -38,6 +38,8 @@ pub struct Shared {
     pub waker: Option<Arc<dyn crate::wake::ModelWaker>>,
     /// Requests waiting for such a replica now.
     pub held_requests: std::sync::atomic::AtomicUsize,
+    /// Per-key limits.
+    pub limiter: crate::limits::Limiter,
 }
 
 /// `x-llmgw-resume: off` turns mid-stream failover off for one request.
@@ -54,6 +56,7 @@ pub async fn handle(shared: &Arc<Shared>, request: Request<RequestBody>) -> Resp
                 .metrics
                 .render(&shared.registry, &shared.resume_memory);
             shared.kv.render(&mut page);
+            shared.limiter.render(&mut page);
             page
         }),
         (&Method::GET, "/v1/models") => list_models(shared, &request),
@@ -86,15 +89,15 @@ fn text_response(
 }
 
 fn list_models(shared: &Shared, request: &Request<RequestBody>) -> Response<ResponseBody> {
-    let grant = match authenticate(&shared.settings, request.headers()) {
+    let table = Arc::clone(&shared.table.borrow());
+    let grant = match authenticate(&shared.settings, &table.keys, request.headers(), now_ms()) {
         Ok(grant) => grant,
         Err(e) => return e.into_response(),
     };
-    let table = Arc::clone(&shared.table.borrow());
     let data: Vec<_> = table
         .models
         .iter()
-        .filter(|m| may_use(grant, m))
+        .filter(|m| may_use(grant.as_deref(), m))
         .map(|m| {
             serde_json::json!({
                 "id": m.name,
@@ -114,7 +117,8 @@ fn list_models(shared: &Shared, request: &Request<RequestBody>) -> Response<Resp
 
 async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<ResponseBody> {
     let (mut parts, body) = request.into_parts();
-    let grant = match authenticate(&shared.settings, &parts.headers) {
+    let mut table = Arc::clone(&shared.table.borrow());
+    let grant = match authenticate(&shared.settings, &table.keys, &parts.headers, now_ms()) {
         Ok(grant) => grant,
         Err(e) => return e.into_response(),
     };
@@ -154,16 +158,24 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
                 .into_response();
         }
     };
-    let mut table = Arc::clone(&shared.table.borrow());
     let Some(model) = table.resolve(&peeked.model) else {
         shared.metrics.request_refused(&peeked.model, 404);
         return ApiError::model_not_found(&peeked.model).into_response();
     };
-    if !may_use(grant, model) {
-        let grant = grant.expect("may_use refuses only with a key");
-        shared.metrics.request_refused(&model.name, 403);
-        return forbidden(grant, &peeked.model).into_response();
-    }
+    let admitted = match &grant {
+        None => crate::limits::Admitted::default(),
+        Some(grant) if !may_use(Some(grant), model) => {
+            shared.metrics.request_refused(&model.name, 403);
+            return forbidden(grant, &peeked.model).into_response();
+        }
+        Some(grant) => match shared.limiter.admit(grant, tokio::time::Instant::now()) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                shared.metrics.request_refused(&model.name, 429);
+                return refusal.into_response();
+            }
+        },
+    };
     if model.wakes_on_request && model.ready_endpoints().next().is_none() {
         let name = model.name.clone();
         match crate::wake::until_ready(shared, &name).await {
@@ -220,7 +232,13 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         stream: peeked.stream,
         resume,
     };
-    forward(shared, model, outgoing).await
+    admitted.attach(forward(shared, model, outgoing).await)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The request with its `model` set to `name`: for an alias the engine was

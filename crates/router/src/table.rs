@@ -10,6 +10,8 @@ use tokio::sync::watch;
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RoutingTable {
     pub models: Vec<RoutedModel>,
+    /// The control plane's API keys (empty for a router on its own).
+    pub keys: crate::keys::KeyRing,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +140,7 @@ impl EndpointSource for watch::Sender<Arc<RoutingTable>> {
 /// without `control_plane` cannot know where their replicas run.
 pub fn static_table(catalog: &Catalog) -> RoutingTable {
     RoutingTable {
+        keys: Default::default(),
         models: catalog
             .models
             .iter()
@@ -172,6 +175,7 @@ mod tests {
     #[test]
     fn resolve_by_alias() {
         let table = RoutingTable {
+            keys: Default::default(),
             models: vec![RoutedModel {
                 name: "llama".into(),
                 aliases: vec!["l3".into()],

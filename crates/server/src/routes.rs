@@ -96,7 +96,10 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
         }
         models.push(routed);
     }
-    RoutingTable { models }
+    RoutingTable {
+        models,
+        keys: llmgw_router::KeyRing::from_records(fleet.api_keys.values()),
+    }
 }
 
 fn normalize(url: &str) -> String {
@@ -176,5 +179,24 @@ mod tests {
             why.contains("0/1 nodes fit big profile p: 1 have no allowed GPU model"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_in_peer_router_sees_the_replicated_keys() {
+        let mut fleet = FleetState::default();
+        assert!(!routing_table(&fleet).keys.enforced());
+        let key = llmgw_state::ApiKeyRecord {
+            name: "ci".into(),
+            settings: Default::default(),
+            secret_sha256: llmgw_api::keys::secret_digest("sk-llmgw-test"),
+            secret_prefix: "sk-llmgw-test".into(),
+            created_at_ms: 1,
+            rotated_at_ms: None,
+            revoked_at_ms: None,
+        };
+        fleet.apply(&Command::CreateApiKey { key, at_ms: 1 });
+        let table = routing_table(&fleet);
+        assert!(table.keys.enforced());
+        assert_eq!(table.keys.len(), 1);
     }
 }

@@ -6,6 +6,7 @@
 //! `catalog.rs`, `replicas.rs`.
 
 mod catalog;
+mod keys;
 mod nodes;
 mod replicas;
 
@@ -152,6 +153,15 @@ impl FleetState {
                 at_ms: _,
             } => self.scale_model(name, decision),
             Command::WakeModel { name, at_ms } => self.wake_model(name, *at_ms),
+            Command::CreateApiKey { key, at_ms: _ } => self.create_api_key(key),
+            Command::UpdateApiKey { name, settings, .. } => self.update_api_key(name, settings),
+            Command::RotateApiKey {
+                name,
+                secret_sha256,
+                secret_prefix,
+                at_ms,
+            } => self.rotate_api_key(name, secret_sha256, secret_prefix, *at_ms),
+            Command::RevokeApiKey { name, at_ms } => self.revoke_api_key(name, *at_ms),
             Command::Unknown => Outcome::Applied,
         }
     }

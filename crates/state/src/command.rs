@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::keys::{ApiKeyRecord, KeySettings};
 use crate::model_spec::ModelSpec;
 use crate::types::{
     KvEventPorts, NodeInventory, NodeStatus, ReplicaFailure, ScaleDecision, Shard, ShardFailure,
@@ -200,6 +201,32 @@ pub enum Command {
         name: String,
         at_ms: u64,
     },
+    /// A new API key (or a new one under a revoked key's name). Refused
+    /// while a key of that name is live, or when its digest is another
+    /// live key's.
+    CreateApiKey {
+        key: ApiKeyRecord,
+        at_ms: u64,
+    },
+    /// Replaces a live key's team, models, expiry and limits.
+    UpdateApiKey {
+        name: String,
+        settings: KeySettings,
+        at_ms: u64,
+    },
+    /// A new secret for a live key; the old one is refused from then on.
+    RotateApiKey {
+        name: String,
+        secret_sha256: String,
+        secret_prefix: String,
+        at_ms: u64,
+    },
+    /// Refuses the key from then on. Its record stays, so usage and
+    /// listings still name it; revoking a revoked key is a no-op.
+    RevokeApiKey {
+        name: String,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -230,6 +257,10 @@ impl Command {
             Command::FinishRollout { .. } => "finish_rollout",
             Command::ScaleModel { .. } => "scale_model",
             Command::WakeModel { .. } => "wake_model",
+            Command::CreateApiKey { .. } => "create_api_key",
+            Command::UpdateApiKey { .. } => "update_api_key",
+            Command::RotateApiKey { .. } => "rotate_api_key",
+            Command::RevokeApiKey { .. } => "revoke_api_key",
             Command::Unknown => "unknown",
         }
     }
@@ -252,7 +283,11 @@ impl std::fmt::Display for Command {
             | Command::RollbackModel { name, .. }
             | Command::FinishRollout { name, .. }
             | Command::ScaleModel { name, .. }
-            | Command::WakeModel { name, .. } => name.clone(),
+            | Command::WakeModel { name, .. }
+            | Command::UpdateApiKey { name, .. }
+            | Command::RotateApiKey { name, .. }
+            | Command::RevokeApiKey { name, .. } => name.clone(),
+            Command::CreateApiKey { key, .. } => key.name.clone(),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

@@ -10,12 +10,14 @@ mod apply;
 mod command;
 mod hash;
 mod holders;
+mod keys;
 mod model_spec;
 mod ports;
 mod types;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind, SeedModel};
 pub use hash::StateHash;
+pub use keys::{ApiKeyRecord, KeyLimits, KeySettings, check_key_name};
 pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;

@@ -28,6 +28,11 @@ pub struct FleetState {
     /// hashes of clusters from before it keep their bytes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub catalog_seeded: bool,
+    /// API keys by name, revoked ones included (a revoked key is refused
+    /// by name, and its name stays taken until it is created again). Left
+    /// out of the encoding while empty, like `catalog_seeded`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub api_keys: BTreeMap<String, crate::keys::ApiKeyRecord>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -336,6 +336,7 @@ async fn run_one(
     workload: &Workload,
 ) -> anyhow::Result<Outcome> {
     let table = RoutingTable {
+        keys: Default::default(),
         models: vec![RoutedModel {
             name: MODEL.into(),
             aliases: vec![],

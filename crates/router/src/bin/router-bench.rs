@@ -125,6 +125,7 @@ fn serve_router(port: u16, upstream: String, threads: NonZeroUsize) -> anyhow::R
     let runtime = llmgw_runtime::multi_thread_runtime()?;
     runtime.block_on(async move {
         let table = RoutingTable {
+            keys: Default::default(),
             models: vec![RoutedModel {
                 name: MODEL.into(),
                 aliases: vec![],

@@ -122,7 +122,10 @@ pub struct TestRouter {
 
 impl TestRouter {
     pub async fn start(settings: Settings, models: Vec<RoutedModel>) -> TestRouter {
-        let (table, _) = watch::channel(Arc::new(RoutingTable { models }));
+        let (table, _) = watch::channel(Arc::new(RoutingTable {
+            models,
+            keys: Default::default(),
+        }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");

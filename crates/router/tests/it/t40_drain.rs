@@ -41,6 +41,7 @@ async fn draining_endpoint_gets_nothing_new_and_finishes_its_streams() {
     );
 
     router.table.send_replace(std::sync::Arc::new(RoutingTable {
+        keys: Default::default(),
         models: vec![model(
             "m",
             &[],

@@ -33,6 +33,7 @@ async fn a_router_on_its_own_threads_answers_every_connection_and_stops_when_dro
     let sim = Sim::start(SMALL, &["m"], &[]);
     sim.wait_ready().await;
     let (table, _) = watch::channel(Arc::new(RoutingTable {
+        keys: Default::default(),
         models: vec![model("m", &[], vec![Endpoint::ready(sim.url())])],
     }));
     let running = Router::new(test_settings(), &table)

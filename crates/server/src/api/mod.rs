@@ -8,6 +8,7 @@ mod error;
 mod explain;
 mod fleet;
 mod health;
+mod keys;
 mod models;
 mod peers;
 mod rollout;
@@ -103,6 +104,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/models/{name}/rollout", get(rollout::status))
         .route("/api/v1/models/{name}/rollback", post(rollout::rollback))
         .route("/api/v1/models/{name}/wake", post(models::wake))
+        .route("/api/v1/keys", get(keys::list).post(keys::create))
+        .route(
+            "/api/v1/keys/{name}",
+            get(keys::get_one).put(keys::update).delete(keys::revoke),
+        )
+        .route("/api/v1/keys/{name}/rotate", post(keys::rotate))
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })

@@ -1,0 +1,316 @@
+//! API keys as an operator runs them on `llmgw dev`, seen from two
+//! standalone routers that follow the control plane: open until the first
+//! key exists, then a key is required everywhere; a key's models and
+//! per-minute limit hold (429 with OpenAI's rate-limit headers, no refusal
+//! below the limit); a rotated secret and a revoked key are refused by
+//! both routers, the revocation while both carry load.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use llmgw_api::keys::IssuedKey;
+use llmgw_api::paths;
+use llmgw_test_kit::dev::{Dev, DevAdmin};
+use llmgw_test_kit::{DEADLINE, eventually, free_port, llmgw_bin};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+const MODEL: &str = "qwen";
+
+/// A chat through `router` with `key` (none: no Authorization header):
+/// status, headers and body.
+async fn chat_as(
+    http: &reqwest::Client,
+    router: &str,
+    model: &str,
+    key: Option<&str>,
+) -> Result<(u16, reqwest::header::HeaderMap, Value), String> {
+    let mut request = http
+        .post(format!("{router}/v1/chat/completions"))
+        .json(&json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "max_tokens": 4
+        }));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| format!("{router}: {e}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| format!("{router}: {e}"))?;
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    Ok((status, headers, body))
+}
+
+/// The error code of an answer, or `ok` for a 200.
+async fn outcome(
+    http: &reqwest::Client,
+    router: &str,
+    key: Option<&str>,
+) -> Result<String, String> {
+    let (status, _, body) = chat_as(http, router, MODEL, key).await?;
+    Ok(match status {
+        200 => "ok".to_owned(),
+        _ => format!("{status} {}", body["error"]["code"].as_str().unwrap_or("?")),
+    })
+}
+
+/// Waits until every router answers `want`.
+async fn every_router_answers(
+    http: &reqwest::Client,
+    routers: &[String],
+    key: Option<&str>,
+    want: &str,
+) {
+    for router in routers {
+        eventually(&format!("{router} answers {want}"), DEADLINE, || async {
+            let got = outcome(http, router, key).await?;
+            if got == want { Ok(()) } else { Err(got) }
+        })
+        .await;
+    }
+}
+
+/// A second standalone router on the same control plane, from the router
+/// config `llmgw dev` wrote, on a port of its own.
+struct SecondRouter {
+    child: Child,
+    url: String,
+}
+
+impl SecondRouter {
+    fn start(work: &std::path::Path) -> SecondRouter {
+        let first =
+            std::fs::read_to_string(work.join("dev/router.yaml")).expect("dev's router.yaml");
+        let port = free_port();
+        let listen = first
+            .lines()
+            .find(|l| l.starts_with("listen:"))
+            .expect("router.yaml has listen:");
+        let config = work.join("router-b.yaml");
+        std::fs::write(
+            &config,
+            first.replace(listen, &format!("listen: 127.0.0.1:{port}")),
+        )
+        .unwrap();
+        let log = std::fs::File::create(work.join("router-b.log")).unwrap();
+        let child = Command::new(llmgw_bin())
+            .args(["router", "--config"])
+            .arg(&config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("llmgw router starts");
+        SecondRouter {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for SecondRouter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("dev"), &[]);
+    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
+        .await;
+    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
+    let admin = DevAdmin::new(&dev_file);
+    let second = SecondRouter::start(dir.path());
+    let routers = vec![
+        dev_file.router.clone().expect("dev.json names the router"),
+        second.url.clone(),
+    ];
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+
+    // No key exists: the routers ask for none.
+    every_router_answers(&http, &routers, None, "ok").await;
+
+    let (status, body) = admin
+        .send(
+            Method::POST,
+            paths::KEYS,
+            Some(
+                json!({"name": "ci", "team": "search", "models": [MODEL],
+                       "limits": {"requests_per_minute": 5}})
+                .to_string(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "create: {body}");
+    let issued: IssuedKey = serde_json::from_value(body).unwrap();
+    assert!(issued.secret.starts_with("sk-llmgw-"), "{}", issued.secret);
+    let listed: Vec<Value> = admin.get(paths::KEYS).await.unwrap();
+    assert!(
+        !listed
+            .iter()
+            .any(|k| k.to_string().contains(&issued.secret)),
+        "the control plane never answers a secret: {listed:?}"
+    );
+    let (status, body) = admin
+        .send(
+            Method::POST,
+            paths::KEYS,
+            Some(json!({"name": "ci"}).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 409, "a live name is not created twice: {body}");
+
+    // From the first key on, every router wants one.
+    every_router_answers(&http, &routers, None, "401 missing_api_key").await;
+    every_router_answers(
+        &http,
+        &routers,
+        Some("sk-llmgw-guessed"),
+        "401 invalid_api_key",
+    )
+    .await;
+    let (status, _, body) = chat_as(&http, &routers[0], "llama-70b", Some(&issued.secret))
+        .await
+        .unwrap();
+    assert_eq!(status, 403, "the key may use {MODEL} only: {body}");
+
+    // The per-minute limit on router A: every request below it is
+    // admitted, the one over it refused, with OpenAI's headers. Router B
+    // keeps a bucket of its own.
+    let started = Instant::now();
+    let mut admitted = 0u32;
+    let refusal = loop {
+        let (status, headers, body) = chat_as(&http, &routers[0], MODEL, Some(&issued.secret))
+            .await
+            .unwrap();
+        match status {
+            200 => {
+                admitted += 1;
+                assert_eq!(headers["x-ratelimit-limit-requests"], "5");
+            }
+            429 => break (headers, body),
+            other => panic!("HTTP {other}: {body}"),
+        }
+        assert!(admitted <= 100, "the limit of 5 a minute never refused");
+    };
+    // The bucket refills one request every 12 s.
+    let refilled = (started.elapsed().as_secs() / 12) as u32 + 1;
+    assert!(
+        (5..=5 + refilled).contains(&admitted),
+        "{admitted} admitted under a limit of 5 a minute"
+    );
+    let (headers, body) = refusal;
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("`ci`"),
+        "{body}"
+    );
+    assert_eq!(headers["x-ratelimit-remaining-requests"], "0");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=12).contains(&retry), "Retry-After {retry}");
+    assert_eq!(
+        outcome(&http, &routers[1], Some(&issued.secret))
+            .await
+            .unwrap(),
+        "ok"
+    );
+
+    // A rotated secret: the old one is refused everywhere, the new one works.
+    let (status, body) = admin
+        .send(Method::POST, &paths::rotate_key("ci"), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "rotate: {body}");
+    let rotated: IssuedKey = serde_json::from_value(body).unwrap();
+    let (status, body) = admin
+        .send(
+            Method::PUT,
+            &paths::key("ci"),
+            Some(json!({"team": "search", "models": [MODEL]}).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "lifting the limit: {body}");
+    every_router_answers(&http, &routers, Some(&issued.secret), "401 invalid_api_key").await;
+    every_router_answers(&http, &routers, Some(&rotated.secret), "ok").await;
+
+    // Revoked under load: two clients per router send until refused.
+    let secret = Arc::new(rotated.secret.clone());
+    let mut clients = Vec::new();
+    for router in &routers {
+        for _ in 0..2 {
+            let (http, router, secret) = (http.clone(), router.clone(), Arc::clone(&secret));
+            clients.push(tokio::spawn(async move {
+                let mut served = 0u32;
+                let deadline = Instant::now() + DEADLINE;
+                while Instant::now() < deadline {
+                    match outcome(&http, &router, Some(&secret)).await {
+                        Ok(got) if got == "ok" => served += 1,
+                        Ok(got) if got == "401 revoked_api_key" => {
+                            return Ok((served, Instant::now()));
+                        }
+                        Ok(got) => {
+                            return Err(format!("{router}: {got} before the revocation held"));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(format!("{router} still admits the key after {DEADLINE:?}"))
+            }));
+        }
+    }
+    // Let every client get some answers first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, body) = admin
+        .send(Method::DELETE, &paths::key("ci"), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "revoke: {body}");
+    let revoked_at = Instant::now();
+    for client in clients {
+        let (served, refused_at) = client.await.unwrap().unwrap_or_else(|e| panic!("{e}"));
+        assert!(served > 0, "a client had answers before the revocation");
+        println!(
+            "revocation held after {:?} (served {served} before)",
+            refused_at.saturating_duration_since(revoked_at)
+        );
+    }
+
+    // `llmgw ctl keys` names it revoked.
+    let ctl = Command::new(llmgw_bin())
+        .args(["ctl", "keys", "--api", &dev_file.api.join(",")])
+        .env("LLMGW_CA", dev_file.ca.as_deref().unwrap_or(""))
+        .env(
+            "LLMGW_TOKEN",
+            std::fs::read_to_string(dev_file.read_token_file.as_deref().unwrap())
+                .unwrap()
+                .trim(),
+        )
+        .output()
+        .expect("llmgw ctl keys runs");
+    let listing = String::from_utf8_lossy(&ctl.stdout);
+    assert!(
+        ctl.status.success(),
+        "{listing}{}",
+        String::from_utf8_lossy(&ctl.stderr)
+    );
+    let row = listing
+        .lines()
+        .find(|l| l.starts_with("ci "))
+        .unwrap_or_else(|| panic!("no row for ci in\n{listing}"));
+    assert!(row.contains("search") && row.contains("revoked"), "{row}");
+}

@@ -1,0 +1,88 @@
+//! The control plane's API keys as a router checks them: looked up by the
+//! SHA-256 of the presented secret, so the router never holds a secret it
+//! did not read from its own config.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use llmgw_api::keys::{ApiKeyRecord, KeyLimits};
+
+use crate::settings::KeyGrant;
+
+/// Who a request's key says the caller is, and what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub name: String,
+    pub team: String,
+    /// Models (names or aliases) it may use; empty: every model.
+    pub models: Vec<String>,
+    pub limits: KeyLimits,
+    pub expires_at_ms: Option<u64>,
+    pub revoked: bool,
+}
+
+impl Grant {
+    fn from_record(key: &ApiKeyRecord) -> Self {
+        Grant {
+            name: key.name.clone(),
+            team: key.settings.team.clone(),
+            models: key.settings.models.clone(),
+            limits: key.settings.limits,
+            expires_at_ms: key.settings.expires_at_ms,
+            revoked: key.is_revoked(),
+        }
+    }
+
+    /// A key from router.yaml: no team, no limits, no expiry.
+    pub(crate) fn from_config(key: &KeyGrant) -> Self {
+        Grant {
+            name: key.name.clone(),
+            team: String::new(),
+            models: key.models.clone(),
+            limits: KeyLimits::default(),
+            expires_at_ms: None,
+            revoked: false,
+        }
+    }
+}
+
+/// Every key the control plane holds, by the digest of its secret.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyRing {
+    by_digest: HashMap<String, Arc<Grant>>,
+    /// The control plane has keys (revoked ones count): from the first one
+    /// created, every request needs a key. Revoking the last key does not
+    /// open the router again.
+    enforced: bool,
+}
+
+impl KeyRing {
+    pub fn from_records<'a>(records: impl IntoIterator<Item = &'a ApiKeyRecord>) -> Self {
+        let mut ring = KeyRing::default();
+        for key in records {
+            ring.enforced = true;
+            ring.by_digest
+                .insert(key.secret_sha256.clone(), Arc::new(Grant::from_record(key)));
+        }
+        ring
+    }
+
+    pub fn enforced(&self) -> bool {
+        self.enforced
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+
+    pub(crate) fn find(&self, secret: &str) -> Option<&Arc<Grant>> {
+        if self.by_digest.is_empty() {
+            return None;
+        }
+        self.by_digest.get(&llmgw_api::keys::secret_digest(secret))
+    }
+}
