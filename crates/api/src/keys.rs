@@ -60,14 +60,35 @@ pub struct IssuedKey {
     pub key: ApiKeyRecord,
 }
 
-/// The digest the control plane stores and routers look secrets up by.
+/// The digest the control plane stores and routers look secrets up by, in
+/// lowercase hex.
 pub fn secret_digest(secret: &str) -> String {
-    let digest = Sha256::digest(secret.as_bytes());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(64);
-    for byte in digest {
-        hex.push_str(&format!("{byte:02x}"));
+    for byte in secret_digest_bytes(secret) {
+        hex.push(char::from(HEX[usize::from(byte >> 4)]));
+        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
     hex
+}
+
+/// The digest as bytes: what a router computes per request.
+pub fn secret_digest_bytes(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// A digest in hex back to bytes; `None` unless 64 hex digits.
+pub fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let nibble = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
 }
 
 /// The start of a secret that listings show.
@@ -86,6 +107,11 @@ mod tests {
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(shown_prefix("sk-llmgw-0123456789"), "sk-llmgw-0123");
+        assert_eq!(
+            digest_from_hex(&secret_digest("abc")),
+            Some(secret_digest_bytes("abc"))
+        );
+        assert_eq!(digest_from_hex("zz"), None);
     }
 
     #[test]

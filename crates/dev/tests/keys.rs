@@ -3,7 +3,8 @@
 //! key exists, then a key is required everywhere; a key's models and
 //! per-minute limit hold (429 with OpenAI's rate-limit headers, no refusal
 //! below the limit); a rotated secret and a revoked key are refused by
-//! both routers, the revocation while both carry load.
+//! both routers, the revocation while both carry load. A router charges
+//! the key the tokens its engine reported.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -227,6 +228,47 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
             .await
             .unwrap(),
         "ok"
+    );
+
+    // Router A charged the key for what the engine reported: the admitted
+    // chats, their prompt and completion tokens, nothing estimated.
+    // Each is recorded once its answer's body is dropped, just after the
+    // client read its end.
+    let account = "key=\"ci\",team=\"search\",model=\"qwen-0.5b\"";
+    let completed = format!("llmgw_router_key_requests_total{{{account},outcome=\"completed\"}}");
+    let page = eventually("the admitted chats charged", DEADLINE, || async {
+        let page = http
+            .get(format!("{}/metrics", routers[0]))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        match llmgw_test_kit::metric(&page, &completed) {
+            Some(n) if n == f64::from(admitted) => Ok(page),
+            other => Err(format!("{completed} = {other:?}, {admitted} admitted")),
+        }
+    })
+    .await;
+    let series = |name: &str| {
+        llmgw_test_kit::metric(&page, name).unwrap_or_else(|| panic!("no {name} in\n{page}"))
+    };
+    assert!(
+        series(&format!(
+            "llmgw_router_key_tokens_total{{{account},kind=\"prompt\"}}"
+        )) > 0.0
+    );
+    assert!(
+        series(&format!(
+            "llmgw_router_key_tokens_total{{{account},kind=\"completion\"}}"
+        )) > 0.0
+    );
+    assert_eq!(
+        series(&format!(
+            "llmgw_router_key_estimated_requests_total{{{account}}}"
+        )),
+        0.0
     );
 
     // A rotated secret: the old one is refused everywhere, the new one works.

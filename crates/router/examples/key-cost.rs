@@ -1,15 +1,21 @@
 //! What checking a request's API key and holding it to its limits costs on
 //! the router's hot path, per request: no keys at all (what a router
 //! without keys pays), a key from router.yaml, a control-plane key without
-//! limits (the SHA-256 lookup), and one with a per-minute and a concurrency
-//! limit (lookup, bucket, permit taken and released).
+//! limits (the SHA-256 lookup), one with a per-minute and a concurrency
+//! limit (lookup, bucket, permit taken and released), and that with the
+//! answer metered for usage (a whole non-streamed answer read through the
+//! meter and charged to the key).
 //!
 //!     cargo run --release -p llmgw-router --example key-cost
 //!
 //! Prints nanoseconds per request, min / median / max over `ROUNDS`
 //! rounds, on one thread.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
 
 use hyper::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use llmgw_api::keys::{ApiKeyRecord, KeyLimits, KeySettings, secret_digest};
@@ -44,8 +50,18 @@ fn ring(limits: KeyLimits) -> KeyRing {
     KeyRing::from_records(&records)
 }
 
-fn per_request(settings: &Settings, ring: &KeyRing, headers: &HeaderMap) -> Vec<f64> {
+/// A non-streamed chat answer as vLLM writes it.
+const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello! How can I help you today?"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"total_tokens":21,"completion_tokens":9,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}"#;
+
+fn per_request(
+    settings: &Settings,
+    ring: &KeyRing,
+    headers: &HeaderMap,
+    reads: Option<bool>,
+    runtime: &tokio::runtime::Runtime,
+) -> Vec<f64> {
     let limiter = llmgw_router::Limiter::default();
+    let ledger = Arc::new(llmgw_router::UsageLedger::default());
     let mut rounds = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let started = Instant::now();
@@ -56,6 +72,19 @@ fn per_request(settings: &Settings, ring: &KeyRing, headers: &HeaderMap) -> Vec<
                     .admit(&grant, tokio::time::Instant::now())
                     .expect("within the limits");
                 std::hint::black_box(&admitted);
+                if let Some(metered) = reads {
+                    let body = Full::new(Bytes::from_static(ANSWER.as_bytes()))
+                        .map_err(|never| match never {})
+                        .boxed_unsync();
+                    let answer = if metered {
+                        ledger
+                            .meter(&grant.name, &grant.team, "m", 200, body)
+                            .boxed_unsync()
+                    } else {
+                        body
+                    };
+                    runtime.block_on(answer.collect()).expect("a whole answer");
+                }
             }
         }
         rounds.push(started.elapsed().as_nanos() as f64 / f64::from(REQUESTS));
@@ -85,23 +114,41 @@ fn main() {
         max_concurrent_requests: Some(u32::MAX),
         shadow: false,
     };
+    // The last field: whether a whole answer is read after admission
+    // (`Some`), and then whether through the usage meter.
     let cases = [
-        ("no keys", &open, KeyRing::default()),
-        ("router.yaml key", &configured, KeyRing::default()),
+        ("no keys", &open, KeyRing::default(), None),
+        ("router.yaml key", &configured, KeyRing::default(), None),
+        ("control-plane key", &open, ring(KeyLimits::default()), None),
         (
-            "control-plane key, no limits",
+            "control-plane key, rpm + concurrency",
             &open,
-            ring(KeyLimits::default()),
+            ring(limited),
+            None,
         ),
-        ("control-plane key, rpm + concurrency", &open, ring(limited)),
+        (
+            "... + answer read, unmetered",
+            &open,
+            ring(limited),
+            Some(false),
+        ),
+        (
+            "... + answer metered for usage",
+            &open,
+            ring(limited),
+            Some(true),
+        ),
     ];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     println!("{REQUESTS} requests a round, {ROUNDS} rounds, {KEYS} other keys held");
     println!(
         "{:<40} {:>10} {:>10} {:>10}",
         "case", "min ns", "median ns", "max ns"
     );
-    for (name, settings, ring) in &cases {
-        let rounds = per_request(settings, ring, &headers);
+    for (name, settings, ring, reads) in &cases {
+        let rounds = per_request(settings, ring, &headers, *reads, &runtime);
         println!(
             "{name:<40} {:>10.0} {:>10.0} {:>10.0}",
             rounds[0],

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llmgw_api::keys::{ApiKeyRecord, KeyLimits};
+use llmgw_api::keys::{ApiKeyRecord, KeyLimits, digest_from_hex, secret_digest_bytes};
 
 use crate::settings::KeyGrant;
 
@@ -49,7 +49,7 @@ impl Grant {
 /// Every key the control plane holds, by the digest of its secret.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyRing {
-    by_digest: HashMap<String, Arc<Grant>>,
+    by_digest: HashMap<[u8; 32], Arc<Grant>>,
     /// The control plane has keys (revoked ones count): from the first one
     /// created, every request needs a key. Revoking the last key does not
     /// open the router again.
@@ -61,8 +61,13 @@ impl KeyRing {
         let mut ring = KeyRing::default();
         for key in records {
             ring.enforced = true;
-            ring.by_digest
-                .insert(key.secret_sha256.clone(), Arc::new(Grant::from_record(key)));
+            // The control plane refuses a digest that is not 64 hex
+            // digits; one that still is not (a newer server's) matches
+            // no secret.
+            if let Some(digest) = digest_from_hex(&key.secret_sha256) {
+                ring.by_digest
+                    .insert(digest, Arc::new(Grant::from_record(key)));
+            }
         }
         ring
     }
@@ -83,6 +88,6 @@ impl KeyRing {
         if self.by_digest.is_empty() {
             return None;
         }
-        self.by_digest.get(&llmgw_api::keys::secret_digest(secret))
+        self.by_digest.get(&secret_digest_bytes(secret))
     }
 }

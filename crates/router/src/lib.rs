@@ -40,6 +40,7 @@ mod settings;
 mod sse;
 mod table;
 mod upstream;
+mod usage;
 mod wake;
 
 /// Public for `examples/key-cost.rs`, which measures a key check.
@@ -65,4 +66,6 @@ pub use resume::ResumeSettings;
 pub use serve::{Router, RunningRouter};
 pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};
+#[doc(hidden)]
+pub use usage::UsageLedger;
 pub use wake::ModelWaker;

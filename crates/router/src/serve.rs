@@ -58,6 +58,7 @@ impl Router {
                 waker: None,
                 held_requests: std::sync::atomic::AtomicUsize::new(0),
                 limiter: Default::default(),
+                usage: Default::default(),
             }),
         }
     }

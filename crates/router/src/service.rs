@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use http_body_util::BodyExt;
 use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
@@ -40,6 +41,8 @@ pub struct Shared {
     pub held_requests: std::sync::atomic::AtomicUsize,
     /// Per-key limits.
     pub limiter: crate::limits::Limiter,
+    /// What each key used.
+    pub usage: Arc<crate::usage::UsageLedger>,
 }
 
 /// `x-llmgw-resume: off` turns mid-stream failover off for one request.
@@ -57,6 +60,7 @@ pub async fn handle(shared: &Arc<Shared>, request: Request<RequestBody>) -> Resp
                 .render(&shared.registry, &shared.resume_memory);
             shared.kv.render(&mut page);
             shared.limiter.render(&mut page);
+            shared.usage.render(&mut page);
             page
         }),
         (&Method::GET, "/v1/models") => list_models(shared, &request),
@@ -232,7 +236,20 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         stream: peeked.stream,
         resume,
     };
-    admitted.attach(forward(shared, model, outgoing).await)
+    let response = forward(shared, model, outgoing).await;
+    let response = match &grant {
+        None => response,
+        Some(grant) => {
+            let status = response.status().as_u16();
+            response.map(|body| {
+                shared
+                    .usage
+                    .meter(&grant.name, &grant.team, &model.name, status, body)
+                    .boxed_unsync()
+            })
+        }
+    };
+    admitted.attach(response)
 }
 
 fn now_ms() -> u64 {
