@@ -14,6 +14,7 @@ mod health;
 pub mod keys;
 pub mod paths;
 mod rollout;
+pub mod usage;
 
 pub use backup::{BackupLeaderId, BackupLogId, BackupSummary};
 pub use cluster::{AddPeer, ClusterView, Membership, PeerAdded, PeerRemoved, PeerRole, PeerView};

@@ -7,6 +7,8 @@ pub const REPLICAS: &str = "/api/v1/replicas";
 pub const MODELS: &str = "/api/v1/models";
 /// `GET` lists API keys (digests, never secrets); `POST` creates one.
 pub const KEYS: &str = "/api/v1/keys";
+/// `GET` API keys' usage per day (`?days=N`); `POST` a router's report.
+pub const USAGE: &str = "/api/v1/usage";
 pub const SNAPSHOT: &str = "/api/v1/snapshot";
 pub const EVENTS: &str = "/api/v1/events";
 pub const READYZ: &str = "/readyz";

@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub insecure: bool,
     /// Admin API tokens; none leaves the API open.
     pub admin: AdminConfig,
+    /// How long API keys' per-minute usage is kept.
+    pub usage_retention: Duration,
 }
 
 /// What a peer with an empty data directory does (etcd's
@@ -201,6 +203,9 @@ impl ServerConfig {
     }
 }
 
+/// Usage is kept 90 days unless server.yaml says otherwise.
+pub const DEFAULT_USAGE_RETENTION: Duration = Duration::from_secs(90 * 86_400);
+
 const SERVER_KEYS: &[&str] = &[
     "id",
     "data_dir",
@@ -216,6 +221,7 @@ const SERVER_KEYS: &[&str] = &[
     "tls",
     "insecure",
     "admin",
+    "usage_retention",
 ];
 
 impl Decode for ServerConfig {
@@ -271,6 +277,17 @@ impl Decode for ServerConfig {
             tls,
             insecure,
             admin: f.or(cx, "admin", AdminConfig::default()),
+            usage_retention: {
+                let kept: Duration = f.or(cx, "usage_retention", DEFAULT_USAGE_RETENTION);
+                if kept < Duration::from_secs(3600) {
+                    f.report(
+                        cx,
+                        "usage_retention",
+                        "keep usage at least an hour (e.g. 90d)",
+                    );
+                }
+                kept
+            },
         })
     }
 }

@@ -70,6 +70,19 @@ pub enum CtlCommand {
         #[command(subcommand)]
         action: Option<KeyAction>,
     },
+    /// What API keys used: requests and tokens per day, key and model, or
+    /// summed by key, team or model.
+    Usage {
+        /// The last N days, today included (UTC).
+        #[arg(long, default_value_t = 7)]
+        days: u64,
+        /// Sum over the period by this instead of listing each day.
+        #[arg(long, value_enum)]
+        by: Option<UsageGrouping>,
+        /// Print CSV (a header line, then one line per row).
+        #[arg(long)]
+        csv: bool,
+    },
     /// Backups of the control plane's state.
     Snapshot {
         #[command(subcommand)]
@@ -138,6 +151,13 @@ pub enum ModelAction {
     /// Restore the launch spec the model had before its last change; its
     /// replicas roll back the same way (make-before-break).
     Rollback { name: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum UsageGrouping {
+    Key,
+    Team,
+    Model,
 }
 
 #[derive(Debug, Clone, Subcommand)]

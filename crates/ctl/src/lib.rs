@@ -9,6 +9,7 @@ mod render;
 mod run;
 mod snapshot;
 mod table;
+mod usage;
 mod yaml;
 
 pub use args::{CtlArgs, CtlCommand, OutputFormat};

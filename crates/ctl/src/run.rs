@@ -84,6 +84,9 @@ async fn once(client: &AdminClient, args: &CtlArgs) -> Result<String, CtlError> 
         }
         CtlCommand::Models { action } => models(client, output, action).await,
         CtlCommand::Keys { action } => crate::keys::run(client, output, action).await,
+        CtlCommand::Usage { days, by, csv } => {
+            crate::usage::run(client, output, days, by, csv).await
+        }
         CtlCommand::Cordon { node } => node_flag(client, output, &node, "cordon").await,
         CtlCommand::Uncordon { node } => node_flag(client, output, &node, "uncordon").await,
         CtlCommand::Snapshot {

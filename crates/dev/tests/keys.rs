@@ -4,7 +4,8 @@
 //! per-minute limit hold (429 with OpenAI's rate-limit headers, no refusal
 //! below the limit); a rotated secret and a revoked key are refused by
 //! both routers, the revocation while both carry load. A router charges
-//! the key the tokens its engine reported.
+//! the key the tokens its engine reported, and reports them to the
+//! control plane, which `llmgw ctl usage` reads.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use llmgw_api::keys::IssuedKey;
 use llmgw_api::paths;
+use llmgw_api::usage::UsageDay;
 use llmgw_test_kit::dev::{Dev, DevAdmin};
 use llmgw_test_kit::{DEADLINE, eventually, free_port, llmgw_bin};
 use reqwest::Method;
@@ -271,6 +273,26 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         0.0
     );
 
+    // Both routers reported it to the control plane, where it is kept per
+    // key, model and minute: router A's admitted chats and router B's one.
+    eventually("the key's usage in the control plane", DEADLINE, || async {
+        let days: Vec<UsageDay> = admin.get(paths::USAGE).await?;
+        let used: Vec<&UsageDay> = days.iter().filter(|d| d.key == "ci").collect();
+        let completed: u64 = used.iter().map(|d| d.totals.completed).sum();
+        let prompt: u64 = used.iter().map(|d| d.totals.prompt_tokens).sum();
+        match used.first() {
+            Some(day) if completed == u64::from(admitted) + 1 && prompt > 0 => {
+                assert_eq!(
+                    (day.team.as_str(), day.model.as_str()),
+                    ("search", "qwen-0.5b")
+                );
+                Ok(())
+            }
+            _ => Err(format!("{used:?}")),
+        }
+    })
+    .await;
+
     // A rotated secret: the old one is refused everywhere, the new one works.
     let (status, body) = admin
         .send(Method::POST, &paths::rotate_key("ci"), None)
@@ -331,6 +353,35 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
             refused_at.saturating_duration_since(revoked_at)
         );
     }
+
+    // `llmgw ctl usage` sums it by team, as CSV.
+    let usage = Command::new(llmgw_bin())
+        .args([
+            "ctl",
+            "usage",
+            "--by",
+            "team",
+            "--csv",
+            "--api",
+            &dev_file.api.join(","),
+        ])
+        .env("LLMGW_CA", dev_file.ca.as_deref().unwrap_or(""))
+        .env(
+            "LLMGW_TOKEN",
+            std::fs::read_to_string(dev_file.read_token_file.as_deref().unwrap())
+                .unwrap()
+                .trim(),
+        )
+        .output()
+        .expect("llmgw ctl usage runs");
+    let csv = String::from_utf8_lossy(&usage.stdout);
+    assert!(
+        usage.status.success(),
+        "{csv}{}",
+        String::from_utf8_lossy(&usage.stderr)
+    );
+    assert!(csv.starts_with("team,requests,"), "{csv}");
+    assert!(csv.lines().any(|l| l.starts_with("search,")), "{csv}");
 
     // `llmgw ctl keys` names it revoked.
     let ctl = Command::new(llmgw_bin())

@@ -57,11 +57,13 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
                 settings.connect_timeout,
             )?)
         };
-        let (source, waker): (&dyn EndpointSource, _) = match &source {
-            Source::Static(sender) => (sender as &dyn EndpointSource, None),
-            Source::ControlPlane(watcher) => {
-                (watcher as &dyn EndpointSource, Some(watcher.waker()))
-            }
+        let (source, waker, usage_sink): (&dyn EndpointSource, _, _) = match &source {
+            Source::Static(sender) => (sender as &dyn EndpointSource, None, None),
+            Source::ControlPlane(watcher) => (
+                watcher as &dyn EndpointSource,
+                Some(watcher.waker()),
+                Some(watcher.usage_sink()),
+            ),
         };
         let threads = config
             .threads
@@ -71,6 +73,9 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
         let mut router = Router::new(settings, source);
         if let Some(waker) = waker {
             router = router.with_waker(waker);
+        }
+        if let Some(sink) = usage_sink {
+            router = router.with_usage_sink(sink, crate::usage::reporter_name("router"));
         }
         let router = router.bind_threads(config.listen, threads)?;
         tracing::info!(listen = %router.local_addr(), threads, "llmgw router serving");

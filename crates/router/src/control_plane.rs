@@ -116,6 +116,21 @@ impl AdminApi {
         Ok((status, body))
     }
 
+    /// Status of a `POST url` of `body` as JSON, within `limit`.
+    async fn post_json(
+        &self,
+        url: &str,
+        body: &impl serde::Serialize,
+        limit: Duration,
+    ) -> Result<u16, String> {
+        let mut request = self.http.post(url).json(body).timeout(limit);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|e| error_chain(&e))?;
+        Ok(response.status().as_u16())
+    }
+
     /// Status of an empty `POST url`, within `limit`.
     async fn post(&self, url: &str, limit: Duration) -> Result<u16, String> {
         let mut request = self.http.post(url).timeout(limit);
@@ -157,6 +172,45 @@ impl ControlPlaneWatcher {
     /// (`POST /api/v1/models/{name}/wake`, which the read token may send).
     pub fn waker(&self) -> Arc<dyn crate::wake::ModelWaker> {
         Arc::clone(&self.waker) as Arc<dyn crate::wake::ModelWaker>
+    }
+}
+
+impl ControlPlaneWatcher {
+    /// Sends usage reports to the peers (`POST /api/v1/usage`, which the
+    /// read token may send).
+    pub fn usage_sink(&self) -> Arc<dyn crate::usage::UsageSink> {
+        Arc::new(PeersUsageSink {
+            peers: self.waker.peers.clone(),
+            api: self.waker.api.clone(),
+        })
+    }
+}
+
+struct PeersUsageSink {
+    peers: Vec<String>,
+    api: AdminApi,
+}
+
+impl crate::usage::UsageSink for PeersUsageSink {
+    fn send(
+        &self,
+        report: llmgw_api::usage::UsageReport,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let (peers, api) = (self.peers.clone(), self.api.clone());
+        Box::pin(async move {
+            let mut failures = Vec::new();
+            for peer in &peers {
+                let url = format!("{}{}", peer.trim_end_matches('/'), paths::USAGE);
+                match api.post_json(&url, &report, FETCH_LIMIT).await {
+                    // 409: counted already (an earlier try whose answer
+                    // was lost).
+                    Ok(status) if (200..300).contains(&status) || status == 409 => return Ok(()),
+                    Ok(status) => failures.push(format!("{peer}: HTTP {status}")),
+                    Err(error) => failures.push(format!("{peer}: {error}")),
+                }
+            }
+            Err(failures.join("; "))
+        })
     }
 }
 

@@ -68,4 +68,5 @@ pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};
 #[doc(hidden)]
 pub use usage::UsageLedger;
+pub use usage::{UsageSink, reporter_name};
 pub use wake::ModelWaker;

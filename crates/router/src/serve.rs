@@ -73,6 +73,19 @@ impl Router {
         self
     }
 
+    /// Reports what keyed requests used to the control plane through
+    /// `sink`, every few seconds, as `reporter` (a name unique to this
+    /// router process). Spawns the reporting task on the current runtime.
+    pub fn with_usage_sink(self, sink: Arc<dyn crate::usage::UsageSink>, reporter: String) -> Self {
+        tokio::spawn(crate::usage::report_loop(
+            Arc::downgrade(&self.shared.usage),
+            sink,
+            reporter,
+            crate::usage::REPORT_EVERY,
+        ));
+        self
+    }
+
     pub async fn bind(self, addr: SocketAddr) -> Result<RunningRouter, RouterError> {
         let listener = TcpListener::bind(addr)
             .await

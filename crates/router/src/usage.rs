@@ -9,6 +9,7 @@
 //! done or dropped.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
@@ -17,6 +18,8 @@ use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use memchr::memmem;
 use serde::Deserialize;
+
+use llmgw_api::usage::{UsageReport, UsageRow, UsageTotals};
 
 use crate::relay::{BoxError, ResponseBody};
 
@@ -27,7 +30,10 @@ const TAIL_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, Default)]
 pub struct UsageLedger {
-    by_key: Mutex<BTreeMap<Account, Totals>>,
+    by_key: Mutex<BTreeMap<Account, UsageTotals>>,
+    /// What is not yet reported to the control plane, by key, model and
+    /// minute.
+    pending: Mutex<BTreeMap<(String, String, u64), UsageTotals>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -35,20 +41,6 @@ struct Account {
     key: String,
     team: String,
     model: String,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Totals {
-    completed: u64,
-    /// The client went away before the answer ended.
-    cancelled: u64,
-    /// The engine or router answered with an error.
-    failed: u64,
-    /// Requests whose usage the engine did not report.
-    estimated: u64,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    cached_tokens: u64,
 }
 
 /// The engine's `usage` object, as vLLM and SGLang write it.
@@ -96,28 +88,56 @@ impl UsageLedger {
     }
 
     fn record(&self, account: Account, outcome: Outcome) {
-        let mut ledger = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
-        let totals = ledger.entry(account).or_default();
+        let mut charged = UsageTotals::default();
         match outcome.ended {
-            Ended::Completed => totals.completed += 1,
-            Ended::Cancelled => totals.cancelled += 1,
-            Ended::Failed => totals.failed += 1,
+            Ended::Completed => charged.completed = 1,
+            Ended::Cancelled => charged.cancelled = 1,
+            Ended::Failed => charged.failed = 1,
         }
         match outcome.usage {
             Some(usage) => {
-                totals.prompt_tokens += usage.prompt_tokens;
-                totals.completion_tokens += usage.completion_tokens;
-                totals.cached_tokens += usage
+                charged.prompt_tokens = usage.prompt_tokens;
+                charged.completion_tokens = usage.completion_tokens;
+                charged.cached_tokens = usage
                     .prompt_tokens_details
                     .and_then(|d| d.cached_tokens)
                     .unwrap_or(0);
             }
             None if outcome.ended != Ended::Failed => {
-                totals.estimated += 1;
-                totals.completion_tokens += outcome.relayed_events;
+                charged.estimated = 1;
+                charged.completion_tokens = outcome.relayed_events;
             }
             None => {}
         }
+        let minute = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() / 60);
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((account.key.clone(), account.model.clone(), minute))
+            .or_default()
+            .add(&charged);
+        self.by_key
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(account)
+            .or_default()
+            .add(&charged);
+    }
+
+    /// What was charged since the last call, as report rows.
+    pub(crate) fn take_pending(&self) -> Vec<UsageRow> {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        pending
+            .into_iter()
+            .map(|((key, model, minute), totals)| UsageRow {
+                key,
+                model,
+                minute,
+                totals,
+            })
+            .collect()
     }
 
     /// The per-key series, for `/metrics`. Their labels are bounded by the
@@ -287,6 +307,80 @@ fn last_usage(text: &[u8]) -> Option<Reported> {
         end = at;
     }
     None
+}
+
+/// Where a router sends its usage reports: the control plane.
+pub trait UsageSink: Send + Sync + 'static {
+    /// Ok once the control plane counted the report, now or before.
+    fn send(&self, report: UsageReport)
+    -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+}
+
+/// A name for this router process's reports: `role` (e.g. `router`,
+/// `peer-2`), the host's name and the process's id and start time, so no
+/// two router processes share one.
+pub fn reporter_name(role: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{role}@{}/{}-{started}", host.trim(), std::process::id())
+}
+
+/// How often a router reports. A report is one Raft log entry.
+pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Sends what the ledger charged every `every`, until the ledger (the
+/// router) is gone. A report that fails is sent again, with its number,
+/// until the control plane has it: a report applied whose answer was lost
+/// is then refused as counted, so nothing is counted twice or dropped
+/// while the router runs.
+pub(crate) async fn report_loop(
+    ledger: std::sync::Weak<UsageLedger>,
+    sink: Arc<dyn UsageSink>,
+    reporter: String,
+    every: std::time::Duration,
+) {
+    let mut seq = 1;
+    let mut unsent: Option<UsageReport> = None;
+    let mut failing = false;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(ledger) = ledger.upgrade() else {
+            return;
+        };
+        if unsent.is_none() {
+            let rows = ledger.take_pending();
+            if rows.is_empty() {
+                continue;
+            }
+            unsent = Some(UsageReport {
+                reporter: reporter.clone(),
+                seq,
+                rows,
+            });
+        }
+        drop(ledger);
+        let report = unsent.clone().expect("a report to send");
+        match sink.send(report).await {
+            Ok(()) => {
+                unsent = None;
+                seq += 1;
+                if failing {
+                    tracing::info!(reporter, "usage reports reach the control plane again");
+                    failing = false;
+                }
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(reporter, %error, "usage report not taken; kept and sent again");
+                    failing = true;
+                }
+            }
+        }
+    }
 }
 
 pub struct Metered {

@@ -133,5 +133,6 @@ pub fn options_from(
         },
         placement: PlanSettings::default(),
         router_listen: config.router_listen,
+        usage_retention: config.usage_retention,
     })
 }

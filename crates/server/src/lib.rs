@@ -24,6 +24,7 @@ mod restore;
 pub mod routes;
 mod seed;
 mod serve;
+mod usage;
 mod wake;
 
 pub use api::{ApiState, router};

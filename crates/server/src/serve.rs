@@ -33,6 +33,8 @@ pub struct ServerOptions {
     pub placement: PlanSettings,
     /// The OpenAI router inside this peer; `None` runs none.
     pub router_listen: Option<SocketAddr>,
+    /// How long API keys' per-minute usage is kept.
+    pub usage_retention: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +91,12 @@ pub async fn serve(
     let shutdown = shutdown_or_core_stopped(control.clone(), shutdown, core_stopped.clone());
     let stop_rx = spawn_shutdown_watch(hub.clone(), shutdown);
     let agents = spawn_agent_loops(&control, &hub, &options, &stop_rx);
-    let router = start_router(&control, options.router_listen)?;
+    let router = start_router(
+        &control,
+        options.router_listen,
+        options.id,
+        options.usage_retention,
+    )?;
     let grpc = spawn_grpc(
         &control,
         agents,
@@ -238,6 +245,8 @@ fn spawn_agent_loops(
 fn start_router(
     control: &ControlPlane,
     listen: Option<SocketAddr>,
+    peer_id: u64,
+    usage_retention: std::time::Duration,
 ) -> Result<Option<llmgw_router::RunningRouter>, ServerError> {
     let Some(addr) = listen else {
         return Ok(None);
@@ -255,6 +264,13 @@ fn start_router(
     let waker = std::sync::Arc::new(crate::wake::PeerWaker::new(control.clone()));
     let router = llmgw_router::Router::new(settings, &table)
         .with_waker(waker)
+        .with_usage_sink(
+            std::sync::Arc::new(crate::usage::PeerUsageSink::new(
+                control.clone(),
+                usage_retention,
+            )),
+            llmgw_router::reporter_name(&format!("peer-{peer_id}")),
+        )
         .bind_threads(addr, threads)
         .map_err(|e| ServerError::Serve {
             what: "router",
@@ -313,6 +329,7 @@ fn admin_app(
         hub,
         placement: options.placement.clone(),
         stopping: stop_rx,
+        usage_retention: options.usage_retention,
     });
     options.security.admin.protect(app)
 }

@@ -9,6 +9,7 @@ mod catalog;
 mod keys;
 mod nodes;
 mod replicas;
+mod usage;
 
 use crate::command::{Command, Leadership, Outcome, Rejection};
 use crate::holders::Holders;
@@ -162,6 +163,13 @@ impl FleetState {
                 at_ms,
             } => self.rotate_api_key(name, secret_sha256, secret_prefix, *at_ms),
             Command::RevokeApiKey { name, at_ms } => self.revoke_api_key(name, *at_ms),
+            Command::RecordUsage {
+                reporter,
+                seq,
+                rows,
+                retain_minutes,
+                at_ms,
+            } => self.record_usage(reporter, *seq, rows, *retain_minutes, *at_ms),
             Command::Unknown => Outcome::Applied,
         }
     }

@@ -11,6 +11,7 @@ use crate::types::{
     KvEventPorts, NodeInventory, NodeStatus, ReplicaFailure, ScaleDecision, Shard, ShardFailure,
     ShardState,
 };
+use crate::usage::UsageRow;
 
 /// A change to the replicated state, as it travels in the Raft log.
 ///
@@ -227,6 +228,18 @@ pub enum Command {
         name: String,
         at_ms: u64,
     },
+    /// A router's usage since its last report, added to the per-minute
+    /// totals. Refused when `seq` is not past the router's last applied
+    /// report (a report sent again counts once). Minutes older than
+    /// `retain_minutes` before `at_ms` are dropped, and routers not heard
+    /// from in that time forgotten.
+    RecordUsage {
+        reporter: String,
+        seq: u64,
+        rows: Vec<UsageRow>,
+        retain_minutes: u64,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -261,6 +274,7 @@ impl Command {
             Command::UpdateApiKey { .. } => "update_api_key",
             Command::RotateApiKey { .. } => "rotate_api_key",
             Command::RevokeApiKey { .. } => "revoke_api_key",
+            Command::RecordUsage { .. } => "record_usage",
             Command::Unknown => "unknown",
         }
     }
@@ -288,6 +302,7 @@ impl std::fmt::Display for Command {
             | Command::RotateApiKey { name, .. }
             | Command::RevokeApiKey { name, .. } => name.clone(),
             Command::CreateApiKey { key, .. } => key.name.clone(),
+            Command::RecordUsage { reporter, seq, .. } => format!("{reporter}#{seq}"),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

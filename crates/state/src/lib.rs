@@ -14,6 +14,7 @@ mod keys;
 mod model_spec;
 mod ports;
 mod types;
+mod usage;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind, SeedModel};
 pub use hash::StateHash;
@@ -26,3 +27,4 @@ pub use types::{
     NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout,
     ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
 };
+pub use usage::{LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals};

@@ -33,6 +33,9 @@ pub struct FleetState {
     /// out of the encoding while empty, like `catalog_seeded`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub api_keys: BTreeMap<String, crate::keys::ApiKeyRecord>,
+    /// What keys used, per key, model and minute. Left out while empty.
+    #[serde(default, skip_serializing_if = "crate::usage::Usage::is_empty")]
+    pub usage: crate::usage::Usage,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ mod keys;
 mod models;
 mod peers;
 mod rollout;
+mod usage;
 
 use std::sync::Arc;
 
@@ -41,6 +42,8 @@ pub struct ApiState {
     /// Turns true when the peer stops: long-lived answers (the console's
     /// event streams) end, so the admin API can shut down gracefully.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// How long API keys' per-minute usage is kept.
+    pub usage_retention: std::time::Duration,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,6 +113,7 @@ pub fn router(state: ApiState) -> Router {
             get(keys::get_one).put(keys::update).delete(keys::revoke),
         )
         .route("/api/v1/keys/{name}/rotate", post(keys::rotate))
+        .route("/api/v1/usage", get(usage::per_day).post(usage::report))
         .fallback(|| async {
             ApiError::not_found("no such route; the admin API lives under /api/v1/")
         })
