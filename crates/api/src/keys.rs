@@ -52,6 +52,16 @@ impl KeyRequest {
     }
 }
 
+/// A key as `GET /api/v1/keys` answers it: the record and what the key
+/// spent today and this month over every router (budgets hold against it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyView {
+    #[serde(flatten)]
+    pub key: ApiKeyRecord,
+    #[serde(default)]
+    pub spent: llmgw_state::KeySpend,
+}
+
 /// The answer to creating or rotating a key: the only time its secret is
 /// shown.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use llmgw_state::{UsageRow, UsageTotals};
+pub use llmgw_state::{KeySpend, UsageRow, UsageTotals, civil_from_days, days_from_civil};
 
 /// `POST /api/v1/usage`: what a router's keyed requests used since its last
 /// report. Numbered per router: a report the control plane already counted
@@ -47,19 +47,33 @@ impl Default for UsageQuery {
     }
 }
 
-/// The UTC date of a day counted from the Unix epoch, as `YYYY-MM-DD`
-/// (Howard Hinnant's civil-from-days).
+/// The UTC date of a day counted from the Unix epoch, as `YYYY-MM-DD`.
 pub fn utc_date(days_since_epoch: u64) -> String {
-    let z = days_since_epoch as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = civil_from_days(days_since_epoch);
     format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// Seconds from `now_ms` until the next UTC day and the next UTC month.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewals {
+    pub day_s: u64,
+    pub month_s: u64,
+}
+
+pub fn renewals(now_ms: u64) -> Renewals {
+    let now_s = now_ms / 1_000;
+    let today = now_s / 86_400;
+    let (year, month, _) = civil_from_days(today);
+    let (next_year, next_month) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    let next_month_s = days_from_civil(next_year, next_month, 1) * 86_400;
+    Renewals {
+        day_s: (today + 1) * 86_400 - now_s,
+        month_s: next_month_s.saturating_sub(now_s),
+    }
 }
 
 #[cfg(test)]

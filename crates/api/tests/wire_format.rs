@@ -5,7 +5,8 @@
 
 use std::collections::BTreeSet;
 
-use llmgw_api::keys::{ApiKeyRecord, IssuedKey, KeyRequest};
+use llmgw_api::keys::{IssuedKey, KeyRequest, KeyView};
+use llmgw_api::usage::{UsageDay, UsageReport};
 use llmgw_api::{
     AddPeer, BackupSummary, ClusterView, DrainQuery, ErrorBody, Model, ModelExplanation,
     NodeRecord, NodeView, PeerAdded, PeerRemoved, Readiness, ReplicaView, RolloutView, StateEvent,
@@ -38,7 +39,9 @@ const CHECKS: &[(&str, Check)] = &[
     ("state-event.json", round_trips::<StateEvent>),
     ("error.json", round_trips::<ErrorBody>),
     ("backup.json", summarizes::<BackupSummary>),
-    ("keys.json", round_trips::<Vec<ApiKeyRecord>>),
+    ("keys.json", round_trips::<Vec<KeyView>>),
+    ("usage-report.json", round_trips::<UsageReport>),
+    ("usage.json", round_trips::<Vec<UsageDay>>),
     ("key-request.json", round_trips::<KeyRequest>),
     ("issued-key.json", round_trips::<IssuedKey>),
 ];

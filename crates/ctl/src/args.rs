@@ -209,6 +209,17 @@ pub struct KeyFlags {
     /// Requests in flight at once on each router; 0 removes the limit.
     #[arg(long)]
     pub max_concurrent: Option<u32>,
+    /// Prompt and completion tokens per minute each router admits for the
+    /// key, charged when an answer is over; 0 removes the limit.
+    #[arg(long)]
+    pub tokens_per_minute: Option<u32>,
+    /// Tokens per UTC day over every router; 0 removes the budget.
+    #[arg(long)]
+    pub tokens_per_day: Option<u64>,
+    /// Tokens per UTC calendar month over every router; 0 removes the
+    /// budget.
+    #[arg(long)]
+    pub tokens_per_month: Option<u64>,
     /// Count what the limits would refuse without refusing it.
     #[arg(long)]
     pub shadow: bool,

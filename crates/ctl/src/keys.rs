@@ -1,7 +1,8 @@
 //! `llmgw ctl keys`: API keys as an operator manages them.
 
-use llmgw_api::keys::{ApiKeyRecord, IssuedKey, KeyRequest};
+use llmgw_api::keys::{ApiKeyRecord, IssuedKey, KeyRequest, KeyView};
 use llmgw_api::paths;
+use llmgw_api::usage::KeySpend;
 use reqwest::Method;
 
 use crate::args::{KeyAction, KeyFlags, OutputFormat};
@@ -24,8 +25,8 @@ pub async fn run(
         }
         Some(KeyAction::Get { name }) => {
             let answer = client.call(Method::GET, &paths::key(&name), None).await?;
-            show(output, &answer, |key: &ApiKeyRecord| {
-                render_keys(std::slice::from_ref(key), now)
+            show(output, &answer, |key: &KeyView| {
+                render_views(std::slice::from_ref(key), now)
             })
         }
         Some(KeyAction::Create { name, settings }) => {
@@ -42,8 +43,8 @@ pub async fn run(
             })
         }
         Some(KeyAction::Update { name, settings }) => {
-            let current: ApiKeyRecord = client.get(&paths::key(&name)).await?;
-            let mut request = KeyRequest::from_record(&current);
+            let current: KeyView = client.get(&paths::key(&name)).await?;
+            let mut request = KeyRequest::from_record(&current.key);
             settings.apply_to(&mut request, now);
             let answer = client
                 .call(Method::PUT, &paths::key(&name), Some(json_body(&request)?))
@@ -103,6 +104,16 @@ impl KeyFlags {
         if let Some(n) = self.max_concurrent {
             request.limits.max_concurrent_requests = positive(n);
         }
+        if let Some(n) = self.tokens_per_minute {
+            request.limits.tokens_per_minute = positive(n);
+        }
+        let positive = |n: u64| (n > 0).then_some(n);
+        if let Some(n) = self.tokens_per_day {
+            request.limits.tokens_per_day = positive(n);
+        }
+        if let Some(n) = self.tokens_per_month {
+            request.limits.tokens_per_month = positive(n);
+        }
         if self.shadow {
             request.limits.shadow = true;
         }
@@ -121,18 +132,34 @@ fn issued_text(what: &str, issued: &IssuedKey, now: u64) -> String {
     )
 }
 
+fn render_views(keys: &[KeyView], now: u64) -> String {
+    let records: Vec<(ApiKeyRecord, Option<KeySpend>)> = keys
+        .iter()
+        .map(|v| (v.key.clone(), Some(v.spent)))
+        .collect();
+    render_rows(&records, now)
+}
+
 fn render_keys(keys: &[ApiKeyRecord], now: u64) -> String {
+    let records: Vec<(ApiKeyRecord, Option<KeySpend>)> =
+        keys.iter().map(|k| (k.clone(), None)).collect();
+    render_rows(&records, now)
+}
+
+fn render_rows(keys: &[(ApiKeyRecord, Option<KeySpend>)], now: u64) -> String {
     let mut table = Table::new(&[
         "NAME",
         "TEAM",
         "SECRET",
         "MODELS",
         "RPM",
+        "TPM",
         "CONCURRENT",
+        "TOKENS TODAY",
         "EXPIRES",
         "STATUS",
     ]);
-    for key in keys {
+    for (key, spent) in keys {
         let s = &key.settings;
         let status = if key.is_revoked() {
             "revoked"
@@ -157,13 +184,25 @@ fn render_keys(keys: &[ApiKeyRecord], now: u64) -> String {
                 s.models.join(",")
             },
             or_dash(s.limits.requests_per_minute),
+            or_dash(s.limits.tokens_per_minute),
             or_dash(s.limits.max_concurrent_requests),
+            budget_cell(spent.map(|s| s.day_tokens), s.limits.tokens_per_day),
             s.expires_at_ms
                 .map_or("never".into(), |at| relative(at, now)),
             status.into(),
         ]);
     }
     table.render()
+}
+
+/// Tokens spent today, of the day's budget when there is one.
+fn budget_cell(spent: Option<u64>, budget: Option<u64>) -> String {
+    match (spent, budget) {
+        (Some(spent), Some(budget)) => format!("{spent}/{budget}"),
+        (Some(spent), None) => spent.to_string(),
+        (None, Some(budget)) => format!("-/{budget}"),
+        (None, None) => "-".into(),
+    }
 }
 
 /// `in 29d23h`, or `3h ago`.
@@ -209,6 +248,7 @@ mod tests {
                 requests_per_minute: Some(60),
                 max_concurrent_requests: Some(4),
                 shadow: true,
+                ..KeyLimits::default()
             },
         };
         let flags = KeyFlags {

@@ -5,7 +5,8 @@
 //! below the limit); a rotated secret and a revoked key are refused by
 //! both routers, the revocation while both carry load. A router charges
 //! the key the tokens its engine reported, and reports them to the
-//! control plane, which `llmgw ctl usage` reads.
+//! control plane, which `llmgw ctl usage` reads; a day's token budget
+//! holds on every router against that fleet-wide spend.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -292,6 +293,22 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         }
     })
     .await;
+
+    // A day's budget holds on every router, against what the key spent
+    // over all of them: router B served one request and A the rest.
+    let (status, body) = admin
+        .send(
+            Method::PUT,
+            &paths::key("ci"),
+            Some(
+                json!({"team": "search", "models": [MODEL], "limits": {"tokens_per_day": 1}})
+                    .to_string(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "a budget: {body}");
+    every_router_answers(&http, &routers, Some(&issued.secret), "429 insufficient_quota").await;
 
     // A rotated secret: the old one is refused everywhere, the new one works.
     let (status, body) = admin

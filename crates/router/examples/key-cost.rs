@@ -69,7 +69,7 @@ fn per_request(
             let grant = llmgw_router::authenticate(settings, ring, headers, 1).expect("admitted");
             if let Some(grant) = grant {
                 let admitted = limiter
-                    .admit(&grant, tokio::time::Instant::now())
+                    .admit(&grant, tokio::time::Instant::now(), 1)
                     .expect("within the limits");
                 std::hint::black_box(&admitted);
                 if let Some(metered) = reads {
@@ -78,7 +78,7 @@ fn per_request(
                         .boxed_unsync();
                     let answer = if metered {
                         ledger
-                            .meter(&grant.name, &grant.team, "m", 200, body)
+                            .meter(&grant.name, &grant.team, "m", 200, body, None)
                             .boxed_unsync()
                     } else {
                         body
@@ -112,7 +112,7 @@ fn main() {
         // High enough that the bench never meets it.
         requests_per_minute: Some(u32::MAX),
         max_concurrent_requests: Some(u32::MAX),
-        shadow: false,
+        ..KeyLimits::default()
     };
     // The last field: whether a whole answer is read after admission
     // (`Some`), and then whether through the usage meter.

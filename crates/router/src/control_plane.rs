@@ -25,7 +25,7 @@ use crate::settings::{SecretFileError, read_secret_file};
 use crate::table::{
     Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, normalize_url,
 };
-use llmgw_api::keys::ApiKeyRecord;
+use llmgw_api::keys::KeyView;
 
 /// How often the peers are asked. Replica changes are rare next to
 /// requests; a second bounds how long a drained replica keeps getting work.
@@ -368,8 +368,8 @@ async fn fetch_keys(api: &AdminApi, peer: &str) -> Result<KeyRing, String> {
     let url = format!("{peer}{}", paths::KEYS);
     let (status, body) = api.get_text(&url, FETCH_LIMIT).await?;
     match status {
-        200 => serde_json::from_str::<Vec<ApiKeyRecord>>(&body)
-            .map(|keys| KeyRing::from_records(&keys))
+        200 => serde_json::from_str::<Vec<KeyView>>(&body)
+            .map(|keys| KeyRing::from_views(&keys))
             .map_err(|e| format!("GET {url}: not the admin API's answer: {e}")),
         404 => Ok(KeyRing::default()),
         _ => Err(format!("GET {url} answered {status}")),

@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use llmgw_api::keys::{ApiKeyRecord, KeyLimits, digest_from_hex, secret_digest_bytes};
+use llmgw_api::keys::{ApiKeyRecord, KeyLimits, KeyView, digest_from_hex, secret_digest_bytes};
+use llmgw_api::usage::KeySpend;
 
 use crate::settings::KeyGrant;
 
@@ -19,11 +20,15 @@ pub struct Grant {
     pub limits: KeyLimits,
     pub expires_at_ms: Option<u64>,
     pub revoked: bool,
+    /// What the key spent today and this month over every router, as the
+    /// control plane last said.
+    pub spent: KeySpend,
 }
 
 impl Grant {
-    fn from_record(key: &ApiKeyRecord) -> Self {
+    fn from_record(key: &ApiKeyRecord, spent: KeySpend) -> Self {
         Grant {
+            spent,
             name: key.name.clone(),
             team: key.settings.team.clone(),
             models: key.settings.models.clone(),
@@ -42,6 +47,7 @@ impl Grant {
             limits: KeyLimits::default(),
             expires_at_ms: None,
             revoked: false,
+            spent: KeySpend::default(),
         }
     }
 }
@@ -57,16 +63,26 @@ pub struct KeyRing {
 }
 
 impl KeyRing {
+    /// Keys with nothing spent (for tests and tools).
     pub fn from_records<'a>(records: impl IntoIterator<Item = &'a ApiKeyRecord>) -> Self {
+        Self::with_spend(records.into_iter().map(|k| (k, KeySpend::default())))
+    }
+
+    /// Keys as the admin API lists them, with what each spent.
+    pub fn from_views(views: &[KeyView]) -> Self {
+        Self::with_spend(views.iter().map(|v| (&v.key, v.spent)))
+    }
+
+    pub fn with_spend<'a>(keys: impl IntoIterator<Item = (&'a ApiKeyRecord, KeySpend)>) -> Self {
         let mut ring = KeyRing::default();
-        for key in records {
+        for (key, spent) in keys {
             ring.enforced = true;
             // The control plane refuses a digest that is not 64 hex
             // digits; one that still is not (a newer server's) matches
             // no secret.
             if let Some(digest) = digest_from_hex(&key.secret_sha256) {
                 ring.by_digest
-                    .insert(digest, Arc::new(Grant::from_record(key)));
+                    .insert(digest, Arc::new(Grant::from_record(key, spent)));
             }
         }
         ring

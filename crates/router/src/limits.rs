@@ -1,7 +1,13 @@
-//! Per-key limits, held by each router on its own: requests per minute (a
-//! token bucket that refills at the per-minute rate, so a key may burst to
-//! its whole minute and then goes at the rate) and concurrent requests (a
-//! permit held until the answer's body is done or dropped).
+//! Per-key limits, held by each router on its own: requests per minute and
+//! tokens per minute (token buckets that hold a minute's worth and refill
+//! at the per-minute rate, so a key may burst to its whole minute and then
+//! goes at the rate), concurrent requests (a permit held until the
+//! answer's body is done or dropped), and token budgets per UTC day and
+//! month (checked against the fleet-wide spend the control plane keeps).
+//!
+//! Tokens are charged when the answer is over, from the usage the engine
+//! reported: a request is admitted while its key's token bucket is not
+//! empty, and may take it below zero, which later requests then wait out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -28,28 +34,82 @@ pub struct Limiter {
     over: Mutex<BTreeMap<(String, &'static str, bool), u64>>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct KeyWindow {
-    tokens: f64,
-    refilled: Instant,
-    per_minute: u32,
+    requests: Bucket,
+    tokens: Bucket,
     in_flight: Arc<AtomicU32>,
 }
 
+/// A minute's worth of something, refilled at the per-minute rate.
+#[derive(Debug, Default)]
+struct Bucket {
+    level: f64,
+    refilled: Option<Instant>,
+    per_minute: u32,
+}
+
+impl Bucket {
+    fn refill(&mut self, per_minute: u32, now: Instant) {
+        if self.per_minute != per_minute {
+            // A limit just set starts with a full minute; a lowered one
+            // keeps no more than it allows.
+            self.level = if self.per_minute == 0 {
+                f64::from(per_minute)
+            } else {
+                self.level.min(f64::from(per_minute))
+            };
+            self.per_minute = per_minute;
+        }
+        let elapsed = self
+            .refilled
+            .map_or(0.0, |at| now.saturating_duration_since(at).as_secs_f64());
+        self.level = (self.level + elapsed * self.per_second()).min(f64::from(per_minute));
+        self.refilled = Some(now);
+    }
+
+    fn per_second(&self) -> f64 {
+        f64::from(self.per_minute.max(1)) / 60.0
+    }
+
+    /// Seconds until the level reaches `level`.
+    fn seconds_until(&self, level: f64) -> u64 {
+        ((level - self.level).max(0.0) / self.per_second())
+            .ceil()
+            .max(1.0) as u64
+    }
+
+    /// `x-ratelimit-{limit,remaining,reset}-{what}`.
+    fn headers(&self, what: &str, into: &mut Vec<(&'static str, String)>) {
+        let (limit, remaining, reset) = match what {
+            "requests" => (
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ),
+            _ => (
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ),
+        };
+        into.push((limit, self.per_minute.to_string()));
+        into.push((remaining, (self.level.max(0.0).floor() as u64).to_string()));
+        into.push((
+            reset,
+            duration_text(Duration::from_secs_f64(
+                (f64::from(self.per_minute) - self.level).max(0.0) / self.per_second(),
+            )),
+        ));
+    }
+}
+
 /// What admitting a request holds: the concurrency permit, and the
-/// `x-ratelimit-*` figures to send back.
+/// `x-ratelimit-*` headers to send back.
 #[derive(Debug, Default)]
 pub struct Admitted {
     permit: Option<Permit>,
-    rate: Option<RateHeaders>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct RateHeaders {
-    limit: u32,
-    remaining: u32,
-    /// Until the bucket is full again.
-    reset: Duration,
+    headers: Vec<(&'static str, String)>,
 }
 
 /// One request in flight under a key with limits.
@@ -63,57 +123,77 @@ impl Drop for Permit {
 }
 
 const REQUESTS_PER_MINUTE: &str = "requests_per_minute";
+const TOKENS_PER_MINUTE: &str = "tokens_per_minute";
 const CONCURRENT: &str = "max_concurrent_requests";
+const TOKENS_PER_DAY: &str = "tokens_per_day";
+const TOKENS_PER_MONTH: &str = "tokens_per_month";
+
+/// Why a request is over a limit, and what to tell the client.
+struct Over {
+    limit: &'static str,
+    code: &'static str,
+    message: String,
+    retry_after_s: u64,
+}
 
 impl Limiter {
     /// Admits a request under `grant`'s limits, or says which it is over
     /// and when to try again (a key in shadow mode is admitted and its
-    /// would-be refusal counted).
-    pub fn admit(&self, grant: &Grant, now: Instant) -> Result<Admitted, ApiError> {
+    /// would-be refusal counted). `now_ms`: the wall clock, for budgets.
+    pub fn admit(&self, grant: &Grant, now: Instant, now_ms: u64) -> Result<Admitted, ApiError> {
         let limits = grant.limits;
         if limits.is_unlimited() {
             return Ok(Admitted::default());
         }
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let window = keys.entry(grant.name.clone()).or_insert_with(|| KeyWindow {
-            tokens: f64::from(limits.requests_per_minute.unwrap_or(0)),
-            refilled: now,
-            per_minute: limits.requests_per_minute.unwrap_or(0),
-            in_flight: Arc::default(),
-        });
-        let rate = limits.requests_per_minute;
-        if let Some(per_minute) = rate {
-            window.refill(per_minute, now);
+        let window = keys.entry(grant.name.clone()).or_default();
+        if let Some(per_minute) = limits.requests_per_minute {
+            window.requests.refill(per_minute, now);
         }
-        let in_flight = window.in_flight.load(Ordering::Acquire);
-        let over = if rate.is_some() && window.tokens < 1.0 {
-            Some(REQUESTS_PER_MINUTE)
-        } else if limits
-            .max_concurrent_requests
-            .is_some_and(|max| in_flight >= max)
-        {
-            Some(CONCURRENT)
-        } else {
-            None
-        };
-        if let Some(limit) = over {
+        if let Some(per_minute) = limits.tokens_per_minute {
+            window.tokens.refill(per_minute, now);
+        }
+        let mut headers = Vec::new();
+        if limits.requests_per_minute.is_some() {
+            window.requests.headers("requests", &mut headers);
+        }
+        if limits.tokens_per_minute.is_some() {
+            window.tokens.headers("tokens", &mut headers);
+        }
+        if let Some(over) = over_a_limit(grant, window, now_ms) {
             let mut counts = self.over.lock().unwrap_or_else(|p| p.into_inner());
             *counts
-                .entry((grant.name.clone(), limit, limits.shadow))
+                .entry((grant.name.clone(), over.limit, limits.shadow))
                 .or_default() += 1;
             if !limits.shadow {
-                let headers = rate.map(|limit| window.headers(limit));
-                return Err(refusal(grant, limit, window, in_flight, headers));
+                let mut error =
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, over.code, over.message)
+                        .retry_after(over.retry_after_s);
+                error.rate_headers = (!headers.is_empty()).then(|| headers.into_boxed_slice());
+                return Err(error);
             }
         }
-        if window.tokens >= 1.0 {
-            window.tokens -= 1.0;
+        if limits.requests_per_minute.is_some() {
+            window.requests.level = (window.requests.level - 1.0).max(0.0);
         }
         window.in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Admitted {
             permit: Some(Permit(Arc::clone(&window.in_flight))),
-            rate: rate.map(|limit| window.headers(limit)),
+            headers,
         })
+    }
+
+    /// Charges `tokens` (prompt and completion) to the key's per-minute
+    /// token bucket once its answer is over. The bucket may go below zero,
+    /// by at most a minute's worth.
+    pub fn charge(&self, key: &str, tokens: u64) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(window) = keys.get_mut(key)
+            && window.tokens.per_minute > 0
+        {
+            let floor = -f64::from(window.tokens.per_minute);
+            window.tokens.level = (window.tokens.level - tokens as f64).max(floor);
+        }
     }
 
     /// `llmgw_router_key_limited_total`, for `/metrics`.
@@ -137,101 +217,94 @@ impl Limiter {
     }
 }
 
-impl KeyWindow {
-    fn refill(&mut self, per_minute: u32, now: Instant) {
-        let per_second = f64::from(per_minute) / 60.0;
-        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        if self.per_minute != per_minute {
-            // A limit just set starts with a full minute; a lowered one
-            // keeps no more than it allows.
-            self.tokens = if self.per_minute == 0 {
-                f64::from(per_minute)
-            } else {
-                self.tokens.min(f64::from(per_minute))
-            };
-            self.per_minute = per_minute;
-        }
-        self.tokens = (self.tokens + elapsed * per_second).min(f64::from(per_minute));
-        self.refilled = now;
-    }
-
-    fn headers(&self, per_minute: u32) -> RateHeaders {
-        let per_second = f64::from(per_minute.max(1)) / 60.0;
-        RateHeaders {
-            limit: per_minute,
-            remaining: self.tokens.max(0.0).floor() as u32,
-            reset: Duration::from_secs_f64(
-                (f64::from(per_minute) - self.tokens).max(0.0) / per_second,
+/// The first limit the request is over, if any.
+fn over_a_limit(grant: &Grant, window: &KeyWindow, now_ms: u64) -> Option<Over> {
+    let limits = grant.limits;
+    let name = &grant.name;
+    if let Some(per_minute) = limits.requests_per_minute
+        && window.requests.level < 1.0
+    {
+        let retry = window.requests.seconds_until(1.0);
+        return Some(Over {
+            limit: REQUESTS_PER_MINUTE,
+            code: "rate_limit_exceeded",
+            message: format!(
+                "Rate limit reached for requests on API key `{name}`: limit {per_minute} per minute (requests_per_minute). Please try again in {retry}s."
             ),
-        }
+            retry_after_s: retry,
+        });
     }
-
-    /// Seconds until one more request fits the rate.
-    fn next_token_in(&self) -> u64 {
-        let per_second = f64::from(self.per_minute.max(1)) / 60.0;
-        (((1.0 - self.tokens).max(0.0)) / per_second)
-            .ceil()
-            .max(1.0) as u64
+    if let Some(per_minute) = limits.tokens_per_minute
+        && window.tokens.level <= 0.0
+    {
+        let retry = window.tokens.seconds_until(1.0);
+        return Some(Over {
+            limit: TOKENS_PER_MINUTE,
+            code: "rate_limit_exceeded",
+            message: format!(
+                "Rate limit reached for tokens on API key `{name}`: limit {per_minute} per minute (tokens_per_minute). Please try again in {retry}s."
+            ),
+            retry_after_s: retry,
+        });
     }
-}
-
-fn refusal(
-    grant: &Grant,
-    limit: &'static str,
-    window: &KeyWindow,
-    in_flight: u32,
-    headers: Option<RateHeaders>,
-) -> ApiError {
-    let (message, retry) = if limit == REQUESTS_PER_MINUTE {
-        let retry = window.next_token_in();
+    let in_flight = window.in_flight.load(Ordering::Acquire);
+    if let Some(max) = limits.max_concurrent_requests
+        && in_flight >= max
+    {
+        return Some(Over {
+            limit: CONCURRENT,
+            code: "rate_limit_exceeded",
+            message: format!(
+                "Too many concurrent requests on API key `{name}`: {in_flight} in flight, limit {max} (max_concurrent_requests). Please try again when one finishes."
+            ),
+            retry_after_s: 1,
+        });
+    }
+    let renewals = llmgw_api::usage::renewals(now_ms);
+    for (limit, budget, spent, period, renews_in) in [
         (
-            format!(
-                "Rate limit reached for requests on API key `{}`: limit {} per minute (requests_per_minute). Please try again in {retry}s.",
-                grant.name, window.per_minute
-            ),
-            retry,
-        )
-    } else {
+            TOKENS_PER_DAY,
+            limits.tokens_per_day,
+            grant.spent.day_tokens,
+            "today",
+            renewals.day_s,
+        ),
         (
-            format!(
-                "Too many concurrent requests on API key `{}`: {in_flight} in flight, limit {} (max_concurrent_requests). Please try again when one finishes.",
-                grant.name,
-                grant.limits.max_concurrent_requests.unwrap_or(0)
-            ),
-            1,
-        )
-    };
-    let mut error = ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limit_exceeded",
-        message,
-    )
-    .retry_after(retry);
-    error.rate_headers = headers.map(|h| Box::new(h.pairs()));
-    error
-}
-
-impl RateHeaders {
-    fn pairs(self) -> [(&'static str, String); 3] {
-        [
-            ("x-ratelimit-limit-requests", self.limit.to_string()),
-            ("x-ratelimit-remaining-requests", self.remaining.to_string()),
-            ("x-ratelimit-reset-requests", duration_text(self.reset)),
-        ]
+            TOKENS_PER_MONTH,
+            limits.tokens_per_month,
+            grant.spent.month_tokens,
+            "this month",
+            renewals.month_s,
+        ),
+    ] {
+        if let Some(budget) = budget
+            && spent >= budget
+        {
+            return Some(Over {
+                limit,
+                code: "insufficient_quota",
+                message: format!(
+                    "API key `{name}` has used its budget for {period}: {spent} of {budget} tokens ({limit}). It renews in {}.",
+                    duration_text(Duration::from_secs(renews_in))
+                ),
+                retry_after_s: renews_in.max(1),
+            });
+        }
     }
+    None
 }
 
-/// As OpenAI writes resets: `20ms`, `6s`, `1m30s`.
+/// As OpenAI writes resets: `20ms`, `6s`, `1m30s`; longer ones `3h12m0s`.
 fn duration_text(d: Duration) -> String {
     let ms = d.as_millis();
     if ms < 1_000 {
         return format!("{ms}ms");
     }
     let s = d.as_secs_f64().ceil() as u64;
-    if s < 60 {
-        format!("{s}s")
-    } else {
-        format!("{}m{}s", s / 60, s % 60)
+    match s {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3_600 => format!("{}m{}s", s / 60, s % 60),
+        s => format!("{}h{}m{}s", s / 3_600, (s % 3_600) / 60, s % 60),
     }
 }
 
@@ -247,9 +320,7 @@ impl Admitted {
     /// The answer with the `x-ratelimit-*` headers, its body holding the
     /// concurrency permit until it is done or dropped.
     pub fn attach(self, mut response: Response<ResponseBody>) -> Response<ResponseBody> {
-        if let Some(rate) = self.rate {
-            insert_rate_headers(response.headers_mut(), &rate.pairs());
-        }
+        insert_rate_headers(response.headers_mut(), &self.headers);
         match self.permit {
             None => response,
             Some(permit) => response.map(|inner| {
@@ -292,6 +363,7 @@ impl Body for WithPermit {
 mod tests {
     use super::*;
     use llmgw_api::keys::KeyLimits;
+    use llmgw_api::usage::KeySpend as Spent;
 
     fn grant(limits: KeyLimits) -> Grant {
         Grant {
@@ -301,7 +373,17 @@ mod tests {
             limits,
             expires_at_ms: None,
             revoked: false,
+            spent: Spent::default(),
         }
+    }
+
+    fn header<'a>(error: &'a ApiError, name: &str) -> &'a str {
+        error
+            .rate_headers
+            .as_ref()
+            .and_then(|h| h.iter().find(|(n, _)| *n == name))
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {name}"))
     }
 
     #[test]
@@ -314,30 +396,98 @@ mod tests {
         let start = Instant::now();
         for _ in 0..60 {
             limiter
-                .admit(&key, start)
+                .admit(&key, start, 0)
                 .expect("within the minute's burst");
         }
-        let refused = limiter.admit(&key, start).unwrap_err();
+        let refused = limiter.admit(&key, start, 0).unwrap_err();
         assert_eq!(refused.status, 429);
         assert_eq!(refused.retry_after_s, Some(1));
-        let headers = refused.rate_headers.clone().unwrap();
-        assert_eq!(headers[0].1, "60");
-        assert_eq!(headers[1].1, "0");
-        assert_eq!(headers[2].1, "1m0s");
+        assert_eq!(header(&refused, "x-ratelimit-limit-requests"), "60");
+        assert_eq!(header(&refused, "x-ratelimit-remaining-requests"), "0");
+        assert_eq!(header(&refused, "x-ratelimit-reset-requests"), "1m0s");
         // One request a second comes back.
         limiter
-            .admit(&key, start + Duration::from_millis(1_001))
+            .admit(&key, start + Duration::from_millis(1_001), 0)
             .expect("refilled at 1/s");
         assert!(
             limiter
-                .admit(&key, start + Duration::from_millis(1_002))
+                .admit(&key, start + Duration::from_millis(1_002), 0)
                 .is_err()
         );
         let mut page = String::new();
         limiter.render(&mut page);
-        assert!(page.contains(
-            "llmgw_router_key_limited_total{key=\"ci\",limit=\"requests_per_minute\",mode=\"enforced\"} 2"
-        ), "{page}");
+        assert!(
+            page.contains(
+                "llmgw_router_key_limited_total{key=\"ci\",limit=\"requests_per_minute\",mode=\"enforced\"} 2"
+            ),
+            "{page}"
+        );
+    }
+
+    #[test]
+    fn tokens_are_charged_after_the_answer_and_waited_out() {
+        let limiter = Limiter::default();
+        let key = grant(KeyLimits {
+            tokens_per_minute: Some(600),
+            ..KeyLimits::default()
+        });
+        let start = Instant::now();
+        drop(
+            limiter
+                .admit(&key, start, 0)
+                .expect("a full minute of tokens"),
+        );
+        // A large answer takes the bucket below zero.
+        limiter.charge("ci", 900);
+        let refused = limiter.admit(&key, start, 0).unwrap_err();
+        assert!(
+            refused.message.contains("tokens_per_minute"),
+            "{}",
+            refused.message
+        );
+        // 300 tokens of debt at 10 a second: 30 s.
+        assert_eq!(refused.retry_after_s, Some(31));
+        limiter
+            .admit(&key, start + Duration::from_secs(31), 0)
+            .expect("the debt is paid off");
+    }
+
+    #[test]
+    fn budgets_refuse_until_the_day_or_month_renews() {
+        let limiter = Limiter::default();
+        let mut key = grant(KeyLimits {
+            tokens_per_day: Some(1_000),
+            tokens_per_month: Some(100_000),
+            ..KeyLimits::default()
+        });
+        key.spent = Spent {
+            day_tokens: 999,
+            month_tokens: 5_000,
+        };
+        // 2026-12-06 23:00 UTC.
+        let now_ms = (20_793 * 86_400 + 23 * 3_600) * 1_000;
+        limiter
+            .admit(&key, Instant::now(), now_ms)
+            .expect("under the day's budget");
+        key.spent.day_tokens = 1_000;
+        let refused = limiter.admit(&key, Instant::now(), now_ms).unwrap_err();
+        assert_eq!(refused.code, "insufficient_quota");
+        assert_eq!(refused.retry_after_s, Some(3_600));
+        assert!(
+            refused.message.contains("1000 of 1000 tokens"),
+            "{}",
+            refused.message
+        );
+        key.spent.day_tokens = 0;
+        key.spent.month_tokens = 100_000;
+        let refused = limiter.admit(&key, Instant::now(), now_ms).unwrap_err();
+        assert!(
+            refused.message.contains("this month"),
+            "{}",
+            refused.message
+        );
+        // 2027-01-01 00:00 UTC is 25 days and an hour away.
+        assert_eq!(refused.retry_after_s, Some(25 * 86_400 + 3_600));
     }
 
     #[test]
@@ -348,9 +498,9 @@ mod tests {
             ..KeyLimits::default()
         });
         let now = Instant::now();
-        let first = limiter.admit(&key, now).unwrap();
-        let second = limiter.admit(&key, now).unwrap();
-        let refused = limiter.admit(&key, now).unwrap_err();
+        let first = limiter.admit(&key, now, 0).unwrap();
+        let second = limiter.admit(&key, now, 0).unwrap();
+        let refused = limiter.admit(&key, now, 0).unwrap_err();
         assert!(
             refused.message.contains("2 in flight"),
             "{}",
@@ -359,7 +509,7 @@ mod tests {
         let answer = first.attach(crate::openai::json_response(StatusCode::OK, "{}".into()));
         drop(answer);
         let third = limiter
-            .admit(&key, now)
+            .admit(&key, now, 0)
             .expect("the first answer released its slot");
         drop((second, third));
     }
@@ -375,7 +525,7 @@ mod tests {
         let now = Instant::now();
         for _ in 0..3 {
             limiter
-                .admit(&key, now)
+                .admit(&key, now, 0)
                 .expect("shadow mode refuses nothing");
         }
         let mut page = String::new();
@@ -388,5 +538,6 @@ mod tests {
         assert_eq!(duration_text(Duration::from_millis(20)), "20ms");
         assert_eq!(duration_text(Duration::from_millis(5_200)), "6s");
         assert_eq!(duration_text(Duration::from_secs(90)), "1m30s");
+        assert_eq!(duration_text(Duration::from_secs(3_661)), "1h1m1s");
     }
 }

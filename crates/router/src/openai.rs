@@ -19,7 +19,7 @@ pub struct ApiError {
     /// Seconds for a `Retry-After` header.
     pub retry_after_s: Option<u64>,
     /// `x-ratelimit-*` headers of a request over a key's limit.
-    pub rate_headers: Option<Box<[(&'static str, String); 3]>>,
+    pub rate_headers: Option<Box<[(&'static str, String)]>>,
 }
 
 impl ApiError {

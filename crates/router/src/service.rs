@@ -40,7 +40,7 @@ pub struct Shared {
     /// Requests waiting for such a replica now.
     pub held_requests: std::sync::atomic::AtomicUsize,
     /// Per-key limits.
-    pub limiter: crate::limits::Limiter,
+    pub limiter: Arc<crate::limits::Limiter>,
     /// What each key used.
     pub usage: Arc<crate::usage::UsageLedger>,
 }
@@ -172,7 +172,10 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
             shared.metrics.request_refused(&model.name, 403);
             return forbidden(grant, &peeked.model).into_response();
         }
-        Some(grant) => match shared.limiter.admit(grant, tokio::time::Instant::now()) {
+        Some(grant) => match shared
+            .limiter
+            .admit(grant, tokio::time::Instant::now(), now_ms())
+        {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 shared.metrics.request_refused(&model.name, 429);
@@ -242,9 +245,13 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         Some(grant) => {
             let status = response.status().as_u16();
             response.map(|body| {
+                let charge = grant
+                    .limits
+                    .tokens_per_minute
+                    .map(|_| Arc::clone(&shared.limiter));
                 shared
                     .usage
-                    .meter(&grant.name, &grant.team, &model.name, status, body)
+                    .meter(&grant.name, &grant.team, &model.name, status, body, charge)
                     .boxed_unsync()
             })
         }

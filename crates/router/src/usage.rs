@@ -69,6 +69,7 @@ impl UsageLedger {
         model: &str,
         status: u16,
         body: ResponseBody,
+        charge: Option<Arc<crate::limits::Limiter>>,
     ) -> Metered {
         Metered {
             inner: body,
@@ -80,6 +81,7 @@ impl UsageLedger {
                     model: model.to_owned(),
                 },
                 failed: status >= 400,
+                charge,
                 ended: false,
                 events: 0,
                 tail: Vec::new(),
@@ -230,6 +232,8 @@ struct Meter {
     ledger: Arc<UsageLedger>,
     account: Account,
     failed: bool,
+    /// Where the tokens are charged against the key's per-minute limit.
+    charge: Option<Arc<crate::limits::Limiter>>,
     ended: bool,
     /// Server-sent events carrying a choice's delta, as relayed.
     events: u64,
@@ -272,6 +276,13 @@ impl Drop for Meter {
             usage: last_usage(&self.tail),
             relayed_events: self.events,
         };
+        if let Some(limiter) = &self.charge {
+            let tokens = match outcome.usage {
+                Some(usage) => usage.prompt_tokens + usage.completion_tokens,
+                None => outcome.relayed_events,
+            };
+            limiter.charge(&self.account.key, tokens);
+        }
         self.ledger
             .record(std::mem::take(&mut self.account), outcome);
     }
@@ -464,7 +475,7 @@ mod tests {
         let ledger = Arc::new(UsageLedger::default());
         let answer = r#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":8}},"kv_transfer_params":null}"#;
         let (head, rest) = answer.split_at(40);
-        let metered = ledger.meter("ci", "search", "qwen", 200, body(&[head, rest]));
+        let metered = ledger.meter("ci", "search", "qwen", 200, body(&[head, rest]), None);
         metered.collect().await.unwrap();
         let text = page(&ledger);
         for line in [
@@ -488,12 +499,12 @@ mod tests {
             "data: [DONE]\n\n",
         ];
         ledger
-            .meter("ci", "", "qwen", 200, body(&events))
+            .meter("ci", "", "qwen", 200, body(&events), None)
             .collect()
             .await
             .unwrap();
         // The client reads two events and goes away.
-        let mut cut = ledger.meter("ci", "", "qwen", 200, body(&events));
+        let mut cut = ledger.meter("ci", "", "qwen", 200, body(&events), None);
         for _ in 0..2 {
             cut.frame().await.unwrap().unwrap();
         }

@@ -98,7 +98,15 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
     }
     RoutingTable {
         models,
-        keys: llmgw_router::KeyRing::from_records(fleet.api_keys.values()),
+        keys: {
+            let now_ms = llmgw_raft::now_ms();
+            llmgw_router::KeyRing::with_spend(
+                fleet
+                    .api_keys
+                    .values()
+                    .map(|k| (k, fleet.usage.spent(&k.name, now_ms))),
+            )
+        },
     }
 }
 

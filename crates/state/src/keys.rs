@@ -45,6 +45,17 @@ pub struct KeyLimits {
     pub requests_per_minute: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_requests: Option<u32>,
+    /// Prompt and completion tokens per minute, charged when each answer
+    /// is over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u32>,
+    /// Prompt and completion tokens per UTC day, over every router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    /// Prompt and completion tokens per UTC calendar month, over every
+    /// router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_month: Option<u64>,
     /// Report what the limits would refuse (metric and log) without
     /// refusing: for trying a new limit on live traffic.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -53,7 +64,11 @@ pub struct KeyLimits {
 
 impl KeyLimits {
     pub fn is_unlimited(&self) -> bool {
-        self.requests_per_minute.is_none() && self.max_concurrent_requests.is_none()
+        self.requests_per_minute.is_none()
+            && self.max_concurrent_requests.is_none()
+            && self.tokens_per_minute.is_none()
+            && self.tokens_per_day.is_none()
+            && self.tokens_per_month.is_none()
     }
 }
 

@@ -27,4 +27,7 @@ pub use types::{
     NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout,
     ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
 };
-pub use usage::{LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals};
+pub use usage::{
+    KeySpend, LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals, civil_from_days,
+    days_from_civil,
+};

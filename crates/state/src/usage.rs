@@ -44,6 +44,16 @@ impl UsageTotals {
     }
 }
 
+/// Tokens (prompt and completion) a key used in the current UTC day and
+/// month, over every router: what budgets are checked against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeySpend {
+    #[serde(default)]
+    pub day_tokens: u64,
+    #[serde(default)]
+    pub month_tokens: u64,
+}
+
 /// One line of a router's report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRow {
@@ -81,6 +91,27 @@ impl Usage {
         self.minutes.is_empty() && self.reporters.is_empty()
     }
 
+    /// What `key` spent in the UTC day and month of `now_ms`.
+    pub fn spent(&self, key: &str, now_ms: u64) -> KeySpend {
+        let Some(models) = self.minutes.get(key) else {
+            return KeySpend::default();
+        };
+        let today = now_ms / 86_400_000;
+        let (year, month, _) = civil_from_days(today);
+        let month_start = days_from_civil(year, month, 1);
+        let mut spend = KeySpend::default();
+        for minutes in models.values() {
+            for (minute, totals) in minutes.range(month_start * 1_440..) {
+                let tokens = totals.prompt_tokens + totals.completion_tokens;
+                spend.month_tokens += tokens;
+                if minute / 1_440 == today {
+                    spend.day_tokens += tokens;
+                }
+            }
+        }
+        spend
+    }
+
     /// Every row, oldest minute first within each key and model.
     pub fn rows(&self) -> impl Iterator<Item = UsageRow> + '_ {
         self.minutes.iter().flat_map(|(key, models)| {
@@ -93,5 +124,74 @@ impl Usage {
                 })
             })
         })
+    }
+}
+
+/// The UTC (year, month, day) of a day counted from the Unix epoch
+/// (Howard Hinnant's civil-from-days).
+pub fn civil_from_days(days_since_epoch: u64) -> (i64, u32, u32) {
+    let z = days_since_epoch as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// The day, counted from the Unix epoch, of a UTC date (days-from-civil).
+pub fn days_from_civil(year: i64, month: u32, day: u32) -> u64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    (era * 146_097 + doe - 719_468).max(0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_round_trip() {
+        for day in [0, 59, 11_016, 20_793, 20_818, 40_000] {
+            let (y, m, d) = civil_from_days(day);
+            assert_eq!(days_from_civil(y, m, d), day, "{y}-{m}-{d}");
+        }
+        assert_eq!(civil_from_days(20_793), (2026, 12, 6));
+    }
+
+    #[test]
+    fn spend_counts_the_current_day_and_month() {
+        let mut usage = Usage::default();
+        let minutes = usage
+            .minutes
+            .entry("ci".into())
+            .or_default()
+            .entry("qwen".into())
+            .or_default();
+        let day = 20_793; // 2026-12-06
+        let tokens = |n| UsageTotals {
+            prompt_tokens: n,
+            completion_tokens: n,
+            ..UsageTotals::default()
+        };
+        minutes.insert((day - 6) * 1_440, tokens(1)); // 2026-11-30: last month
+        minutes.insert((day - 5) * 1_440, tokens(10)); // 2026-12-01
+        minutes.insert(day * 1_440 + 5, tokens(100));
+        let spent = usage.spent("ci", day * 86_400_000 + 3_600_000);
+        assert_eq!(
+            spent,
+            KeySpend {
+                day_tokens: 200,
+                month_tokens: 220
+            }
+        );
+        assert_eq!(usage.spent("other", 0), KeySpend::default());
     }
 }

@@ -6,7 +6,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use bytes::Bytes;
 use llmgw_api::keys::{
-    ApiKeyRecord, IssuedKey, KeyRequest, SECRET_PREFIX, secret_digest, shown_prefix,
+    ApiKeyRecord, IssuedKey, KeyRequest, KeyView, SECRET_PREFIX, secret_digest, shown_prefix,
 };
 use llmgw_raft::now_ms;
 use llmgw_state::{Command, check_key_name};
@@ -19,26 +19,43 @@ use super::{ApiError, ApiState, ReadQuery};
 pub async fn list(
     State(state): State<ApiState>,
     Query(query): Query<ReadQuery>,
-) -> Result<Json<Vec<ApiKeyRecord>>, ApiError> {
+) -> Result<Json<Vec<KeyView>>, ApiError> {
     state.before_read(&query).await?;
-    Ok(Json(
-        state
-            .control
-            .read(|fleet| fleet.api_keys.values().cloned().collect()),
-    ))
+    let now_ms = now_ms();
+    Ok(Json(state.control.read(|fleet| {
+        fleet
+            .api_keys
+            .values()
+            .map(|key| view(fleet, key, now_ms))
+            .collect()
+    })))
 }
 
 pub async fn get_one(
     State(state): State<ApiState>,
     Path(name): Path<String>,
     Query(query): Query<ReadQuery>,
-) -> Result<Json<ApiKeyRecord>, ApiError> {
+) -> Result<Json<KeyView>, ApiError> {
     state.before_read(&query).await?;
+    let now_ms = now_ms();
     state
         .control
-        .read(|fleet| fleet.api_keys.get(&name).cloned())
+        .read(|fleet| {
+            fleet
+                .api_keys
+                .get(&name)
+                .map(|key| view(fleet, key, now_ms))
+        })
         .map(Json)
         .ok_or_else(|| ApiError::not_found(format!("there is no API key {name}")))
+}
+
+/// The key with what it spent today and this month.
+fn view(fleet: &llmgw_state::FleetState, key: &ApiKeyRecord, now_ms: u64) -> KeyView {
+    KeyView {
+        key: key.clone(),
+        spent: fleet.usage.spent(&key.name, now_ms),
+    }
 }
 
 pub async fn create(
