@@ -308,7 +308,13 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         .await
         .unwrap();
     assert_eq!(status, 200, "a budget: {body}");
-    every_router_answers(&http, &routers, Some(&issued.secret), "429 insufficient_quota").await;
+    every_router_answers(
+        &http,
+        &routers,
+        Some(&issued.secret),
+        "429 insufficient_quota",
+    )
+    .await;
 
     // A rotated secret: the old one is refused everywhere, the new one works.
     let (status, body) = admin
