@@ -196,7 +196,25 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
     // admitted, the one over it refused, with OpenAI's headers. Router B
     // keeps a bucket of its own.
     let started = Instant::now();
-    let mut admitted = 0u32;
+    // The first is a stream whose client did not ask for usage: the
+    // router asks the engine for it, charges it, and keeps the extra
+    // event from the client.
+    let streamed = http
+        .post(format!("{}/v1/chat/completions", routers[0]))
+        .bearer_auth(&issued.secret)
+        .json(&json!({"model": MODEL, "stream": true, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "Say hello"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    let events = streamed.text().await.unwrap();
+    assert!(events.trim_end().ends_with("data: [DONE]"), "{events}");
+    assert!(
+        !events.contains("\"usage\":{"),
+        "usage the client did not ask for: {events}"
+    );
+    let mut admitted = 1u32;
     let refusal = loop {
         let (status, headers, body) = chat_as(&http, &routers[0], MODEL, Some(&issued.secret))
             .await
@@ -234,7 +252,8 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
     );
 
     // Router A charged the key for what the engine reported: the admitted
-    // chats, their prompt and completion tokens, nothing estimated.
+    // chats, their prompt and completion tokens, nothing estimated (the
+    // stream's usage too).
     // Each is recorded once its answer's body is dropped, just after the
     // client read its end.
     let account = "key=\"ci\",team=\"search\",model=\"qwen-0.5b\"";

@@ -78,7 +78,7 @@ fn per_request(
                         .boxed_unsync();
                     let answer = if metered {
                         ledger
-                            .meter(&grant.name, &grant.team, "m", 200, body, None)
+                            .meter(&grant.name, &grant.team, "m", 200, body)
                             .boxed_unsync()
                     } else {
                         body

@@ -225,6 +225,20 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
     } else {
         bytes.clone()
     };
+    // A keyed stream is charged what its engine counted: ask for usage
+    // when the client did not, and keep the extra event from the client.
+    let mut usage_asked = false;
+    let body = if grant.is_some() && peeked.stream {
+        match crate::usage::ask_for_usage(&body) {
+            Some(asked) => {
+                usage_asked = true;
+                asked
+            }
+            None => body,
+        }
+    } else {
+        body
+    };
     let tokens = if shared.settings.policy == BalancePolicy::CacheAware {
         crate::kv::request_tokens(shared, model, &bytes, &[]).await
     } else {
@@ -251,7 +265,9 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
                     .map(|_| Arc::clone(&shared.limiter));
                 shared
                     .usage
-                    .meter(&grant.name, &grant.team, &model.name, status, body, charge)
+                    .meter(&grant.name, &grant.team, &model.name, status, body)
+                    .charging(charge)
+                    .stripping_usage(usage_asked && status == 200)
                     .boxed_unsync()
             })
         }

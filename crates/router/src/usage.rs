@@ -69,10 +69,11 @@ impl UsageLedger {
         model: &str,
         status: u16,
         body: ResponseBody,
-        charge: Option<Arc<crate::limits::Limiter>>,
     ) -> Metered {
         Metered {
             inner: body,
+            inner_done: false,
+            strip: None,
             meter: Meter {
                 ledger: Arc::clone(self),
                 account: Account {
@@ -81,7 +82,7 @@ impl UsageLedger {
                     model: model.to_owned(),
                 },
                 failed: status >= 400,
-                charge,
+                charge: None,
                 ended: false,
                 events: 0,
                 tail: Vec::new(),
@@ -396,7 +397,26 @@ pub(crate) async fn report_loop(
 
 pub struct Metered {
     inner: ResponseBody,
+    /// The inner body has ended (it is not polled again).
+    inner_done: bool,
+    /// Set when the router asked for usage the client did not.
+    strip: Option<UsageStripper>,
     meter: Meter,
+}
+
+impl Metered {
+    /// Charges the answer's tokens to the key's per-minute token limit.
+    pub fn charging(mut self, limiter: Option<Arc<crate::limits::Limiter>>) -> Self {
+        self.meter.charge = limiter;
+        self
+    }
+
+    /// The router asked the engine for usage the client did not ask for:
+    /// the usage event is read and kept from the client.
+    pub fn stripping_usage(mut self, strip: bool) -> Self {
+        self.strip = strip.then(UsageStripper::default);
+        self
+    }
 }
 
 impl Body for Metered {
@@ -408,32 +428,138 @@ impl Body for Metered {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.meter.observe(data);
-                }
-                // The client's side may stop at the last frame without
-                // asking for the end.
-                if this.inner.is_end_stream() {
+        loop {
+            if this.inner_done {
+                let rest = this.strip.as_mut().map(UsageStripper::finish);
+                return Poll::Ready(rest.filter(|r| !r.is_empty()).map(|r| Ok(Frame::data(r))));
+            }
+            let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => frame,
+                Poll::Ready(None) => {
                     this.meter.ended = true;
+                    this.inner_done = true;
+                    continue;
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    this.meter.failed = true;
+                    return Poll::Ready(Some(Err(error)));
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            if let Some(data) = frame.data_ref() {
+                this.meter.observe(data);
+            }
+            // The client's side may stop at the last frame without asking
+            // for the end.
+            if this.inner.is_end_stream() {
+                this.meter.ended = true;
+                this.inner_done = true;
+            }
+            let Some(strip) = this.strip.as_mut() else {
+                return Poll::Ready(Some(Ok(frame)));
+            };
+            let mut passed = match frame.into_data() {
+                Ok(data) => strip.pass(&data),
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            };
+            if this.inner_done {
+                let rest = strip.finish();
+                if !rest.is_empty() {
+                    let mut joined = Vec::with_capacity(passed.len() + rest.len());
+                    joined.extend_from_slice(&passed);
+                    joined.extend_from_slice(&rest);
+                    passed = Bytes::from(joined);
                 }
             }
-            Poll::Ready(None) => this.meter.ended = true,
-            Poll::Ready(Some(Err(_))) => this.meter.failed = true,
-            Poll::Pending => {}
+            if !passed.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(passed))));
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner_done && self.strip.as_ref().is_none_or(|s| s.partial.is_empty())
+            || (self.strip.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.strip.is_some() {
+            return SizeHint::default();
+        }
         self.inner.size_hint()
     }
+}
+
+/// The request with `stream_options.include_usage` set, for a stream whose
+/// client did not ask for usage; `None` when it did (or the body is not a
+/// JSON object, which the engine refuses on its own).
+pub(crate) fn ask_for_usage(body: &[u8]) -> Option<Bytes> {
+    let mut request: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).ok()?;
+    let options = request
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    let serde_json::Value::Object(options) = options else {
+        return None;
+    };
+    if options.get("include_usage") == Some(&serde_json::Value::Bool(true)) {
+        return None;
+    }
+    options.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&request).ok().map(Bytes::from)
+}
+
+/// Takes the usage event the client did not ask for out of a stream:
+/// complete events pass at once, a partial one waits for its end. Engines
+/// end events with a blank line (`\n\n`).
+#[derive(Default)]
+struct UsageStripper {
+    partial: Vec<u8>,
+}
+
+static EVENT_END: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\n\n"));
+static USAGE_OBJECT: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\":{"));
+static NO_CHOICES: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"choices\":[]"));
+
+impl UsageStripper {
+    /// What of `data` goes to the client now.
+    fn pass(&mut self, data: &[u8]) -> Bytes {
+        self.partial.extend_from_slice(data);
+        let Some(end) = memmem::rfind(&self.partial, b"\n\n") else {
+            return Bytes::new();
+        };
+        let rest = self.partial.split_off(end + 2);
+        let complete = std::mem::replace(&mut self.partial, rest);
+        if USAGE_OBJECT.find(&complete).is_none() {
+            return Bytes::from(complete);
+        }
+        let mut out = Vec::with_capacity(complete.len());
+        let mut start = 0;
+        for at in EVENT_END.find_iter(&complete) {
+            let event = &complete[start..at + 2];
+            if !is_usage_event(event) {
+                out.extend_from_slice(event);
+            }
+            start = at + 2;
+        }
+        Bytes::from(out)
+    }
+
+    /// What is left once the stream ended (an event without its blank
+    /// line), passed as it is.
+    fn finish(&mut self) -> Bytes {
+        Bytes::from(std::mem::take(&mut self.partial))
+    }
+}
+
+/// `data: {...,"choices":[],...,"usage":{...}}`: the usage chunk.
+fn is_usage_event(event: &[u8]) -> bool {
+    event.starts_with(b"data: {")
+        && NO_CHOICES.find(event).is_some()
+        && USAGE_OBJECT.find(event).is_some()
 }
 
 #[cfg(test)]
@@ -475,7 +601,7 @@ mod tests {
         let ledger = Arc::new(UsageLedger::default());
         let answer = r#"{"id":"c","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"total_tokens":17,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":8}},"kv_transfer_params":null}"#;
         let (head, rest) = answer.split_at(40);
-        let metered = ledger.meter("ci", "search", "qwen", 200, body(&[head, rest]), None);
+        let metered = ledger.meter("ci", "search", "qwen", 200, body(&[head, rest]));
         metered.collect().await.unwrap();
         let text = page(&ledger);
         for line in [
@@ -499,12 +625,12 @@ mod tests {
             "data: [DONE]\n\n",
         ];
         ledger
-            .meter("ci", "", "qwen", 200, body(&events), None)
+            .meter("ci", "", "qwen", 200, body(&events))
             .collect()
             .await
             .unwrap();
         // The client reads two events and goes away.
-        let mut cut = ledger.meter("ci", "", "qwen", 200, body(&events), None);
+        let mut cut = ledger.meter("ci", "", "qwen", 200, body(&events));
         for _ in 0..2 {
             cut.frame().await.unwrap().unwrap();
         }
@@ -520,6 +646,51 @@ mod tests {
         );
         // 3 delta events relayed whole, 2 of the cancelled one.
         assert!(text.contains("kind=\"completion\"} 5"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn usage_the_client_did_not_ask_for_is_counted_and_kept_from_it() {
+        let ledger = Arc::new(UsageLedger::default());
+        let stream = [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"cho",
+            "ices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            "data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n",
+        ];
+        let seen = ledger
+            .meter("ci", "", "qwen", 200, body(&stream))
+            .stripping_usage(true)
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(
+            String::from_utf8_lossy(&seen),
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
+             data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n\
+             data: [DONE]\n\n"
+        );
+        let text = page(&ledger);
+        assert!(text.contains("kind=\"prompt\"} 7"), "{text}");
+        assert!(text.contains("kind=\"completion\"} 2"), "{text}");
+        assert!(
+            text.contains("estimated_requests_total{key=\"ci\",team=\"\",model=\"qwen\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn usage_is_asked_for_unless_the_client_did() {
+        let asked = ask_for_usage(
+            br#"{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}"#,
+        )
+        .unwrap();
+        let asked: serde_json::Value = serde_json::from_slice(&asked).unwrap();
+        assert_eq!(asked["stream_options"]["include_usage"], true);
+        assert_eq!(asked["stream_options"]["continuous_usage_stats"], false);
+        assert_eq!(
+            ask_for_usage(br#"{"stream_options":{"include_usage":true}}"#),
+            None
+        );
     }
 
     #[test]
