@@ -6,6 +6,14 @@ use crate::usage::{LastReport, MAX_USAGE_ROWS, UsageRow};
 
 const MINUTE_MS: u64 = 60_000;
 
+/// How far ahead of the leader's clock a reported minute may be.
+const MAX_CLOCK_AHEAD_MINUTES: u64 = 10;
+
+/// The most (key, model) pairs usage is kept for: a router holding only a
+/// read token cannot grow the state without bound by reporting made-up
+/// keys. Far above what an operator's keys and models make.
+pub const MAX_USAGE_ACCOUNTS: usize = 100_000;
+
 impl FleetState {
     pub(super) fn record_usage(
         &mut self,
@@ -24,7 +32,33 @@ impl FleetState {
                 rows.len()
             ));
         }
+        // A router's clock runs ahead of the leader's by seconds, not
+        // hours: a minute further ahead would outlive every retention.
+        let latest_allowed = at_ms / MINUTE_MS + MAX_CLOCK_AHEAD_MINUTES;
+        if let Some(row) = rows.iter().find(|row| row.minute > latest_allowed) {
+            return Rejection::invalid(format!(
+                "usage of key {} for minute {} is more than {MAX_CLOCK_AHEAD_MINUTES} minutes ahead of the leader's clock",
+                row.key, row.minute
+            ));
+        }
         let usage = &mut self.usage;
+        let accounts: usize = usage.minutes.values().map(|models| models.len()).sum();
+        let new_accounts = rows
+            .iter()
+            .filter(|row| {
+                usage
+                    .minutes
+                    .get(&row.key)
+                    .is_none_or(|models| !models.contains_key(&row.model))
+            })
+            .map(|row| (&row.key, &row.model))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        if accounts + new_accounts > MAX_USAGE_ACCOUNTS {
+            return Rejection::conflict(format!(
+                "usage is kept for at most {MAX_USAGE_ACCOUNTS} (key, model) pairs; this report would add {new_accounts} to {accounts}"
+            ));
+        }
         if let Some(last) = usage.reporters.get(reporter)
             && last.seq >= seq
         {
@@ -118,6 +152,49 @@ mod tests {
         let rows: Vec<_> = state.usage.rows().collect();
         assert_eq!(rows, vec![row("ci", 170, 1)]);
         assert!(!state.usage.reporters.contains_key("b"));
+    }
+
+    #[test]
+    fn minutes_from_the_future_are_refused() {
+        let mut state = FleetState::default();
+        assert!(matches!(
+            state.apply(&report("a", 1, vec![row("ci", 100 + 11, 1)], 100)),
+            Outcome::Rejected(_)
+        ));
+        assert_eq!(
+            state.apply(&report("a", 1, vec![row("ci", 100 + 10, 1)], 100)),
+            Outcome::Applied,
+            "a clock some minutes ahead is fine"
+        );
+    }
+
+    #[test]
+    fn made_up_keys_cannot_grow_usage_without_bound() {
+        let mut state = FleetState::default();
+        let rows = |from: usize, n: usize| -> Vec<UsageRow> {
+            (from..from + n)
+                .map(|i| row(&format!("k{i}"), 1, 1))
+                .collect()
+        };
+        let per_report = crate::usage::MAX_USAGE_ROWS;
+        let mut seq = 0;
+        for start in (0..super::MAX_USAGE_ACCOUNTS).step_by(per_report) {
+            seq += 1;
+            assert_eq!(
+                state.apply(&report("a", seq, rows(start, per_report), 1)),
+                Outcome::Applied
+            );
+        }
+        seq += 1;
+        assert!(matches!(
+            state.apply(&report("a", seq, rows(super::MAX_USAGE_ACCOUNTS, 1), 1)),
+            Outcome::Rejected(_)
+        ));
+        // Known pairs still add up.
+        assert_eq!(
+            state.apply(&report("a", seq, rows(0, 1), 1)),
+            Outcome::Applied
+        );
     }
 
     #[test]
