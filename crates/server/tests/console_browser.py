@@ -179,6 +179,22 @@ def run(driver, dev, servers, tokens, shots):
              lambda: "qwen-0.5b\n1 of 1 replicas ready" in main_text(driver)
              and f"{holder} GPUs" not in main_text(driver).split("qwen-0.5b", 1)[1])
     driver.save_screenshot(os.path.join(shots, "drained.png"))
+
+    # A key created in the console: its secret shown once, then revoked.
+    driver.get(follower["api"] + "/ui/#/keys")
+    wait_for("the keys page says there is none", lambda: "No API key yet" in main_text(driver))
+    type_into(driver, "key-name", "console-ci")
+    type_into(driver, "key-team", "web")
+    type_into(driver, "key-rpm", "60")
+    click(driver, "button[data-action='create-key']")
+    wait_for("the secret is shown once", lambda: "shown this once: sk-llmgw-" in main_text(driver))
+    wait_for("the key is listed live with its limit",
+             lambda: "console-ci" in main_text(driver) and "60 req/min" in main_text(driver)
+             and "live" in main_text(driver))
+    driver.save_screenshot(os.path.join(shots, "keys.png"))
+    click(driver, "button[data-action='revoke-key']")
+    wait_for("the key is revoked", lambda: "Key console-ci revoked" in main_text(driver)
+             and "revoked" in main_text(driver).split("console-ci", 2)[-1])
     log("CONSOLE_OK")
 
 

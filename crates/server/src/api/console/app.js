@@ -12,6 +12,8 @@ const view = {
   models: [],
   rollouts: {},
   explain: {},
+  keys: [],
+  usage: [],
   // Why the views could not be read (cleared by the next good read).
   error: "",
   // What the last action did, or why it was refused (kept until the next).
@@ -64,6 +66,10 @@ async function load() {
     const rollouts = await Promise.all(managed.map((m) =>
       api("/api/v1/models/" + encodeURIComponent(m.name) + "/rollout").catch(() => null)));
     view.rollouts = Object.fromEntries(managed.map((m, i) => [m.name, rollouts[i]]));
+    // Keys and their use: a peer from before keys has neither.
+    [view.keys, view.usage] = await Promise.all([
+      api("/api/v1/keys").catch(() => []), api("/api/v1/usage?days=7").catch(() => []),
+    ]);
   } catch (e) {
     view.error = e.message.startsWith("401") ? "This admin API needs a token: enter a read or write token above. " + e.message : e.message;
   }
@@ -145,7 +151,7 @@ async function follow() {
 }
 
 function statusClass(status) {
-  if (["ready", "leader", "follower", "voter"].includes(status)) return "ok";
+  if (["ready", "leader", "follower", "voter", "live"].includes(status)) return "ok";
   if (["unreachable", "starting", "loading", "pending", "draining", "candidate", "placed"].includes(status)) return "warn";
   return "bad";
 }
@@ -281,6 +287,49 @@ function renderModels() {
   return `<h2>Models and replicas</h2><div class="cards">${cards || "<p>The catalog is empty.</p>"}</div>`;
 }
 
+// Keys, the most used today first, with their limits; the week's use by
+// day, key and model. A secret is shown once, in the notice of the action
+// that created or rotated it.
+function renderKeys() {
+  const limits = (l) => {
+    const parts = [];
+    if (!l) return "none";
+    if (l.requests_per_minute) parts.push(l.requests_per_minute + " req/min");
+    if (l.tokens_per_minute) parts.push(l.tokens_per_minute + " tok/min");
+    if (l.max_concurrent_requests) parts.push(l.max_concurrent_requests + " at once");
+    if (l.tokens_per_day) parts.push(l.tokens_per_day + " tok/day");
+    if (l.tokens_per_month) parts.push(l.tokens_per_month + " tok/month");
+    return (parts.join(", ") || "none") + (l.shadow && parts.length ? " (shadow mode)" : "");
+  };
+  const status = (k) => (k.revoked_at_ms ? "revoked" : k.expires_at_ms && k.expires_at_ms <= Date.now() ? "expired" : "live");
+  const keys = [...view.keys].sort((a, b) => ((b.spent || {}).day_tokens || 0) - ((a.spent || {}).day_tokens || 0));
+  const rows = keys.map((k) => `<tr>
+      <td>${esc(k.name)}</td><td>${esc(k.team || "-")}</td><td class="mono">${esc(k.secret_prefix)}…</td>
+      <td>${esc((k.models || []).join(", ") || "all")}</td><td>${esc(limits(k.limits))}</td>
+      <td>${esc((k.spent || {}).day_tokens || 0)}</td><td>${esc((k.spent || {}).month_tokens || 0)}</td>
+      <td>${k.expires_at_ms ? esc(new Date(k.expires_at_ms).toISOString().slice(0, 16).replace("T", " ")) + " UTC" : "never"}</td>
+      <td>${badge(status(k))}</td>
+      <td>${k.revoked_at_ms ? "" : `<button data-action="rotate-key" data-key="${esc(k.name)}">Rotate</button>
+        <button data-action="revoke-key" data-key="${esc(k.name)}">Revoke</button>`}</td></tr>`).join("");
+  const used = view.usage.map((u) => `<tr><td>${esc(u.day)}</td><td>${esc(u.key)}</td><td>${esc(u.team || "-")}</td><td>${esc(u.model)}</td>
+      <td>${esc(u.completed + u.cancelled + u.failed)}</td><td>${esc(u.prompt_tokens)}</td><td>${esc(u.completion_tokens)}</td>
+      <td>${esc(u.cached_tokens)}</td></tr>`).join("");
+  return `<h2>API keys</h2>
+    <div class="actions" role="group" aria-label="Create a key">
+      <label>Name <input id="key-name" size="14"></label>
+      <label>Team <input id="key-team" size="10"></label>
+      <label>Models <input id="key-models" size="16" placeholder="all"></label>
+      <label>Requests/min <input id="key-rpm" type="number" min="0"></label>
+      <button data-action="create-key">Create</button>
+    </div>
+    <table><caption class="note">Most tokens today first. Limits per minute and concurrency hold on each router; budgets over all of them.</caption>
+      <thead><tr><th>Key</th><th>Team</th><th>Secret</th><th>Models</th><th>Limits</th><th>Tokens today</th><th>This month</th><th>Expires</th><th>Status</th><th></th></tr></thead>
+      <tbody>${rows || '<tr><td colspan="10">No API key yet: routers ask for none until one exists.</td></tr>'}</tbody></table>
+    <h3>Use in the last 7 days</h3>
+    <table><thead><tr><th>Day (UTC)</th><th>Key</th><th>Team</th><th>Model</th><th>Requests</th><th>Prompt tokens</th><th>Completion tokens</th><th>Cached</th></tr></thead>
+      <tbody>${used || '<tr><td colspan="8">No use recorded.</td></tr>'}</tbody></table>`;
+}
+
 let lastHtml = "";
 function render() {
   const route = location.hash.replace(/^#\/?/, "") || "cluster";
@@ -294,7 +343,8 @@ function render() {
   const typed = {};
   for (const input of document.querySelectorAll("#main input")) typed[key(input)] = input.value;
   const body = page === "nodes" && arg ? renderNode(decodeURIComponent(arg))
-    : page === "nodes" ? renderNodes() : page === "models" ? renderModels() : renderCluster();
+    : page === "nodes" ? renderNodes() : page === "models" ? renderModels()
+    : page === "keys" ? renderKeys() : renderCluster();
   const banner = (view.error ? `<p class="error" role="alert">${esc(view.error)}</p>` : "")
     + (view.notice.text
       ? `<p class="${view.notice.refused ? "error" : ""}" role="status">${esc(view.notice.text)}</p>` : "");
@@ -311,7 +361,8 @@ function render() {
 }
 
 async function act(button) {
-  const { action, node, model } = button.dataset;
+  const { action, node, model, key } = button.dataset;
+  const value = (id) => document.getElementById(id).value.trim();
   const done = (text) => { view.notice = { text, refused: false }; };
   try {
     if (action === "cordon" || action === "uncordon") {
@@ -331,6 +382,22 @@ async function act(button) {
     } else if (action === "rollback") {
       await api("/api/v1/models/" + encodeURIComponent(model) + "/rollback", { method: "POST" });
       done(`${model}: rolling back to its previous launch spec, make-before-break.`);
+    } else if (action === "create-key") {
+      const limits = {};
+      if (Number(value("key-rpm")) > 0) limits.requests_per_minute = Number(value("key-rpm"));
+      const models = value("key-models").split(",").map((m) => m.trim()).filter(Boolean);
+      const issued = await api("/api/v1/keys", {
+        method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ name: value("key-name"), team: value("key-team"), models, limits }),
+      });
+      for (const id of ["key-name", "key-team", "key-models", "key-rpm"]) document.getElementById(id).value = "";
+      done(`Key ${issued.key.name} created. Its secret, shown this once: ${issued.secret}`);
+    } else if (action === "rotate-key") {
+      const issued = await api(`/api/v1/keys/${encodeURIComponent(key)}/rotate`, { method: "POST" });
+      done(`Key ${key} rotated; the old secret is refused from now on. The new one, shown this once: ${issued.secret}`);
+    } else if (action === "revoke-key") {
+      await api(`/api/v1/keys/${encodeURIComponent(key)}`, { method: "DELETE" });
+      done(`Key ${key} revoked: every router refuses it within a second.`);
     }
   } catch (e) {
     view.notice = { text: `${action} refused: ${e.message}`, refused: true };
