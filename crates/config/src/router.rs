@@ -35,6 +35,9 @@ pub struct RouterConfig {
     pub max_body_bytes: usize,
     pub api_keys: Vec<ApiKey>,
     pub resume: Resume,
+    /// How often the router reports what its API keys used to the
+    /// control plane.
+    pub usage_report_interval: Duration,
 }
 
 /// Mid-stream failover: a stream whose engine fails after the first byte
@@ -152,6 +155,7 @@ const ROUTER_KEYS: &[&str] = &[
     "max_body_bytes",
     "api_keys",
     "resume",
+    "usage_report_interval",
 ];
 
 impl Decode for RouterConfig {
@@ -233,7 +237,18 @@ impl Decode for RouterConfig {
                 );
             }
         }
+        let usage_report_interval: Duration =
+            f.or(cx, "usage_report_interval", Duration::from_secs(5));
+        if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&usage_report_interval)
+        {
+            f.report(
+                cx,
+                "usage_report_interval",
+                "between 100ms and 1m: each report is one write to the control plane",
+            );
+        }
         Some(RouterConfig {
+            usage_report_interval,
             listen: f.or(cx, "listen", SocketAddr::from(([0, 0, 0, 0], 8080))),
             threads,
             control_plane,

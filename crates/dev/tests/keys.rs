@@ -12,10 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use llmgw_api::ClusterView;
 use llmgw_api::keys::IssuedKey;
 use llmgw_api::paths;
 use llmgw_api::usage::UsageDay;
-use llmgw_test_kit::dev::{Dev, DevAdmin};
+use llmgw_test_kit::dev::{Dev, DevAdmin, peer_pid};
+use llmgw_test_kit::process::signal_pid;
 use llmgw_test_kit::{DEADLINE, eventually, free_port, llmgw_bin};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -80,15 +82,20 @@ async fn every_router_answers(
     }
 }
 
-/// A second standalone router on the same control plane, from the router
-/// config `llmgw dev` wrote, on a port of its own.
+/// Another standalone router on the same control plane, from the router
+/// config `llmgw dev` wrote, on a port of its own, with `extra` config.
 struct SecondRouter {
     child: Child,
     url: String,
+    log: std::path::PathBuf,
 }
 
 impl SecondRouter {
     fn start(work: &std::path::Path) -> SecondRouter {
+        Self::named(work, "router-b", "")
+    }
+
+    fn named(work: &std::path::Path, name: &str, extra: &str) -> SecondRouter {
         let first =
             std::fs::read_to_string(work.join("dev/router.yaml")).expect("dev's router.yaml");
         let port = free_port();
@@ -96,13 +103,11 @@ impl SecondRouter {
             .lines()
             .find(|l| l.starts_with("listen:"))
             .expect("router.yaml has listen:");
-        let config = work.join("router-b.yaml");
-        std::fs::write(
-            &config,
-            first.replace(listen, &format!("listen: 127.0.0.1:{port}")),
-        )
-        .unwrap();
-        let log = std::fs::File::create(work.join("router-b.log")).unwrap();
+        let config = work.join(format!("{name}.yaml"));
+        let text = first.replace(listen, &format!("listen: 127.0.0.1:{port}")) + extra;
+        std::fs::write(&config, text).unwrap();
+        let log_path = work.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(llmgw_bin())
             .args(["router", "--config"])
             .arg(&config)
@@ -114,6 +119,7 @@ impl SecondRouter {
         SecondRouter {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            log: log_path,
         }
     }
 }
@@ -448,4 +454,165 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         .find(|l| l.starts_with("ci "))
         .unwrap_or_else(|| panic!("no row for ci in\n{listing}"));
     assert!(row.contains("search") && row.contains("revoked"), "{row}");
+}
+
+/// What every router charged a key, summed over the routers' `/metrics`.
+async fn charged_by_routers(http: &reqwest::Client, routers: &[String], key: &str) -> f64 {
+    let mut total = 0.0;
+    for router in routers {
+        let page = http
+            .get(format!("{router}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        total += llmgw_test_kit::metric(
+            &page,
+            &format!(
+                "llmgw_router_key_requests_total{{key=\"{key}\",team=\"\",model=\"qwen-0.5b\",outcome=\"completed\"}}"
+            ),
+        )
+        .unwrap_or(0.0);
+    }
+    total
+}
+
+/// Routers report every 200 ms while chats with a key run through both
+/// and the control plane loses its quorum for 12 s: reports fail and are
+/// sent again, and the control plane's usage ends equal to the answers the
+/// clients got, each counted once, none lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_counted_once_through_a_lost_quorum() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("dev"), &[]);
+    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
+        .await;
+    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
+    let admin = DevAdmin::new(&dev_file);
+    let reporting = "usage_report_interval: 200ms\n";
+    let a = SecondRouter::named(dir.path(), "router-a", reporting);
+    let b = SecondRouter::named(dir.path(), "router-b", reporting);
+    let routers = vec![a.url.clone(), b.url.clone()];
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (status, body) = admin
+        .send(
+            Method::POST,
+            paths::KEYS,
+            Some(json!({"name": "load"}).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "create: {body}");
+    let issued: IssuedKey = serde_json::from_value(body).unwrap();
+    every_router_answers(&http, &routers, None, "401 missing_api_key").await;
+    every_router_answers(&http, &routers, Some(&issued.secret), "ok").await;
+
+    // Two clients per router until told to stop; each counts its answers.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for router in &routers {
+        for _ in 0..2 {
+            let (http, router, secret, stop) = (
+                http.clone(),
+                router.clone(),
+                issued.secret.clone(),
+                Arc::clone(&stop),
+            );
+            clients.push(tokio::spawn(async move {
+                let (mut ok, mut other) = (0u64, Vec::new());
+                let deadline = Instant::now() + DEADLINE;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline
+                {
+                    match outcome(&http, &router, Some(&secret)).await {
+                        Ok(got) if got == "ok" => ok += 1,
+                        Ok(got) => other.push(got),
+                        Err(e) => other.push(e),
+                    }
+                }
+                (ok, other)
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The leader and one follower paused: no quorum, so no report can be
+    // written for longer than a router waits on all three peers (3 s
+    // each). Reports appended but not committed when the pause began may
+    // still commit after it: their senders retry them all the same.
+    let cluster: ClusterView = admin.get(paths::CLUSTER).await.unwrap();
+    let leader = cluster.leader_id.expect("a leader");
+    let follower = cluster
+        .peers
+        .iter()
+        .map(|p| p.id)
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let paused = [peer_pid(&dev_file, leader), peer_pid(&dev_file, follower)];
+    for pid in paused {
+        assert!(signal_pid(pid, libc::SIGSTOP));
+    }
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    for pid in paused {
+        assert!(signal_pid(pid, libc::SIGCONT));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // One answer each router gave `every_router_answers` above.
+    let mut answered = routers.len() as u64;
+    for client in clients {
+        let (ok, other) = client.await.unwrap();
+        assert!(other.is_empty(), "answers other than 200: {other:?}");
+        answered += ok;
+    }
+
+    // Each router charged what its clients got; the control plane holds
+    // exactly the sum, through the leader's death.
+    let answered = answered as f64;
+    eventually("every answer charged by the routers", DEADLINE, || async {
+        let charged = charged_by_routers(&http, &routers, "load").await;
+        if charged == answered {
+            Ok(())
+        } else {
+            Err(format!("{charged} of {answered}"))
+        }
+    })
+    .await;
+    eventually(
+        "every answer counted once in the control plane",
+        DEADLINE,
+        || async {
+            let days: Vec<UsageDay> = admin.get(paths::USAGE).await?;
+            let counted: u64 = days
+                .iter()
+                .filter(|d| d.key == "load")
+                .map(|d| d.totals.completed)
+                .sum();
+            if counted as f64 == answered {
+                Ok(())
+            } else {
+                Err(format!("{counted} counted, {answered} answered"))
+            }
+        },
+    )
+    .await;
+    let retried: usize = [&a.log, &b.log]
+        .iter()
+        .map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .matches("usage report not taken")
+                .count()
+        })
+        .sum();
+    println!(
+        "{answered} answers, all counted once; reports that failed and were sent again: {retried}"
+    );
+    assert!(
+        retried > 0,
+        "the lost quorum failed no report: the fault did not take effect"
+    );
 }

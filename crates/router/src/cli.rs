@@ -75,7 +75,11 @@ pub fn run_cli(args: &RouterArgs) -> Result<(), RouterError> {
             router = router.with_waker(waker);
         }
         if let Some(sink) = usage_sink {
-            router = router.with_usage_sink(sink, crate::usage::reporter_name("router"));
+            router = router.with_usage_sink(
+                sink,
+                crate::usage::reporter_name("router"),
+                config.usage_report_interval,
+            );
         }
         let router = router.bind_threads(config.listen, threads)?;
         tracing::info!(listen = %router.local_addr(), threads, "llmgw router serving");

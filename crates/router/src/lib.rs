@@ -68,5 +68,5 @@ pub use settings::{KeyGrant, Settings};
 pub use table::{Endpoint, EndpointSource, EndpointState, RoutedModel, RoutingTable, static_table};
 #[doc(hidden)]
 pub use usage::UsageLedger;
-pub use usage::{UsageSink, reporter_name};
+pub use usage::{REPORT_EVERY as USAGE_REPORT_EVERY, UsageSink, reporter_name};
 pub use wake::ModelWaker;

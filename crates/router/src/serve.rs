@@ -74,14 +74,19 @@ impl Router {
     }
 
     /// Reports what keyed requests used to the control plane through
-    /// `sink`, every few seconds, as `reporter` (a name unique to this
-    /// router process). Spawns the reporting task on the current runtime.
-    pub fn with_usage_sink(self, sink: Arc<dyn crate::usage::UsageSink>, reporter: String) -> Self {
+    /// `sink`, every `every`, as `reporter` (a name unique to this router
+    /// process). Spawns the reporting task on the current runtime.
+    pub fn with_usage_sink(
+        self,
+        sink: Arc<dyn crate::usage::UsageSink>,
+        reporter: String,
+        every: std::time::Duration,
+    ) -> Self {
         tokio::spawn(crate::usage::report_loop(
             Arc::downgrade(&self.shared.usage),
             sink,
             reporter,
-            crate::usage::REPORT_EVERY,
+            every,
         ));
         self
     }

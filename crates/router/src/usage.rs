@@ -339,7 +339,8 @@ pub fn reporter_name(role: &str) -> String {
     format!("{role}@{}/{}-{started}", host.trim(), std::process::id())
 }
 
-/// How often a router reports. A report is one Raft log entry.
+/// How often a router reports by default (router.yaml
+/// `usage_report_interval`). A report is one Raft log entry.
 pub const REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Sends what the ledger charged every `every`, until the ledger (the

@@ -270,6 +270,7 @@ fn start_router(
                 usage_retention,
             )),
             llmgw_router::reporter_name(&format!("peer-{peer_id}")),
+            llmgw_router::USAGE_REPORT_EVERY,
         )
         .bind_threads(addr, threads)
         .map_err(|e| ServerError::Serve {
