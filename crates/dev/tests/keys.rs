@@ -403,57 +403,37 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
     }
 
     // `llmgw ctl usage` sums it by team, as CSV.
-    let usage = Command::new(llmgw_bin())
-        .args([
-            "ctl",
-            "usage",
-            "--by",
-            "team",
-            "--csv",
-            "--api",
-            &dev_file.api.join(","),
-        ])
-        .env("LLMGW_CA", dev_file.ca.as_deref().unwrap_or(""))
-        .env(
-            "LLMGW_TOKEN",
-            std::fs::read_to_string(dev_file.read_token_file.as_deref().unwrap())
-                .unwrap()
-                .trim(),
-        )
-        .output()
-        .expect("llmgw ctl usage runs");
-    let csv = String::from_utf8_lossy(&usage.stdout);
-    assert!(
-        usage.status.success(),
-        "{csv}{}",
-        String::from_utf8_lossy(&usage.stderr)
-    );
+    let csv = ctl(&dev_file, &["usage", "--by", "team", "--csv"]);
     assert!(csv.starts_with("team,requests,"), "{csv}");
     assert!(csv.lines().any(|l| l.starts_with("search,")), "{csv}");
 
     // `llmgw ctl keys` names it revoked.
-    let ctl = Command::new(llmgw_bin())
-        .args(["ctl", "keys", "--api", &dev_file.api.join(",")])
-        .env("LLMGW_CA", dev_file.ca.as_deref().unwrap_or(""))
-        .env(
-            "LLMGW_TOKEN",
-            std::fs::read_to_string(dev_file.read_token_file.as_deref().unwrap())
-                .unwrap()
-                .trim(),
-        )
-        .output()
-        .expect("llmgw ctl keys runs");
-    let listing = String::from_utf8_lossy(&ctl.stdout);
-    assert!(
-        ctl.status.success(),
-        "{listing}{}",
-        String::from_utf8_lossy(&ctl.stderr)
-    );
+    let listing = ctl(&dev_file, &["keys"]);
     let row = listing
         .lines()
         .find(|l| l.starts_with("ci "))
         .unwrap_or_else(|| panic!("no row for ci in\n{listing}"));
     assert!(row.contains("search") && row.contains("revoked"), "{row}");
+}
+
+/// What `llmgw ctl ARGS` prints, with the dev cluster's CA and read token.
+fn ctl(dev_file: &llmgw_dev::DevFile, args: &[&str]) -> String {
+    let token = std::fs::read_to_string(dev_file.read_token_file.as_deref().unwrap()).unwrap();
+    let run = Command::new(llmgw_bin())
+        .arg("ctl")
+        .args(args)
+        .args(["--api", &dev_file.api.join(",")])
+        .env("LLMGW_CA", dev_file.ca.as_deref().unwrap_or(""))
+        .env("LLMGW_TOKEN", token.trim())
+        .output()
+        .expect("llmgw ctl runs");
+    let printed = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "llmgw ctl {args:?}: {printed}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    printed
 }
 
 /// What every router charged a key, summed over the routers' `/metrics`.
