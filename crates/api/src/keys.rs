@@ -54,12 +54,16 @@ impl KeyRequest {
 
 /// A key as `GET /api/v1/keys` answers it: the record and what the key
 /// spent today and this month over every router (budgets hold against it).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyView {
     #[serde(flatten)]
     pub key: ApiKeyRecord,
     #[serde(default)]
     pub spent: llmgw_state::KeySpend,
+    /// Each router's share of the key's per-minute limits, by the name it
+    /// reports under (an even part, the rest by its recent demand).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub shares: std::collections::BTreeMap<String, f64>,
 }
 
 /// The answer to creating or rotating a key: the only time its secret is

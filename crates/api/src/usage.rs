@@ -12,6 +12,14 @@ pub struct UsageReport {
     pub reporter: String,
     pub seq: u64,
     pub rows: Vec<UsageRow>,
+    /// Requests asked for per key with per-minute limits (admitted or not)
+    /// since the previous report: what the router's share of those limits
+    /// follows. A router reports every such key it knows, 0 when idle.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub demand: std::collections::BTreeMap<String, u64>,
+    /// Milliseconds since the previous report.
+    #[serde(default)]
+    pub interval_ms: u64,
 }
 
 /// One line of `GET /api/v1/usage`: a key's use of a model on one UTC day.

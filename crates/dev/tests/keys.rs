@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llmgw_api::ClusterView;
-use llmgw_api::keys::IssuedKey;
+use llmgw_api::keys::{IssuedKey, KeyView};
 use llmgw_api::paths;
 use llmgw_api::usage::UsageDay;
 use llmgw_test_kit::dev::{Dev, DevAdmin, peer_pid};
@@ -595,4 +595,84 @@ async fn usage_is_counted_once_through_a_lost_quorum() {
         retried > 0,
         "the lost quorum failed no report: the fault did not take effect"
     );
+}
+
+/// The limit a router held a request to, from its `x-ratelimit-limit-
+/// requests` header.
+async fn limit_on(http: &reqwest::Client, router: &str, secret: &str) -> Result<u32, String> {
+    let (status, headers, body) = chat_as(http, router, MODEL, Some(secret)).await?;
+    if status != 200 {
+        return Err(format!("HTTP {status}: {body}"));
+    }
+    // None until the router has read the key.
+    headers
+        .get("x-ratelimit-limit-requests")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "no x-ratelimit-limit-requests".to_owned())
+}
+
+/// A key's per-minute limit split between two routers by their traffic:
+/// the one that carries it gets most, the idle one keeps a small part, and
+/// the parts sum to the limit; with traffic on both, they split it evenly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_minute_limits_are_shared_by_traffic_across_routers() {
+    let dir = tempfile::tempdir().unwrap();
+    let dev = Dev::start(&dir.path().join("dev"), &[]);
+    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
+        .await;
+    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
+    let admin = DevAdmin::new(&dev_file);
+    let reporting = "usage_report_interval: 500ms\n";
+    let a = SecondRouter::named(dir.path(), "router-a", reporting);
+    let b = SecondRouter::named(dir.path(), "router-b", reporting);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let (status, body) = admin
+        .send(
+            Method::POST,
+            paths::KEYS,
+            Some(json!({"name": "shared", "limits": {"requests_per_minute": 6000}}).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "create: {body}");
+    let secret = serde_json::from_value::<IssuedKey>(body).unwrap().secret;
+    let routers = [a.url.clone(), b.url.clone()];
+    every_router_answers(&http, &routers, None, "401 missing_api_key").await;
+
+    // Traffic through A alone: A's part grows to most of the limit, B's
+    // stays small, and the control plane's shares sum to one.
+    eventually("A holds most of the key's limit", DEADLINE, || async {
+        let on_a = limit_on(&http, &a.url, &secret).await?;
+        let keys: Vec<KeyView> = admin.get(paths::KEYS).await?;
+        let shares = &keys.iter().find(|k| k.key.name == "shared").unwrap().shares;
+        let sum: f64 = shares.values().sum();
+        if shares.len() == 2 && (sum - 1.0).abs() < 1e-6 && on_a >= 4_800 {
+            Ok(())
+        } else {
+            Err(format!("A's limit {on_a}, shares {shares:?}"))
+        }
+    })
+    .await;
+    // B, idle, keeps only the even part: 10% of 6000, rounded up.
+    let on_b = limit_on(&http, &b.url, &secret).await.unwrap();
+    assert!((600..1_500).contains(&on_b), "B's limit {on_b}");
+
+    // Traffic through both alike: they split it about evenly.
+    eventually("A and B split the key's limit", DEADLINE, || async {
+        let (on_a, on_b) = (
+            limit_on(&http, &a.url, &secret).await?,
+            limit_on(&http, &b.url, &secret).await?,
+        );
+        if (2_000..4_000).contains(&on_a) && (2_000..4_000).contains(&on_b) {
+            println!("split: A {on_a}, B {on_b} of 6000 a minute");
+            Ok(())
+        } else {
+            Err(format!("A {on_a}, B {on_b}"))
+        }
+    })
+    .await;
 }

@@ -2,7 +2,7 @@
 //! SHA-256 of the presented secret, so the router never holds a secret it
 //! did not read from its own config.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use llmgw_api::keys::{ApiKeyRecord, KeyLimits, KeyView, digest_from_hex, secret_digest_bytes};
@@ -11,7 +11,7 @@ use llmgw_api::usage::KeySpend;
 use crate::settings::KeyGrant;
 
 /// Who a request's key says the caller is, and what it may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Grant {
     pub name: String,
     pub team: String,
@@ -23,12 +23,16 @@ pub struct Grant {
     /// What the key spent today and this month over every router, as the
     /// control plane last said.
     pub spent: KeySpend,
+    /// Each router's share of the key's per-minute limits, by reporter
+    /// name; empty until a router reported demand for the key.
+    pub shares: BTreeMap<String, f64>,
 }
 
 impl Grant {
-    fn from_record(key: &ApiKeyRecord, spent: KeySpend) -> Self {
+    fn from_record(key: &ApiKeyRecord, spent: KeySpend, shares: BTreeMap<String, f64>) -> Self {
         Grant {
             spent,
+            shares,
             name: key.name.clone(),
             team: key.settings.team.clone(),
             models: key.settings.models.clone(),
@@ -48,6 +52,7 @@ impl Grant {
             expires_at_ms: None,
             revoked: false,
             spent: KeySpend::default(),
+            shares: BTreeMap::new(),
         }
     }
 }
@@ -63,26 +68,33 @@ pub struct KeyRing {
 }
 
 impl KeyRing {
-    /// Keys with nothing spent (for tests and tools).
+    /// Keys with nothing spent and no shares (for tests and tools).
     pub fn from_records<'a>(records: impl IntoIterator<Item = &'a ApiKeyRecord>) -> Self {
-        Self::with_spend(records.into_iter().map(|k| (k, KeySpend::default())))
+        Self::build(
+            records
+                .into_iter()
+                .map(|k| (k, KeySpend::default(), BTreeMap::new())),
+        )
     }
 
-    /// Keys as the admin API lists them, with what each spent.
+    /// Keys as the admin API lists them, with what each spent and each
+    /// router's share of its per-minute limits.
     pub fn from_views(views: &[KeyView]) -> Self {
-        Self::with_spend(views.iter().map(|v| (&v.key, v.spent)))
+        Self::build(views.iter().map(|v| (&v.key, v.spent, v.shares.clone())))
     }
 
-    pub fn with_spend<'a>(keys: impl IntoIterator<Item = (&'a ApiKeyRecord, KeySpend)>) -> Self {
+    pub fn build<'a>(
+        keys: impl IntoIterator<Item = (&'a ApiKeyRecord, KeySpend, BTreeMap<String, f64>)>,
+    ) -> Self {
         let mut ring = KeyRing::default();
-        for (key, spent) in keys {
+        for (key, spent, shares) in keys {
             ring.enforced = true;
             // The control plane refuses a digest that is not 64 hex
             // digits; one that still is not (a newer server's) matches
             // no secret.
             if let Some(digest) = digest_from_hex(&key.secret_sha256) {
                 ring.by_digest
-                    .insert(digest, Arc::new(Grant::from_record(key, spent)));
+                    .insert(digest, Arc::new(Grant::from_record(key, spent, shares)));
             }
         }
         ring
@@ -98,6 +110,15 @@ impl KeyRing {
 
     pub fn is_empty(&self) -> bool {
         self.by_digest.is_empty()
+    }
+
+    /// Names of the keys with per-minute limits: a router reports its
+    /// demand for each (0 when idle), so its share stays counted.
+    pub(crate) fn per_minute_limited(&self) -> impl Iterator<Item = &str> {
+        self.by_digest
+            .values()
+            .filter(|g| !g.revoked && g.limits.has_per_minute())
+            .map(|g| g.name.as_str())
     }
 
     pub(crate) fn find(&self, secret: &str) -> Option<&Arc<Grant>> {

@@ -32,6 +32,12 @@ pub struct Limiter {
     keys: Mutex<HashMap<String, KeyWindow>>,
     /// Requests over a limit, by (key, limit, shadow).
     over: Mutex<BTreeMap<(String, &'static str, bool), u64>>,
+    /// The name this router reports under: its share of each key's
+    /// per-minute limits is found by it.
+    reporter: std::sync::OnceLock<String>,
+    /// Requests asked for per key with per-minute limits since the last
+    /// report, admitted or not.
+    asked: Mutex<BTreeMap<String, u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -145,13 +151,22 @@ impl Limiter {
         if limits.is_unlimited() {
             return Ok(Admitted::default());
         }
+        let share = self.share_of(grant);
+        if limits.has_per_minute() {
+            *self
+                .asked
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(grant.name.clone())
+                .or_default() += 1;
+        }
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         let window = keys.entry(grant.name.clone()).or_default();
         if let Some(per_minute) = limits.requests_per_minute {
-            window.requests.refill(per_minute, now);
+            window.requests.refill(share.of(per_minute), now);
         }
         if let Some(per_minute) = limits.tokens_per_minute {
-            window.tokens.refill(per_minute, now);
+            window.tokens.refill(share.of(per_minute), now);
         }
         let mut headers = Vec::new();
         if limits.requests_per_minute.is_some() {
@@ -160,7 +175,7 @@ impl Limiter {
         if limits.tokens_per_minute.is_some() {
             window.tokens.headers("tokens", &mut headers);
         }
-        if let Some(over) = over_a_limit(grant, window, now_ms) {
+        if let Some(over) = over_a_limit(grant, window, share, now_ms) {
             let mut counts = self.over.lock().unwrap_or_else(|p| p.into_inner());
             *counts
                 .entry((grant.name.clone(), over.limit, limits.shadow))
@@ -181,6 +196,33 @@ impl Limiter {
             permit: Some(Permit(Arc::clone(&window.in_flight))),
             headers,
         })
+    }
+
+    /// Names the router's reports; its share of each key's per-minute
+    /// limits is looked up by it.
+    pub fn set_reporter(&self, name: &str) {
+        let _ = self.reporter.set(name.to_owned());
+    }
+
+    /// This router's part of `grant`'s per-minute limits: its share as the
+    /// control plane computed it; before any router reported for the key,
+    /// all of it; a router not among those that reported, an even part as
+    /// if it were one more.
+    fn share_of(&self, grant: &Grant) -> Share {
+        if grant.shares.is_empty() {
+            return Share(1.0);
+        }
+        let mine = self.reporter.get().and_then(|me| grant.shares.get(me));
+        Share(
+            mine.copied()
+                .unwrap_or(1.0 / (grant.shares.len() as f64 + 1.0)),
+        )
+    }
+
+    /// Requests asked for per key with per-minute limits since the last
+    /// call.
+    pub(crate) fn take_demand(&self) -> BTreeMap<String, u64> {
+        std::mem::take(&mut *self.asked.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Charges `tokens` (prompt and completion) to the key's per-minute
@@ -217,8 +259,32 @@ impl Limiter {
     }
 }
 
+/// A router's part of a key's per-minute limits, 0 to 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Share(f64);
+
+impl Share {
+    /// This router's part of `limit`: at least one, rounded up.
+    fn of(self, limit: u32) -> u32 {
+        ((f64::from(limit) * self.0).ceil() as u32).clamp(1, limit.max(1))
+    }
+
+    /// `` (all of it), or ` on this router (its 90% share of the key's
+    /// 600)`.
+    fn words(self, limit: u32) -> String {
+        if self.0 >= 1.0 {
+            String::new()
+        } else {
+            format!(
+                " on this router (its {:.0}% share of the key's {limit}, which follows each router's traffic)",
+                self.0 * 100.0
+            )
+        }
+    }
+}
+
 /// The first limit the request is over, if any.
-fn over_a_limit(grant: &Grant, window: &KeyWindow, now_ms: u64) -> Option<Over> {
+fn over_a_limit(grant: &Grant, window: &KeyWindow, share: Share, now_ms: u64) -> Option<Over> {
     let limits = grant.limits;
     let name = &grant.name;
     if let Some(per_minute) = limits.requests_per_minute
@@ -229,7 +295,9 @@ fn over_a_limit(grant: &Grant, window: &KeyWindow, now_ms: u64) -> Option<Over> 
             limit: REQUESTS_PER_MINUTE,
             code: "rate_limit_exceeded",
             message: format!(
-                "Rate limit reached for requests on API key `{name}`: limit {per_minute} per minute (requests_per_minute). Please try again in {retry}s."
+                "Rate limit reached for requests on API key `{name}`: limit {} per minute{} (requests_per_minute). Please try again in {retry}s.",
+                share.of(per_minute),
+                share.words(per_minute)
             ),
             retry_after_s: retry,
         });
@@ -242,7 +310,9 @@ fn over_a_limit(grant: &Grant, window: &KeyWindow, now_ms: u64) -> Option<Over> 
             limit: TOKENS_PER_MINUTE,
             code: "rate_limit_exceeded",
             message: format!(
-                "Rate limit reached for tokens on API key `{name}`: limit {per_minute} per minute (tokens_per_minute). Please try again in {retry}s."
+                "Rate limit reached for tokens on API key `{name}`: limit {} per minute{} (tokens_per_minute). Please try again in {retry}s.",
+                share.of(per_minute),
+                share.words(per_minute)
             ),
             retry_after_s: retry,
         });
@@ -374,6 +444,7 @@ mod tests {
             expires_at_ms: None,
             revoked: false,
             spent: Spent::default(),
+            shares: Default::default(),
         }
     }
 
@@ -531,6 +602,46 @@ mod tests {
         let mut page = String::new();
         limiter.render(&mut page);
         assert!(page.contains("mode=\"shadow\"} 2"), "{page}");
+    }
+
+    #[test]
+    fn a_router_holds_its_share_of_a_per_minute_limit() {
+        let limiter = Limiter::default();
+        limiter.set_reporter("a");
+        let mut key = grant(KeyLimits {
+            requests_per_minute: Some(600),
+            ..KeyLimits::default()
+        });
+        key.shares = [("a".to_string(), 0.9), ("b".to_string(), 0.1)].into();
+        let now = Instant::now();
+        let admitted = limiter.admit(&key, now, 0).unwrap();
+        let limit = admitted
+            .headers
+            .iter()
+            .find(|(n, _)| *n == "x-ratelimit-limit-requests")
+            .map(|(_, v)| v.clone());
+        assert_eq!(limit.as_deref(), Some("540"));
+        // A router the control plane has not heard from yet takes an even
+        // part as one more router.
+        let newcomer = Limiter::default();
+        newcomer.set_reporter("c");
+        for _ in 0..200 {
+            newcomer.admit(&key, now, 0).unwrap();
+        }
+        let refused = newcomer.admit(&key, now, 0).unwrap_err();
+        assert!(
+            refused
+                .message
+                .contains("limit 200 per minute on this router (its 33% share of the key's 600"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            newcomer.take_demand()["ci"],
+            201,
+            "refused requests are demand too"
+        );
+        assert!(newcomer.take_demand().is_empty());
     }
 
     #[test]

@@ -82,8 +82,9 @@ impl Router {
         reporter: String,
         every: std::time::Duration,
     ) -> Self {
+        self.shared.limiter.set_reporter(&reporter);
         tokio::spawn(crate::usage::report_loop(
-            Arc::downgrade(&self.shared.usage),
+            Arc::downgrade(&self.shared),
             sink,
             reporter,
             every,

@@ -100,12 +100,13 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
         models,
         keys: {
             let now_ms = llmgw_raft::now_ms();
-            llmgw_router::KeyRing::with_spend(
-                fleet
-                    .api_keys
-                    .values()
-                    .map(|k| (k, fleet.usage.spent(&k.name, now_ms))),
-            )
+            llmgw_router::KeyRing::build(fleet.api_keys.values().map(|k| {
+                (
+                    k,
+                    fleet.usage.spent(&k.name, now_ms),
+                    fleet.usage.shares(&k.name, now_ms),
+                )
+            }))
         },
     }
 }

@@ -27,6 +27,8 @@ pub fn record(report: UsageReport, retention: Duration) -> Command {
         seq: report.seq,
         rows: report.rows,
         retain_minutes: retention.as_secs() / 60,
+        demand: report.demand,
+        interval_ms: report.interval_ms,
         at_ms: now_ms(),
     }
 }

@@ -168,8 +168,17 @@ impl FleetState {
                 seq,
                 rows,
                 retain_minutes,
+                demand,
+                interval_ms,
                 at_ms,
-            } => self.record_usage(reporter, *seq, rows, *retain_minutes, *at_ms),
+            } => self.record_usage(
+                reporter,
+                *seq,
+                rows,
+                *retain_minutes,
+                (demand, *interval_ms),
+                *at_ms,
+            ),
             Command::Unknown => Outcome::Applied,
         }
     }

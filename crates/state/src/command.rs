@@ -238,6 +238,13 @@ pub enum Command {
         seq: u64,
         rows: Vec<UsageRow>,
         retain_minutes: u64,
+        /// Requests the router was asked for per key with per-minute
+        /// limits (admitted or not) since its previous report.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        demand: BTreeMap<String, u64>,
+        /// How long that was, in milliseconds.
+        #[serde(default)]
+        interval_ms: u64,
         at_ms: u64,
     },
     /// A command from a newer llmgw this build does not know; applied as a

@@ -63,6 +63,12 @@ pub struct KeyLimits {
 }
 
 impl KeyLimits {
+    /// Whether it has a requests- or tokens-per-minute limit: the limits a
+    /// key's routers share.
+    pub fn has_per_minute(&self) -> bool {
+        self.requests_per_minute.is_some() || self.tokens_per_minute.is_some()
+    }
+
     pub fn is_unlimited(&self) -> bool {
         self.requests_per_minute.is_none()
             && self.max_concurrent_requests.is_none()

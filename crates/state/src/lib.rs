@@ -28,6 +28,6 @@ pub use types::{
     ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
 };
 pub use usage::{
-    KeySpend, LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals, civil_from_days,
+    Demand, KeySpend, LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals, civil_from_days,
     days_from_civil,
 };

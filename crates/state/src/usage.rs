@@ -74,7 +74,29 @@ pub struct Usage {
     /// Each router's last applied report.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reporters: BTreeMap<String, LastReport>,
+    /// Per key with per-minute limits, each router's recent demand:
+    /// what its share of the limit follows.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub demand: BTreeMap<String, BTreeMap<String, Demand>>,
 }
+
+/// Requests a router was asked for under one key over its last report's
+/// interval, admitted or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Demand {
+    pub asked: u64,
+    pub over_ms: u64,
+    pub at_ms: u64,
+}
+
+/// A router's demand counts towards shares for this long after its last
+/// report; a router silent longer has left the key's traffic.
+pub const DEMAND_KEPT_MS: u64 = 60_000;
+
+/// Of a key's per-minute limits, this part is split evenly among the
+/// routers that serve it and the rest by their demand: a router with
+/// little traffic keeps room for a burst, a busy one gets most.
+pub const EVEN_PART: f64 = 0.2;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastReport {
@@ -88,7 +110,34 @@ pub const MAX_USAGE_ROWS: usize = 10_000;
 
 impl Usage {
     pub fn is_empty(&self) -> bool {
-        self.minutes.is_empty() && self.reporters.is_empty()
+        self.minutes.is_empty() && self.reporters.is_empty() && self.demand.is_empty()
+    }
+
+    /// Each router's share of `key`'s per-minute limits at `now_ms`: an
+    /// even part and the rest by demand, summing to 1 over the routers
+    /// that reported for the key in the last minute. Empty when none did.
+    pub fn shares(&self, key: &str, now_ms: u64) -> BTreeMap<String, f64> {
+        let Some(routers) = self.demand.get(key) else {
+            return BTreeMap::new();
+        };
+        let active: Vec<(&String, f64)> = routers
+            .iter()
+            .filter(|(_, d)| d.at_ms + DEMAND_KEPT_MS >= now_ms)
+            .map(|(name, d)| (name, d.asked as f64 / d.over_ms.max(1) as f64))
+            .collect();
+        let n = active.len() as f64;
+        let total: f64 = active.iter().map(|(_, rate)| rate).sum();
+        active
+            .into_iter()
+            .map(|(name, rate)| {
+                let share = if total > 0.0 {
+                    EVEN_PART / n + (1.0 - EVEN_PART) * rate / total
+                } else {
+                    1.0 / n
+                };
+                (name.clone(), share)
+            })
+            .collect()
     }
 
     /// What `key` spent in the UTC day and month of `now_ms`.
@@ -164,6 +213,31 @@ mod tests {
             assert_eq!(days_from_civil(y, m, d), day, "{y}-{m}-{d}");
         }
         assert_eq!(civil_from_days(20_793), (2026, 12, 6));
+    }
+
+    #[test]
+    fn shares_follow_demand_and_sum_to_one() {
+        let mut usage = Usage::default();
+        let demand = |asked, at_ms| Demand {
+            asked,
+            over_ms: 5_000,
+            at_ms,
+        };
+        let routers = usage.demand.entry("ci".into()).or_default();
+        routers.insert("a".into(), demand(90, 100_000));
+        routers.insert("b".into(), demand(10, 100_000));
+        routers.insert("gone".into(), demand(500, 10_000));
+        let shares = usage.shares("ci", 100_000);
+        assert_eq!(shares.len(), 2, "a router silent for a minute has no share");
+        assert!((shares["a"] - (0.1 + 0.8 * 0.9)).abs() < 1e-9, "{shares:?}");
+        assert!((shares["b"] - (0.1 + 0.8 * 0.1)).abs() < 1e-9, "{shares:?}");
+        assert!((shares.values().sum::<f64>() - 1.0).abs() < 1e-9);
+        // Idle routers split it evenly.
+        let idle = usage.demand.entry("idle".into()).or_default();
+        idle.insert("a".into(), demand(0, 100_000));
+        idle.insert("b".into(), demand(0, 100_000));
+        assert_eq!(usage.shares("idle", 100_000)["a"], 0.5);
+        assert!(usage.shares("none", 0).is_empty());
     }
 
     #[test]

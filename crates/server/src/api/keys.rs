@@ -55,6 +55,7 @@ fn view(fleet: &llmgw_state::FleetState, key: &ApiKeyRecord, now_ms: u64) -> Key
     KeyView {
         key: key.clone(),
         spent: fleet.usage.spent(&key.name, now_ms),
+        shares: fleet.usage.shares(&key.name, now_ms),
     }
 }
 

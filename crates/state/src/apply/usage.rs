@@ -2,7 +2,9 @@
 
 use crate::command::{Outcome, Rejection};
 use crate::types::FleetState;
-use crate::usage::{LastReport, MAX_USAGE_ROWS, UsageRow};
+use std::collections::BTreeMap;
+
+use crate::usage::{DEMAND_KEPT_MS, Demand, LastReport, MAX_USAGE_ROWS, UsageRow};
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -21,10 +23,16 @@ impl FleetState {
         seq: u64,
         rows: &[UsageRow],
         retain_minutes: u64,
+        (demand, interval_ms): (&BTreeMap<String, u64>, u64),
         at_ms: u64,
     ) -> Outcome {
         if reporter.is_empty() || reporter.len() > 128 {
             return Rejection::invalid("a usage reporter is named with 1 to 128 bytes");
+        }
+        if demand.len() > MAX_USAGE_ROWS {
+            return Rejection::invalid(format!(
+                "a usage report carries demand for at most {MAX_USAGE_ROWS} keys"
+            ));
         }
         if rows.len() > MAX_USAGE_ROWS {
             return Rejection::invalid(format!(
@@ -82,6 +90,20 @@ impl FleetState {
         usage
             .reporters
             .insert(reporter.to_owned(), LastReport { seq, at_ms });
+        for (key, asked) in demand {
+            usage.demand.entry(key.clone()).or_default().insert(
+                reporter.to_owned(),
+                Demand {
+                    asked: *asked,
+                    over_ms: interval_ms,
+                    at_ms,
+                },
+            );
+        }
+        usage.demand.retain(|_, routers| {
+            routers.retain(|_, d| d.at_ms + DEMAND_KEPT_MS >= at_ms);
+            !routers.is_empty()
+        });
         // Forget what the retention no longer covers.
         let oldest_ms = oldest_kept * MINUTE_MS;
         usage.reporters.retain(|_, last| last.at_ms >= oldest_ms);
@@ -121,6 +143,8 @@ mod tests {
             seq,
             rows,
             retain_minutes: 60,
+            demand: Default::default(),
+            interval_ms: 0,
             at_ms: at_minute * 60_000,
         }
     }
@@ -195,6 +219,35 @@ mod tests {
             state.apply(&report("a", seq, rows(0, 1), 1)),
             Outcome::Applied
         );
+    }
+
+    #[test]
+    fn demand_is_kept_a_minute_per_router() {
+        let mut state = FleetState::default();
+        let with_demand = |seq, asked, at_ms| Command::RecordUsage {
+            reporter: "a".into(),
+            seq,
+            rows: Vec::new(),
+            retain_minutes: 60,
+            demand: [("ci".to_string(), asked)].into(),
+            interval_ms: 5_000,
+            at_ms,
+        };
+        assert_eq!(state.apply(&with_demand(1, 50, 1_000)), Outcome::Applied);
+        let seen = state.usage.demand["ci"]["a"];
+        assert_eq!((seen.asked, seen.over_ms, seen.at_ms), (50, 5_000, 1_000));
+        // Another router's report a minute later forgets a's.
+        let other = Command::RecordUsage {
+            reporter: "b".into(),
+            seq: 1,
+            rows: Vec::new(),
+            retain_minutes: 60,
+            demand: [("ci".to_string(), 0)].into(),
+            interval_ms: 5_000,
+            at_ms: 61_001,
+        };
+        assert_eq!(state.apply(&other), Outcome::Applied);
+        assert_eq!(state.usage.demand["ci"].keys().collect::<Vec<_>>(), ["b"]);
     }
 
     #[test]

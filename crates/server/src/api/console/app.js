@@ -322,7 +322,7 @@ function renderKeys() {
       <label>Requests/min <input id="key-rpm" type="number" min="0"></label>
       <button data-action="create-key">Create</button>
     </div>
-    <table><caption class="note">Most tokens today first. Limits per minute and concurrency hold on each router; budgets over all of them.</caption>
+    <table><caption class="note">Most tokens today first. Per-minute limits are shared by the routers by their traffic, budgets hold over all of them, concurrency on each.</caption>
       <thead><tr><th>Key</th><th>Team</th><th>Secret</th><th>Models</th><th>Limits</th><th>Tokens today</th><th>This month</th><th>Expires</th><th>Status</th><th></th></tr></thead>
       <tbody>${rows || '<tr><td colspan="10">No API key yet: routers ask for none until one exists.</td></tr>'}</tbody></table>
     <h3>Use in the last 7 days</h3>
