@@ -612,6 +612,48 @@ async fn limit_on(http: &reqwest::Client, router: &str, secret: &str) -> Result<
         .ok_or_else(|| "no x-ratelimit-limit-requests".to_owned())
 }
 
+/// Chats through `router` with `secret` until `stop` is set (or the
+/// deadline passes): traffic that a router's share follows.
+fn busy(
+    http: &reqwest::Client,
+    router: &str,
+    secret: &str,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let (http, router, secret, stop) = (
+        http.clone(),
+        router.to_owned(),
+        secret.to_owned(),
+        Arc::clone(stop),
+    );
+    tokio::spawn(async move {
+        let deadline = Instant::now() + DEADLINE;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+            let _ = chat_as(&http, &router, MODEL, Some(&secret)).await;
+        }
+    })
+}
+
+/// Waits until `router` holds the key to a per-minute limit in `range`,
+/// asking once a second (each ask is a request of its own, and demand).
+async fn holds(
+    http: &reqwest::Client,
+    router: &str,
+    secret: &str,
+    range: std::ops::Range<u32>,
+) -> u32 {
+    llmgw_test_kit::poll_until_ok(DEADLINE, Duration::from_secs(1), || async {
+        let limit = limit_on(http, router, secret).await?;
+        if range.contains(&limit) {
+            Ok(limit)
+        } else {
+            Err(format!("{router} holds the key to {limit} a minute"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{router}'s part never came in {range:?}: {e}"))
+}
+
 /// A key's per-minute limit split between two routers by their traffic:
 /// the one that carries it gets most, the idle one keeps a small part, and
 /// the parts sum to the limit; with traffic on both, they split it evenly.
@@ -643,36 +685,38 @@ async fn per_minute_limits_are_shared_by_traffic_across_routers() {
     let routers = [a.url.clone(), b.url.clone()];
     every_router_answers(&http, &routers, None, "401 missing_api_key").await;
 
-    // Traffic through A alone: A's part grows to most of the limit, B's
-    // stays small, and the control plane's shares sum to one.
-    eventually("A holds most of the key's limit", DEADLINE, || async {
-        let on_a = limit_on(&http, &a.url, &secret).await?;
-        let keys: Vec<KeyView> = admin.get(paths::KEYS).await?;
-        let shares = &keys.iter().find(|k| k.key.name == "shared").unwrap().shares;
-        let sum: f64 = shares.values().sum();
-        if shares.len() == 2 && (sum - 1.0).abs() < 1e-6 && on_a >= 4_800 {
-            Ok(())
-        } else {
-            Err(format!("A's limit {on_a}, shares {shares:?}"))
-        }
-    })
+    // Traffic through A: A's part grows to most of the limit, B's stays
+    // small, and the control plane's shares sum to one.
+    let stop_a = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on_a = busy(&http, &a.url, &secret, &stop_a);
+    eventually(
+        "two routers with shares summing to one",
+        DEADLINE,
+        || async {
+            let keys: Vec<KeyView> = admin.get(paths::KEYS).await?;
+            let shares = &keys.iter().find(|k| k.key.name == "shared").unwrap().shares;
+            let sum: f64 = shares.values().sum();
+            let top = shares.values().cloned().fold(0.0, f64::max);
+            if shares.len() == 2 && (sum - 1.0).abs() < 1e-6 && top > 0.8 {
+                Ok(())
+            } else {
+                Err(format!("shares {shares:?}"))
+            }
+        },
+    )
     .await;
-    // B, idle, keeps only the even part: 10% of 6000, rounded up.
-    let on_b = limit_on(&http, &b.url, &secret).await.unwrap();
-    assert!((600..1_500).contains(&on_b), "B's limit {on_b}");
+    let busy_part = holds(&http, &a.url, &secret, 4_800..6_000).await;
+    let idle_part = holds(&http, &b.url, &secret, 600..2_000).await;
+    println!("traffic through A: A holds {busy_part}, B {idle_part} of 6000 a minute");
 
     // Traffic through both alike: they split it about evenly.
-    eventually("A and B split the key's limit", DEADLINE, || async {
-        let (on_a, on_b) = (
-            limit_on(&http, &a.url, &secret).await?,
-            limit_on(&http, &b.url, &secret).await?,
-        );
-        if (2_000..4_000).contains(&on_a) && (2_000..4_000).contains(&on_b) {
-            println!("split: A {on_a}, B {on_b} of 6000 a minute");
-            Ok(())
-        } else {
-            Err(format!("A {on_a}, B {on_b}"))
-        }
-    })
-    .await;
+    let stop_b = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let on_b = busy(&http, &b.url, &secret, &stop_b);
+    let part_a = holds(&http, &a.url, &secret, 2_000..4_000).await;
+    let part_b = holds(&http, &b.url, &secret, 2_000..4_000).await;
+    println!("traffic through both: A holds {part_a}, B {part_b} of 6000 a minute");
+    for (stop, client) in [(stop_a, on_a), (stop_b, on_b)] {
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        client.await.unwrap();
+    }
 }
