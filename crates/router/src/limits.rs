@@ -153,15 +153,19 @@ impl Limiter {
         }
         let share = self.share_of(grant);
         if limits.has_per_minute() {
-            *self
-                .asked
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(grant.name.clone())
-                .or_default() += 1;
+            let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            match asked.get_mut(&grant.name) {
+                Some(n) => *n += 1,
+                None => {
+                    asked.insert(grant.name.clone(), 1);
+                }
+            }
         }
         let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
-        let window = keys.entry(grant.name.clone()).or_default();
+        if !keys.contains_key(&grant.name) {
+            keys.insert(grant.name.clone(), KeyWindow::default());
+        }
+        let window = keys.get_mut(&grant.name).expect("inserted above");
         if let Some(per_minute) = limits.requests_per_minute {
             window.requests.refill(share.of(per_minute), now);
         }
