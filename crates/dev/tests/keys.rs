@@ -459,38 +459,72 @@ async fn charged_by_routers(http: &reqwest::Client, routers: &[String], key: &st
     total
 }
 
+/// `llmgw dev` with two routers of our own reporting every `reporting`
+/// (router.yaml `usage_report_interval`), and a key created as `key`
+/// (the admin API's `POST /api/v1/keys` body), which both routers want.
+struct TwoRouters {
+    // Dropped last: the routers go first.
+    a: SecondRouter,
+    b: SecondRouter,
+    dev_file: llmgw_dev::DevFile,
+    admin: DevAdmin,
+    http: reqwest::Client,
+    secret: String,
+    _dev: Dev,
+    _dir: tempfile::TempDir,
+}
+
+impl TwoRouters {
+    async fn start(reporting: &str, key: serde_json::Value) -> TwoRouters {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Dev::start(&dir.path().join("dev"), &[]);
+        dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
+            .await;
+        let dev_file = dev.dev_file().expect("dev.json once dev is ready");
+        let admin = DevAdmin::new(&dev_file);
+        let config = format!("usage_report_interval: {reporting}\n");
+        let a = SecondRouter::named(dir.path(), "router-a", &config);
+        let b = SecondRouter::named(dir.path(), "router-b", &config);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap();
+        let (status, body) = admin
+            .send(Method::POST, paths::KEYS, Some(key.to_string()))
+            .await
+            .unwrap();
+        assert_eq!(status, 201, "create: {body}");
+        let secret = serde_json::from_value::<IssuedKey>(body).unwrap().secret;
+        let routers = TwoRouters {
+            a,
+            b,
+            dev_file,
+            admin,
+            http,
+            secret,
+            _dev: dev,
+            _dir: dir,
+        };
+        every_router_answers(&routers.http, &routers.urls(), None, "401 missing_api_key").await;
+        routers
+    }
+
+    fn urls(&self) -> Vec<String> {
+        vec![self.a.url.clone(), self.b.url.clone()]
+    }
+}
+
 /// Routers report every 200 ms while chats with a key run through both
 /// and the control plane loses its quorum for 12 s: reports fail and are
 /// sent again, and the control plane's usage ends equal to the answers the
 /// clients got, each counted once, none lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_is_counted_once_through_a_lost_quorum() {
-    let dir = tempfile::tempdir().unwrap();
-    let dev = Dev::start(&dir.path().join("dev"), &[]);
-    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
-        .await;
-    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
-    let admin = DevAdmin::new(&dev_file);
-    let reporting = "usage_report_interval: 200ms\n";
-    let a = SecondRouter::named(dir.path(), "router-a", reporting);
-    let b = SecondRouter::named(dir.path(), "router-b", reporting);
-    let routers = vec![a.url.clone(), b.url.clone()];
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let (status, body) = admin
-        .send(
-            Method::POST,
-            paths::KEYS,
-            Some(json!({"name": "load"}).to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 201, "create: {body}");
-    let issued: IssuedKey = serde_json::from_value(body).unwrap();
-    every_router_answers(&http, &routers, None, "401 missing_api_key").await;
-    every_router_answers(&http, &routers, Some(&issued.secret), "ok").await;
+    let two = TwoRouters::start("200ms", json!({"name": "load"})).await;
+    let (http, admin, dev_file) = (&two.http, &two.admin, &two.dev_file);
+    let (a, b, issued_secret) = (&two.a, &two.b, two.secret.clone());
+    let routers = two.urls();
+    every_router_answers(http, &routers, Some(&issued_secret), "ok").await;
 
     // Two clients per router until told to stop; each counts its answers.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -500,7 +534,7 @@ async fn usage_is_counted_once_through_a_lost_quorum() {
             let (http, router, secret, stop) = (
                 http.clone(),
                 router.clone(),
-                issued.secret.clone(),
+                issued_secret.clone(),
                 Arc::clone(&stop),
             );
             clients.push(tokio::spawn(async move {
@@ -531,7 +565,7 @@ async fn usage_is_counted_once_through_a_lost_quorum() {
         .map(|p| p.id)
         .find(|id| *id != leader)
         .expect("a follower");
-    let paused = [peer_pid(&dev_file, leader), peer_pid(&dev_file, follower)];
+    let paused = [peer_pid(dev_file, leader), peer_pid(dev_file, follower)];
     for pid in paused {
         assert!(signal_pid(pid, libc::SIGSTOP));
     }
@@ -553,7 +587,7 @@ async fn usage_is_counted_once_through_a_lost_quorum() {
     // exactly the sum, through the leader's death.
     let answered = answered as f64;
     eventually("every answer charged by the routers", DEADLINE, || async {
-        let charged = charged_by_routers(&http, &routers, "load").await;
+        let charged = charged_by_routers(http, &routers, "load").await;
         if charged == answered {
             Ok(())
         } else {
@@ -659,36 +693,18 @@ async fn holds(
 /// the parts sum to the limit; with traffic on both, they split it evenly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_minute_limits_are_shared_by_traffic_across_routers() {
-    let dir = tempfile::tempdir().unwrap();
-    let dev = Dev::start(&dir.path().join("dev"), &[]);
-    dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
-        .await;
-    let dev_file = dev.dev_file().expect("dev.json once dev is ready");
-    let admin = DevAdmin::new(&dev_file);
-    let reporting = "usage_report_interval: 500ms\n";
-    let a = SecondRouter::named(dir.path(), "router-a", reporting);
-    let b = SecondRouter::named(dir.path(), "router-b", reporting);
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    let (status, body) = admin
-        .send(
-            Method::POST,
-            paths::KEYS,
-            Some(json!({"name": "shared", "limits": {"requests_per_minute": 6000}}).to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 201, "create: {body}");
-    let secret = serde_json::from_value::<IssuedKey>(body).unwrap().secret;
-    let routers = [a.url.clone(), b.url.clone()];
-    every_router_answers(&http, &routers, None, "401 missing_api_key").await;
+    let two = TwoRouters::start(
+        "500ms",
+        json!({"name": "shared", "limits": {"requests_per_minute": 6000}}),
+    )
+    .await;
+    let (http, admin, secret) = (&two.http, &two.admin, two.secret.clone());
+    let (a, b) = (&two.a, &two.b);
 
     // Traffic through A: A's part grows to most of the limit, B's stays
     // small, and the control plane's shares sum to one.
     let stop_a = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let on_a = busy(&http, &a.url, &secret, &stop_a);
+    let on_a = busy(http, &a.url, &secret, &stop_a);
     eventually(
         "two routers with shares summing to one",
         DEADLINE,
@@ -705,15 +721,15 @@ async fn per_minute_limits_are_shared_by_traffic_across_routers() {
         },
     )
     .await;
-    let busy_part = holds(&http, &a.url, &secret, 4_800..6_000).await;
-    let idle_part = holds(&http, &b.url, &secret, 600..2_000).await;
+    let busy_part = holds(http, &a.url, &secret, 4_800..6_000).await;
+    let idle_part = holds(http, &b.url, &secret, 600..2_000).await;
     println!("traffic through A: A holds {busy_part}, B {idle_part} of 6000 a minute");
 
     // Traffic through both alike: they split it about evenly.
     let stop_b = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let on_b = busy(&http, &b.url, &secret, &stop_b);
-    let part_a = holds(&http, &a.url, &secret, 2_000..4_000).await;
-    let part_b = holds(&http, &b.url, &secret, 2_000..4_000).await;
+    let on_b = busy(http, &b.url, &secret, &stop_b);
+    let part_a = holds(http, &a.url, &secret, 2_000..4_000).await;
+    let part_b = holds(http, &b.url, &secret, 2_000..4_000).await;
     println!("traffic through both: A holds {part_a}, B {part_b} of 6000 a minute");
     for (stop, client) in [(stop_a, on_a), (stop_b, on_b)] {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
