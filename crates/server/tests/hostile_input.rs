@@ -257,3 +257,54 @@ async fn a_second_machine_with_a_connected_node_id_is_refused_and_changes_nothin
         .expect("Registered");
     drop(first_tx);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_keys_and_usage_reports_are_refused_by_name_and_change_nothing() {
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let send = |method: Method, path: &'static str, body: &str| {
+        let body = body.to_owned();
+        let cluster = &cluster;
+        async move {
+            let (status, answer) = cluster
+                .send(leader, method, path, Some(body))
+                .await
+                .expect("the peer answers instead of dying");
+            (status, answer.to_string())
+        }
+    };
+
+    let (status, message) = send(Method::POST, "/api/v1/keys", r#"{"name": "has space"}"#).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        message.contains("POST /api/v1/keys: name: key name `has space`"),
+        "{message}"
+    );
+
+    let (status, message) = send(Method::POST, "/api/v1/keys", r#"{"name": "ci", "rpm": 5}"#).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("unknown field `rpm`"), "{message}");
+
+    let (status, message) = send(Method::POST, "/api/v1/usage", "not json").await;
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("POST /api/v1/usage"), "{message}");
+
+    // A minute far ahead of the leader's clock would outlive every
+    // retention.
+    let future = r#"{"reporter": "r", "seq": 1, "rows": [{"key": "ci", "model": "m",
+        "minute": 99999999999, "totals": {"completed": 1}}]}"#;
+    let (status, message) = send(Method::POST, "/api/v1/usage", future).await;
+    assert_eq!(status, 400, "{message}");
+    assert!(message.contains("ahead of the leader's clock"), "{message}");
+
+    let (status, keys) = cluster
+        .send(leader, Method::GET, "/api/v1/keys", None)
+        .await
+        .unwrap();
+    assert_eq!((status, keys.to_string()), (200, "[]".to_owned()));
+    let (status, usage) = cluster
+        .send(leader, Method::GET, "/api/v1/usage", None)
+        .await
+        .unwrap();
+    assert_eq!((status, usage.to_string()), (200, "[]".to_owned()));
+}
