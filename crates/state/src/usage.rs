@@ -74,6 +74,12 @@ pub struct Usage {
     /// Each router's last applied report.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reporters: BTreeMap<String, LastReport>,
+    /// Tokens (prompt and completion) per key and UTC day, summed from
+    /// `minutes` as reports are added: what budgets are checked against,
+    /// read every second by every router, without walking a month of
+    /// minutes each time.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub daily_tokens: BTreeMap<String, BTreeMap<u64, u64>>,
     /// Per key with per-minute limits, each router's recent demand:
     /// what its share of the limit follows.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -110,7 +116,10 @@ pub const MAX_USAGE_ROWS: usize = 10_000;
 
 impl Usage {
     pub fn is_empty(&self) -> bool {
-        self.minutes.is_empty() && self.reporters.is_empty() && self.demand.is_empty()
+        self.minutes.is_empty()
+            && self.reporters.is_empty()
+            && self.demand.is_empty()
+            && self.daily_tokens.is_empty()
     }
 
     /// Each router's share of `key`'s per-minute limits at `now_ms`: an
@@ -142,23 +151,38 @@ impl Usage {
 
     /// What `key` spent in the UTC day and month of `now_ms`.
     pub fn spent(&self, key: &str, now_ms: u64) -> KeySpend {
-        let Some(models) = self.minutes.get(key) else {
+        let Some(days) = self.daily_tokens.get(key) else {
             return KeySpend::default();
         };
         let today = now_ms / 86_400_000;
         let (year, month, _) = civil_from_days(today);
         let month_start = days_from_civil(year, month, 1);
         let mut spend = KeySpend::default();
-        for minutes in models.values() {
-            for (minute, totals) in minutes.range(month_start * 1_440..) {
-                let tokens = totals.prompt_tokens + totals.completion_tokens;
-                spend.month_tokens += tokens;
-                if minute / 1_440 == today {
-                    spend.day_tokens += tokens;
-                }
+        for (day, tokens) in days.range(month_start..) {
+            spend.month_tokens += tokens;
+            if *day == today {
+                spend.day_tokens += tokens;
             }
         }
         spend
+    }
+
+    /// Adds one report row to the per-minute totals and the key's day.
+    pub fn add(&mut self, row: &UsageRow) {
+        self.minutes
+            .entry(row.key.clone())
+            .or_default()
+            .entry(row.model.clone())
+            .or_default()
+            .entry(row.minute)
+            .or_default()
+            .add(&row.totals);
+        *self
+            .daily_tokens
+            .entry(row.key.clone())
+            .or_default()
+            .entry(row.minute / 1_440)
+            .or_default() += row.totals.prompt_tokens + row.totals.completion_tokens;
     }
 
     /// Every row, oldest minute first within each key and model.
@@ -243,21 +267,20 @@ mod tests {
     #[test]
     fn spend_counts_the_current_day_and_month() {
         let mut usage = Usage::default();
-        let minutes = usage
-            .minutes
-            .entry("ci".into())
-            .or_default()
-            .entry("qwen".into())
-            .or_default();
         let day = 20_793; // 2026-12-06
-        let tokens = |n| UsageTotals {
-            prompt_tokens: n,
-            completion_tokens: n,
-            ..UsageTotals::default()
+        let tokens = |minute, n| UsageRow {
+            key: "ci".into(),
+            model: "qwen".into(),
+            minute,
+            totals: UsageTotals {
+                prompt_tokens: n,
+                completion_tokens: n,
+                ..UsageTotals::default()
+            },
         };
-        minutes.insert((day - 6) * 1_440, tokens(1)); // 2026-11-30: last month
-        minutes.insert((day - 5) * 1_440, tokens(10)); // 2026-12-01
-        minutes.insert(day * 1_440 + 5, tokens(100));
+        usage.add(&tokens((day - 6) * 1_440, 1)); // 2026-11-30: last month
+        usage.add(&tokens((day - 5) * 1_440, 10)); // 2026-12-01
+        usage.add(&tokens(day * 1_440 + 5, 100));
         let spent = usage.spent("ci", day * 86_400_000 + 3_600_000);
         assert_eq!(
             spent,

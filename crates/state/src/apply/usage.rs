@@ -77,15 +77,7 @@ impl FleetState {
         }
         let oldest_kept = (at_ms / MINUTE_MS).saturating_sub(retain_minutes);
         for row in rows.iter().filter(|row| row.minute >= oldest_kept) {
-            usage
-                .minutes
-                .entry(row.key.clone())
-                .or_default()
-                .entry(row.model.clone())
-                .or_default()
-                .entry(row.minute)
-                .or_default()
-                .add(&row.totals);
+            usage.add(row);
         }
         usage
             .reporters
@@ -107,6 +99,10 @@ impl FleetState {
         // Forget what the retention no longer covers.
         let oldest_ms = oldest_kept * MINUTE_MS;
         usage.reporters.retain(|_, last| last.at_ms >= oldest_ms);
+        usage.daily_tokens.retain(|_, days| {
+            days.retain(|day, _| *day >= oldest_kept / 1_440);
+            !days.is_empty()
+        });
         usage.minutes.retain(|_, models| {
             models.retain(|_, minutes| {
                 minutes.retain(|minute, _| *minute >= oldest_kept);
