@@ -117,9 +117,37 @@ pub fn requests_in_flight(metrics: &str) -> Option<f64> {
     total
 }
 
+/// Whether an engine's `/v1/models` answer lists `model`; if not, what it
+/// serves instead.
+pub fn lists_model(body: &str, model: &str) -> Result<(), String> {
+    let listed: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| format!("/v1/models answered something that is not JSON: {e}"))?;
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .map(|data| data.iter().filter_map(|m| m["id"].as_str()).collect())
+        .unwrap_or_default();
+    if ids.contains(&model) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the engine answering on this port serves {ids:?}, not `{model}`: another process holds the port"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_list_names_the_engine_that_answered() {
+        let body = r#"{"object":"list","data":[{"id":"qwen","object":"model"},{"id":"q","object":"model"}]}"#;
+        assert_eq!(lists_model(body, "q"), Ok(()));
+        let other = lists_model(body, "llama").unwrap_err();
+        assert!(other.contains(r#"["qwen", "q"]"#), "{other}");
+        assert!(other.contains("another process holds the port"), "{other}");
+        assert!(lists_model("<html>", "qwen").is_err());
+    }
 
     #[test]
     fn in_flight_sums_running_and_waiting_of_either_engine() {

@@ -272,7 +272,7 @@ impl Run {
     /// Until ready: reports each new reason it is not yet, and stops the
     /// engine once `startup_timeout` passes. True when the shard has ended.
     async fn tick_loading(&mut self) -> bool {
-        let why = match self.check().await {
+        let why = match self.check_first_ready().await {
             Ok(()) => {
                 self.phase = Phase::Ready { healthy: true };
                 let how = match &self.task.record.readiness {
@@ -390,6 +390,31 @@ impl Run {
             }
             Probe::Answer { status, .. } => Err(format!("/health answered {status}")),
             Probe::Broken(why) => Err(format!("/health: {why}")),
+        }
+    }
+
+    /// The readiness rule, and that the engine answering is this shard's:
+    /// a port still held by another engine (one left from an earlier run,
+    /// or another fleet's on a shared host) answers `/health` too, while
+    /// this shard's engine has not bound it yet or failed to.
+    async fn check_first_ready(&self) -> Result<(), String> {
+        self.check().await?;
+        let Some(url) = self.task.record.readiness.models_url() else {
+            return Ok(());
+        };
+        let model = &self.task.record.spec.model;
+        match probe::get(&url, Duration::from_secs(5)).await {
+            Probe::Answer { status: 200, body } => probe::lists_model(&body, model),
+            // An engine started with an API key keeps its model list to
+            // itself: its answering /health is all there is to go on.
+            Probe::Answer {
+                status: 401 | 403, ..
+            } => Ok(()),
+            Probe::Answer { status, .. } => Err(format!(
+                "/health answered 200 but /v1/models answered {status}"
+            )),
+            Probe::Refused => Err("/v1/models: connection refused".to_string()),
+            Probe::Broken(why) => Err(format!("/v1/models: {why}")),
         }
     }
 

@@ -59,9 +59,18 @@ impl ReadyRule {
 
     /// The engine's Prometheus page, next to its health endpoint.
     pub fn metrics_url(&self) -> Option<String> {
+        self.beside_health("/metrics")
+    }
+
+    /// The engine's OpenAI model list, next to its health endpoint.
+    pub fn models_url(&self) -> Option<String> {
+        self.beside_health("/v1/models")
+    }
+
+    fn beside_health(&self, path: &str) -> Option<String> {
         let health = self.health_url()?;
         Some(match health.strip_suffix("/health") {
-            Some(base) => format!("{base}/metrics"),
+            Some(base) => format!("{base}{path}"),
             None => health.to_string(),
         })
     }

@@ -168,6 +168,61 @@ async fn hang_while_loading_fails_after_the_startup_timeout_and_leaves_nothing()
     assert!(group_members(pids[0]).is_empty(), "group left behind");
 }
 
+/// Serves `/health` with 200 and a model list naming only `other` on
+/// `port`, as another fleet's engine would.
+fn foreign_engine(port: u16) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut request = [0u8; 2048];
+            let n = conn.read(&mut request).unwrap_or(0);
+            let body = if String::from_utf8_lossy(&request[..n]).contains("/v1/models") {
+                r#"{"object":"list","data":[{"id":"other","object":"model"}]}"#
+            } else {
+                "{}"
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_port_another_engine_answers_is_never_ready() {
+    // The port is free when the agent checks it, and taken right after
+    // (two engines started at once on one host). SGLang binds its port only
+    // once loaded, so for the whole load the port's answers come from the
+    // other process.
+    let mut h = Harness::new(&NodeSetup {
+        load_time: "1s",
+        ..NodeSetup::default()
+    });
+    let port = free_port();
+    assert!(h.start(spec("s0", Engine::Sglang, &[0], port)).accepted);
+    foreign_engine(port);
+    let failed = h.wait_for("s0", ShardState::Failed, LONG).await;
+    assert!(
+        !h.states("s0").contains(&ShardState::Ready),
+        "reported ready on an engine that is not its own: {:#?}",
+        h.history
+    );
+    let saw_the_other = h.history.iter().any(|s| {
+        s.shard_id == "s0"
+            && s.state == ShardState::Loading as i32
+            && s.message.contains(r#"serves ["other"], not `"#)
+    });
+    assert!(saw_the_other, "{:#?}", h.history);
+    assert!(
+        failed.message.contains("while loading"),
+        "{}",
+        failed.message
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_while_serving_is_reported_with_the_tail() {
     let mut h = Harness::new(&NodeSetup::default());
