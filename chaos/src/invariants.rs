@@ -2,6 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use llmgw_runtime::log_events::{
+    AGENT_STREAMS_RELEASED, CONTROL_PLANE_STREAM_LOST, NODE_STATUS_CHANGED,
+};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
@@ -321,7 +324,7 @@ pub fn no_unreachable_while_healthy(
     let mut violations = BTreeSet::new();
     let mut transitions = 0;
     for (name, text) in peer_logs {
-        for line in text.lines().filter(|l| l.contains("node status changed")) {
+        for line in text.lines().filter(|l| l.contains(NODE_STATUS_CHANGED)) {
             transitions += 1;
             let node = field(line, "node");
             let to = field(line, "to");
@@ -792,8 +795,8 @@ pub fn no_term_change_while_follower_paused(
 }
 
 /// While the leader was healthy (run times `from_us` to `to_us`), no peer
-/// closed its agent streams for losing leadership (`no longer leading;
-/// closed the agent streams`, with how many) and no agent lost its
+/// closed its agent streams for losing leadership
+/// ([`AGENT_STREAMS_RELEASED`], with how many) and no agent lost its
 /// control-plane stream (the agents' own logs).
 pub fn healthy_leader_kept_streams(
     peer_logs: &[(String, String)],
@@ -807,10 +810,7 @@ pub fn healthy_leader_kept_streams(
     let mut violations = Vec::new();
     let mut closed = 0;
     for (name, text) in peer_logs {
-        for line in text
-            .lines()
-            .filter(|l| l.contains("no longer leading; closed the agent streams"))
-        {
+        for line in text.lines().filter(|l| l.contains(AGENT_STREAMS_RELEASED)) {
             if let Some(at) = within(line) {
                 let n: usize = field(line, "closed")
                     .and_then(|n| n.parse().ok())
@@ -828,7 +828,7 @@ pub fn healthy_leader_kept_streams(
     for (node, text) in agent_logs {
         let times: Vec<u64> = text
             .lines()
-            .filter(|l| l.contains("control-plane stream lost"))
+            .filter(|l| l.contains(CONTROL_PLANE_STREAM_LOST))
             .filter_map(within)
             .collect();
         if let Some(first) = times.first() {
@@ -1011,9 +1011,10 @@ mod tests {
     fn a_healthy_node_marked_unreachable_in_a_log_is_reported() {
         let logs = vec![(
             "server-1.1.log".to_owned(),
-            "2026-12-03T07:06:07Z  WARN llmgw_server::agents::liveness: node status changed node=n2 from=\"ready\" to=\"unreachable\"\n\
-             2026-12-03T07:06:08Z  WARN llmgw_server::agents::liveness: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n"
-                .to_owned(),
+            format!(
+                "2026-12-03T07:06:07Z  WARN llmgw_server::agents::liveness: {NODE_STATUS_CHANGED} node=n2 from=\"ready\" to=\"unreachable\"\n\
+                 2026-12-03T07:06:08Z  WARN llmgw_server::agents::liveness: {NODE_STATUS_CHANGED} node=n1 from=\"ready\" to=\"unreachable\"\n"
+            ),
         )];
         let windows = vec![Window {
             subject: Subject::Node("n1".into()),
@@ -1139,10 +1140,11 @@ mod tests {
         // Run time zero at 1970-01-01T00:00:00Z: log times are run times.
         let logs = vec![(
             "server-2.1.log".to_owned(),
-            "1970-01-01T00:00:05.000000Z  WARN l: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n\
-             1970-01-01T00:01:00.000000Z  WARN l: node status changed node=n1 from=\"ready\" to=\"unreachable\"\n\
-             1970-01-01T00:00:12.000000Z  WARN l: node status changed node=n2 from=\"ready\" to=\"lost\"\n"
-                .to_owned(),
+            format!(
+                "1970-01-01T00:00:05.000000Z  WARN l: {NODE_STATUS_CHANGED} node=n1 from=\"ready\" to=\"unreachable\"\n\
+                 1970-01-01T00:01:00.000000Z  WARN l: {NODE_STATUS_CHANGED} node=n1 from=\"ready\" to=\"unreachable\"\n\
+                 1970-01-01T00:00:12.000000Z  WARN l: {NODE_STATUS_CHANGED} node=n2 from=\"ready\" to=\"lost\"\n"
+            ),
         )];
         let windows = vec![
             window(Subject::Node("n1".into()), 4_000_000, 8_000_000),
@@ -1307,14 +1309,17 @@ mod tests {
     fn streams_closed_by_a_healthy_leader_are_counted_and_reported() {
         let peers = vec![(
             "server-1.1.log".to_owned(),
-            "1970-01-01T00:00:07.000000Z  INFO l: no longer leading; closed the agent streams so agents find the new leader term=3 closed=4\n\
-             1970-01-01T00:00:40.000000Z  INFO l: no longer leading; closed the agent streams so agents find the new leader term=4 closed=4\n"
-                .to_owned(),
+            format!(
+                "1970-01-01T00:00:07.000000Z  INFO l: {AGENT_STREAMS_RELEASED} term=3 closed=4 why=\"another peer leads\"\n\
+                 1970-01-01T00:00:40.000000Z  INFO l: {AGENT_STREAMS_RELEASED} term=4 closed=4 why=\"another peer leads\"\n"
+            ),
         )];
         let agents = vec![
             (
                 "n1".to_owned(),
-                "1970-01-01T00:00:07.100000Z  WARN c: control-plane stream lost peer=10.0.0.1:7070 why=x\n".to_owned(),
+                format!(
+                    "1970-01-01T00:00:07.100000Z  WARN c: {CONTROL_PLANE_STREAM_LOST} peer=10.0.0.1:7070 why=x\n"
+                ),
             ),
             ("n2".to_owned(), String::new()),
         ];
@@ -1329,6 +1334,24 @@ mod tests {
             checked
                 .scope
                 .contains("4 streams closed by peers, 1 stream losses")
+        );
+    }
+
+    #[test]
+    fn streams_released_as_the_server_logs_it_today_are_seen() {
+        // The line as crates/server/src/agents/liveness.rs writes it: the
+        // shared message, then its fields.
+        let peers = vec![(
+            "server-2.log".to_owned(),
+            format!(
+                "1970-01-01T00:00:08.000000Z  INFO llmgw_server::agents::liveness: {AGENT_STREAMS_RELEASED} term=5 closed=3 why=\"another peer leads\"\n"
+            ),
+        )];
+        let checked = healthy_leader_kept_streams(&peers, &[], 1, 5_000_000, 20_000_000);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        assert!(
+            checked.violations[0].contains("closed 3 agent streams at 8.0s"),
+            "{checked:?}"
         );
     }
 

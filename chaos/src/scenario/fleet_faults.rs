@@ -84,7 +84,9 @@ pub(super) async fn agent_cut_below_ttl(ctx: &mut Ctx) -> Result<(), ScenarioErr
             std::fs::read_to_string(ctx.cluster.log_path(id, n))
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| l.contains("node status changed") && l.contains(&node))
+                .filter(|l| {
+                    l.contains(llmgw_runtime::log_events::NODE_STATUS_CHANGED) && l.contains(&node)
+                })
                 .map(|l| format!("peer {id}: {}", l.trim()))
                 .collect::<Vec<_>>()
         })

@@ -101,7 +101,9 @@ pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), Scenario
         .map(|a| a.log_text())
         .unwrap_or_default();
     let left = agent_log.matches("leaving a silent peer").count()
-        + agent_log.matches("control-plane stream lost").count();
+        + agent_log
+            .matches(llmgw_runtime::log_events::CONTROL_PLANE_STREAM_LOST)
+            .count();
     let cut_short: Vec<&str> = agent_log
         .lines()
         .filter(|l| l.contains("not assigned to this node by the leader"))

@@ -211,7 +211,12 @@ impl StreamClient {
                     why,
                     was_registered,
                 } => {
-                    tracing::warn!(peer = %target, %why, "control-plane stream lost");
+                    tracing::warn!(
+                        peer = %target,
+                        %why,
+                        "{}",
+                        llmgw_runtime::log_events::CONTROL_PLANE_STREAM_LOST
+                    );
                     if was_registered {
                         // A stream that worked: back off a little before
                         // dialing again, as the whole fleet does now.

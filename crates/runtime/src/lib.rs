@@ -4,6 +4,8 @@
 
 use std::io::IsTerminal;
 
+pub mod log_events;
+
 use tracing_subscriber::EnvFilter;
 
 /// Sends tracing output to stderr, filtered by `RUST_LOG` or, when that is

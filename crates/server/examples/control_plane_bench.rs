@@ -252,7 +252,7 @@ async fn disturbances(cluster: &Cluster) -> (u64, usize) {
         .map(|&id| {
             cluster
                 .log_text(id)
-                .matches("no longer leading the fleet")
+                .matches(llmgw_runtime::log_events::AGENT_STREAMS_RELEASED)
                 .count()
         })
         .sum();

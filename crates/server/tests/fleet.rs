@@ -58,7 +58,7 @@ fn status_changes(cluster: &Cluster, to: &str) -> Vec<String> {
     cluster
         .all_log_lines()
         .into_iter()
-        .filter(|l| l.contains("node status changed"))
+        .filter(|l| l.contains(llmgw_runtime::log_events::NODE_STATUS_CHANGED))
         .filter(|l| l.contains(&needle) || l.contains(&needle_plain))
         .collect()
 }

@@ -148,7 +148,9 @@ fn release_streams_unless_held(
         tracing::info!(
             term = t.term,
             closed,
-            "no longer leading the fleet ({why}); closed the agent streams so agents find the leader"
+            why,
+            "{}",
+            llmgw_runtime::log_events::AGENT_STREAMS_RELEASED
         );
     }
 }
@@ -239,7 +241,13 @@ fn log_verdict_outcome(control: &ControlPlane, verdict: &Verdict) {
     let now = control.read(|fleet| fleet.nodes.get(id).map(|n| (n.status, n.status_version)));
     match now {
         Some((status, _)) if status == *to => {
-            tracing::warn!(node = %id, from = from.as_str(), to = to.as_str(), "node status changed");
+            tracing::warn!(
+                node = %id,
+                from = from.as_str(),
+                to = to.as_str(),
+                "{}",
+                llmgw_runtime::log_events::NODE_STATUS_CHANGED
+            );
         }
         Some((status, current)) => tracing::info!(
             node = %id,
