@@ -60,6 +60,11 @@ pub struct LaunchSpec {
     pub tensor_parallel: u32,
     #[serde(default)]
     pub pipeline_parallel: u32,
+    /// Data-parallel ranks; left out of the state file (and so of the spec
+    /// hash) when 1, so a shard launched before the field existed is still
+    /// recognised as the same spec.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub data_parallel: u32,
     #[serde(default)]
     pub master_addr: String,
     #[serde(default)]
@@ -81,6 +86,14 @@ pub struct LaunchSpec {
     pub kv_events_port: u16,
     #[serde(default)]
     pub kv_replay_port: u16,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// Shard ids become file names in `work_dir`, so they are kept to a safe set.
@@ -152,7 +165,7 @@ impl LaunchSpec {
             (p, _) => port(&shard, "master_port", p)?,
         };
         let gpus_per_node = if spec.gpus_per_node == 0 {
-            (spec.tensor_parallel * spec.pipeline_parallel) / spec.nodes
+            (spec.tensor_parallel * spec.pipeline_parallel * spec.data_parallel.max(1)) / spec.nodes
         } else {
             spec.gpus_per_node
         };
@@ -176,6 +189,7 @@ impl LaunchSpec {
             port: port(&shard, "port", spec.port)?,
             tensor_parallel: spec.tensor_parallel,
             pipeline_parallel: spec.pipeline_parallel,
+            data_parallel: spec.data_parallel.max(1),
             master_addr,
             master_port,
             fabric: (!spec.fabric.is_empty()).then(|| spec.fabric.clone()),
@@ -208,6 +222,7 @@ impl LaunchSpec {
             port: u32::from(self.port),
             tensor_parallel: self.tensor_parallel,
             pipeline_parallel: self.pipeline_parallel,
+            data_parallel: self.data_parallel,
             master_addr: self.master_addr.clone(),
             master_port: u32::from(self.master_port),
             fabric: self.fabric.clone().unwrap_or_default(),
@@ -234,6 +249,7 @@ impl LaunchSpec {
             gpus_per_node: self.gpus_per_node,
             tensor_parallel: self.tensor_parallel,
             pipeline_parallel: self.pipeline_parallel,
+            data_parallel: self.data_parallel,
             min_gpu_memory_gb: self.min_gpu_memory_gb,
             gpu_models: self.gpu_models.clone(),
             launch_mode: self.launch_mode,
@@ -329,6 +345,19 @@ mod tests {
             pipeline_parallel: 1,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn data_parallel_one_leaves_the_spec_hash_as_it_was() {
+        let spec = LaunchSpec::from_proto(&wire()).unwrap();
+        assert_eq!(spec.data_parallel, 1, "0 on the wire reads as 1");
+        let written = serde_json::to_string(&spec).unwrap();
+        assert!(!written.contains("data_parallel"), "{written}");
+        let mut two = spec.clone();
+        two.data_parallel = 2;
+        assert_ne!(two.hash(), spec.hash());
+        let again = LaunchSpec::from_proto(&two.to_proto()).unwrap();
+        assert_eq!(again.data_parallel, 2);
     }
 
     #[test]

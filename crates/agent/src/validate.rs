@@ -31,7 +31,7 @@ pub struct Held {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     #[error(
-        "profile `{profile}`: tensor_parallel x pipeline_parallel = {world} but nodes x gpus_per_node = {gpus}"
+        "profile `{profile}`: tensor_parallel x pipeline_parallel x data_parallel = {world} but nodes x gpus_per_node = {gpus}"
     )]
     WorldMismatch {
         profile: String,
@@ -91,7 +91,7 @@ pub enum Refusal {
 /// Checks the shard against this node and what already runs here, and
 /// returns the launch plan when nothing is wrong.
 pub fn validate(spec: &LaunchSpec, node: &NodeFacts, held: &[Held]) -> Result<LaunchPlan, Refusal> {
-    let world = spec.tensor_parallel * spec.pipeline_parallel;
+    let world = spec.tensor_parallel * spec.pipeline_parallel * spec.data_parallel;
     let gpus = spec.nodes * spec.gpus_per_node;
     if world != gpus {
         return Err(Refusal::WorldMismatch {
@@ -175,10 +175,21 @@ pub fn ports_of(spec: &LaunchSpec, plan: &LaunchPlan) -> Vec<u16> {
         // dist-init address, the Ray GCS).
         ports.push(spec.master_port);
     }
-    // The KV event publisher's two sockets bind on every interface.
-    for port in [spec.kv_events_port, spec.kv_replay_port] {
-        if port != 0 && !ports.contains(&port) {
-            ports.push(port);
+    // Each data-parallel rank's KV event publisher binds its two sockets,
+    // on the configured ports plus its rank, on every interface.
+    for first in [spec.kv_events_port, spec.kv_replay_port] {
+        if first == 0 {
+            continue;
+        }
+        for rank in 0..spec.data_parallel {
+            let port = u16::try_from(rank)
+                .ok()
+                .and_then(|rank| first.checked_add(rank));
+            if let Some(port) = port
+                && !ports.contains(&port)
+            {
+                ports.push(port);
+            }
         }
     }
     ports

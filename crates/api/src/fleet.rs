@@ -65,13 +65,25 @@ pub struct ReplicaView {
     pub replica: Replica,
 }
 
-/// A head engine's KV event sockets, as `host:port`.
+/// A head engine's KV event sockets, as `host:port`: those of its first
+/// data-parallel rank; rank `r` listens on each port plus `r`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvEventsView {
     /// The PUB socket streaming every batch.
     pub stream: String,
     /// The ROUTER socket replaying recent batches from a seq.
     pub replay: String,
+    /// Data-parallel ranks publishing; absent when 1.
+    #[serde(default = "one_rank", skip_serializing_if = "is_one_rank")]
+    pub ranks: u16,
+}
+
+fn one_rank() -> u16 {
+    1
+}
+
+fn is_one_rank(ranks: &u16) -> bool {
+    *ranks == 1
 }
 
 /// `POST /api/v1/nodes/{id}/drain?deadline_s=N`.

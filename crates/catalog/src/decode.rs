@@ -444,6 +444,7 @@ impl Decode for Profile {
                 "gpus_per_node",
                 "tensor_parallel",
                 "pipeline_parallel",
+                "data_parallel",
                 "min_gpu_memory_gb",
                 "gpu_models",
                 "launch_mode",
@@ -461,10 +462,11 @@ impl Decode for Profile {
         let nodes: u32 = f.or(cx, "nodes", 1);
         let gpus_per_node: u32 = f.or(cx, "gpus_per_node", 1);
         let pipeline_parallel: u32 = f.or(cx, "pipeline_parallel", 1);
+        let data_parallel: u32 = f.or(cx, "data_parallel", 1);
         let tensor_parallel: u32 = f.or(
             cx,
             "tensor_parallel",
-            (nodes * gpus_per_node) / pipeline_parallel.max(1),
+            (nodes * gpus_per_node) / (pipeline_parallel.max(1) * data_parallel.max(1)),
         );
         let min_gpu_memory_gb: u32 = f.or(cx, "min_gpu_memory_gb", 0);
         let gpu_models: Vec<String> = f.or(cx, "gpu_models", Vec::new());
@@ -485,6 +487,7 @@ impl Decode for Profile {
                 pipeline_parallel,
                 MAX_NODES_PER_REPLICA,
             ),
+            ("data_parallel", data_parallel, MAX_GPUS_PER_NODE),
         ] {
             if value == 0 {
                 f.report(cx, key, "must be at least 1");
@@ -492,15 +495,26 @@ impl Decode for Profile {
                 f.report(cx, key, format!("{value} is above the limit of {max}"));
             }
         }
-        let world = u64::from(tensor_parallel) * u64::from(pipeline_parallel);
+        let world =
+            u64::from(tensor_parallel) * u64::from(pipeline_parallel) * u64::from(data_parallel);
         let gpus = u64::from(nodes) * u64::from(gpus_per_node);
         if world != gpus && world > 0 && gpus > 0 {
             f.report(
                 cx,
                 "tensor_parallel",
                 format!(
-                    "tensor_parallel x pipeline_parallel = {tensor_parallel} x {pipeline_parallel} = {world}, \
+                    "tensor_parallel x pipeline_parallel x data_parallel = {tensor_parallel} x {pipeline_parallel} x {data_parallel} = {world}, \
                      but nodes x gpus_per_node = {nodes} x {gpus_per_node} = {gpus}; the engine needs one GPU per rank"
+                ),
+            );
+        }
+        if data_parallel > 1 && nodes > 1 {
+            f.report(
+                cx,
+                "data_parallel",
+                format!(
+                    "data_parallel {data_parallel} on {nodes} nodes: data-parallel ranks run on one node; \
+                     for more copies across nodes raise the model's replicas instead"
                 ),
             );
         }
@@ -525,6 +539,7 @@ impl Decode for Profile {
             gpus_per_node,
             tensor_parallel,
             pipeline_parallel,
+            data_parallel,
             min_gpu_memory_gb,
             gpu_models,
             launch_mode,
@@ -570,11 +585,16 @@ fn check_engine_args(f: &Fields<'_>, cx: &mut Cx, engine: Engine, args: &[String
             } else {
                 format!(" (`{shown}` is {engine}'s spelling of `{flag}`)")
             };
+            let instead = if matches!(flag, "--data-parallel-size" | "--dp-size") {
+                " and set the profile's `data_parallel` instead"
+            } else {
+                ""
+            };
             cx.report(
                 at,
                 &path,
                 format!(
-                    "{shown} is set by llmgw from the placement{hint}; remove it from engine_args"
+                    "{shown} is set by llmgw from the placement{hint}; remove it from engine_args{instead}"
                 ),
             );
         }

@@ -40,6 +40,8 @@ const SGLANG_FLAGS: &[&str] = &[
     "--tp-size",
     "--pipeline-parallel-size",
     "--pp-size",
+    "--data-parallel-size",
+    "--dp-size",
     "--nnodes",
     "--node-rank",
     "--dist-init-addr",

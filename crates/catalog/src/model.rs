@@ -214,6 +214,12 @@ pub struct Profile {
     pub gpus_per_node: u32,
     pub tensor_parallel: u32,
     pub pipeline_parallel: u32,
+    /// Engine ranks behind the replica's one server, each with
+    /// `tensor_parallel x pipeline_parallel` GPUs of its own and its own
+    /// KV cache (vLLM `--data-parallel-size`, SGLang `--dp-size`). Left
+    /// out when 1, so entries and fingerprints from before it read alike.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub data_parallel: u32,
     /// Memory each GPU must have, in GB; 0 means any.
     pub min_gpu_memory_gb: u32,
     /// GPU model names that qualify (matched as substrings of the device
@@ -227,6 +233,14 @@ pub struct Profile {
     pub engine_args: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl Profile {

@@ -79,6 +79,25 @@ fn an_autoscaled_model_starts_at_its_minimum_and_round_trips() {
 }
 
 #[test]
+fn data_parallel_ranks_split_the_gpus_and_stay_out_of_entries_without_them() {
+    let yaml = "models:\n  - name: a\n    source: x\n    profiles:\n      - {name: dp4, engine: vllm, gpus_per_node: 8, data_parallel: 4}\n      - {name: tp8, engine: vllm, gpus_per_node: 8}\n";
+    let catalog = parse_catalog("models.yaml", yaml).unwrap();
+    let profiles = &catalog.get("a").unwrap().managed().unwrap().profiles;
+    let shape =
+        |p: &llmgw_catalog::Profile| (p.tensor_parallel, p.pipeline_parallel, p.data_parallel);
+    assert_eq!(
+        shape(&profiles[0]),
+        (2, 1, 4),
+        "tensor_parallel defaults to the GPUs each rank has"
+    );
+    assert_eq!(shape(&profiles[1]), (8, 1, 1));
+    let json = serde_json::to_string(&profiles[1]).unwrap();
+    assert!(!json.contains("data_parallel"), "{json}");
+    let json = serde_json::to_string(&profiles[0]).unwrap();
+    assert!(json.contains("\"data_parallel\":4"), "{json}");
+}
+
+#[test]
 fn catalog_round_trips_through_json() {
     let catalog = parse_catalog("models.yaml", GOOD).unwrap();
     let json = serde_json::to_string(&catalog).unwrap();
@@ -148,7 +167,22 @@ const BROKEN: &[(&str, &str, &str)] = &[
     (
         "tp x pp does not match the GPUs",
         "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        gpus_per_node: 4\n        tensor_parallel: 2\n",
-        "8:26: models[0].profiles[0].tensor_parallel: tensor_parallel x pipeline_parallel = 2 x 1 = 2, but nodes x gpus_per_node = 1 x 4 = 4",
+        "8:26: models[0].profiles[0].tensor_parallel: tensor_parallel x pipeline_parallel x data_parallel = 2 x 1 x 1 = 2, but nodes x gpus_per_node = 1 x 4 = 4",
+    ),
+    (
+        "tp x pp x dp does not match the GPUs",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        gpus_per_node: 4\n        tensor_parallel: 2\n        data_parallel: 3\n",
+        "tensor_parallel x pipeline_parallel x data_parallel = 2 x 1 x 3 = 6, but nodes x gpus_per_node = 1 x 4 = 4",
+    ),
+    (
+        "data parallel across nodes",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: vllm\n        nodes: 2\n        gpus_per_node: 2\n        tensor_parallel: 2\n        data_parallel: 2\n",
+        "models[0].profiles[0].data_parallel: data_parallel 2 on 2 nodes: data-parallel ranks run on one node",
+    ),
+    (
+        "data parallel flag in engine_args",
+        "models:\n  - name: a\n    source: x\n    profiles:\n      - name: p\n        engine: sglang\n        engine_args: [\"--dp-size\", \"2\"]\n",
+        "--dp-size is set by llmgw from the placement; remove it from engine_args and set the profile's `data_parallel` instead",
     ),
     (
         "zero gpus",

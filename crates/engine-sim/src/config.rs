@@ -82,6 +82,12 @@ impl ServeConfig {
         self.world_size().div_ceil(self.nnodes.max(1))
     }
 
+    /// GPUs this node must see: every data-parallel rank has a world of
+    /// its own.
+    pub fn local_gpus_needed(&self) -> u64 {
+        self.local_world() * self.dp.max(1)
+    }
+
     pub fn first_name(&self) -> &str {
         &self.served_names[0]
     }

@@ -108,7 +108,8 @@ async fn prefill(
     client: Option<&mpsc::Sender<Result<Bytes, Stop>>>,
 ) -> Result<Duration, Stop> {
     let started = Instant::now();
-    let uncached = state.record_prefix(&plan.prompt_token_ids);
+    let rank = state.pick_rank();
+    let uncached = state.record_prefix(rank.rank, &plan.prompt_token_ids);
     let work = state
         .cfg
         .knobs
@@ -118,7 +119,7 @@ async fn prefill(
         return Ok(Duration::ZERO);
     }
     let _lane = tokio::select! {
-        lane = state.prefill_lane.lock() => lane,
+        lane = rank.rank.prefill_lane.lock() => lane,
         stop = wait_interrupt(interrupt) => return Err(stop),
     };
     pause(work, interrupt, client).await?;

@@ -10,6 +10,7 @@ use crate::config::ServeConfig;
 use crate::failures::Failure;
 use crate::persona::{Engine, Persona};
 use crate::prefix_cache::{EventSink, PrefixCache};
+use crate::state::DpRank;
 
 /// The publisher settings of `--kv-events-config`.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,8 +113,26 @@ fn bind_address(endpoint: &str, rank_offset: u16) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, port.checked_add(rank_offset)?))
 }
 
-/// The engine's prefix cache, publishing when the command line asks.
-pub async fn prefix_cache(cfg: &ServeConfig, kv_tokens: u64) -> Result<PrefixCache, Failure> {
+/// The engine's data-parallel ranks, each with its own prefix cache
+/// sized by the KV memory of its own GPUs, publishing when the command
+/// line asks: rank `r` on the configured ports plus `r`, its batches
+/// naming it.
+pub async fn dp_ranks(cfg: &ServeConfig, kv_tokens: u64) -> Result<Vec<DpRank>, Failure> {
+    let mut ranks = Vec::new();
+    for rank in 0..cfg.dp {
+        let rank = u16::try_from(rank).map_err(|_| Failure::KvEventsBind {
+            endpoint: format!("data-parallel rank {rank}"),
+        })?;
+        ranks.push(DpRank::new(prefix_cache(cfg, kv_tokens, rank).await?));
+    }
+    Ok(ranks)
+}
+
+async fn prefix_cache(
+    cfg: &ServeConfig,
+    kv_tokens: u64,
+    rank: u16,
+) -> Result<PrefixCache, Failure> {
     let capacity = cfg
         .knobs
         .prefix_cache_tokens
@@ -124,9 +143,10 @@ pub async fn prefix_cache(cfg: &ServeConfig, kv_tokens: u64) -> Result<PrefixCac
             let bind_failure = |endpoint: &str| Failure::KvEventsBind {
                 endpoint: endpoint.to_string(),
             };
-            let stream = bind_address(&kv.endpoint, 0).ok_or_else(|| bind_failure(&kv.endpoint))?;
+            let stream =
+                bind_address(&kv.endpoint, rank).ok_or_else(|| bind_failure(&kv.endpoint))?;
             let replay = match &kv.replay_endpoint {
-                Some(r) => Some(bind_address(r, 0).ok_or_else(|| bind_failure(r))?),
+                Some(r) => Some(bind_address(r, rank).ok_or_else(|| bind_failure(r))?),
                 None => None,
             };
             let publisher = Publisher::bind(
@@ -145,7 +165,7 @@ pub async fn prefix_cache(cfg: &ServeConfig, kv_tokens: u64) -> Result<PrefixCac
                 publisher,
                 shape: wire_shape(cfg.persona),
                 // The publishers always fill the batch's rank in, 0 included.
-                dp_rank: Some(0),
+                dp_rank: Some(u32::from(rank)),
             })
         }
     };

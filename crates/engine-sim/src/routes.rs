@@ -175,7 +175,7 @@ impl EngineApp {
             }
             "/flush_cache" if get || post => {
                 if s.in_flight() == 0 {
-                    s.prefix_cache.clear();
+                    s.clear_prefix_caches();
                 }
                 http::text(
                     200,

@@ -81,8 +81,8 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
             ),
         );
     }
-    let prefix_cache = crate::kv_events::prefix_cache(&cfg, loaded.kv_tokens).await?;
-    let state = EngineState::new(cfg.clone(), *log, facts, prefix_cache);
+    let ranks = crate::kv_events::dp_ranks(&cfg, loaded.kv_tokens).await?;
+    let state = EngineState::new(cfg.clone(), *log, facts, ranks);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut membership = loaded.membership.take();
 
@@ -249,12 +249,12 @@ fn uses_ray(cfg: &ServeConfig) -> Result<bool, Failure> {
     if cfg.persona.engine != Engine::Vllm {
         return Ok(false);
     }
-    let oversized = cfg.nnodes == 1 && cfg.local_world() > cfg.visible_gpus;
+    let oversized = cfg.nnodes == 1 && cfg.local_gpus_needed() > cfg.visible_gpus;
     let use_ray =
         cfg.backend == Some(Backend::Ray) || (oversized && !cfg.persona.refuses_oversized_world());
     if !use_ray && oversized && cfg.visible_gpus > 0 {
         return Err(Failure::WorldTooLarge {
-            world: cfg.world_size(),
+            world: cfg.local_gpus_needed(),
             gpus: cfg.visible_gpus,
         });
     }

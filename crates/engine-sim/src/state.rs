@@ -12,6 +12,37 @@ use crate::logs::Logger;
 use crate::metrics::{Gauges, Metrics};
 use crate::prefix_cache::PrefixCache;
 
+/// One data-parallel rank: a KV cache and the compute its prefills share.
+pub struct DpRank {
+    pub prefix_cache: PrefixCache,
+    /// One prefill at a time: prompts not found in the prefix cache queue
+    /// for the rank's compute.
+    pub prefill_lane: tokio::sync::Mutex<()>,
+    /// Requests given to the rank whose prefill has not finished.
+    prefilling: AtomicU64,
+}
+
+impl DpRank {
+    pub fn new(prefix_cache: PrefixCache) -> Self {
+        DpRank {
+            prefix_cache,
+            prefill_lane: tokio::sync::Mutex::new(()),
+            prefilling: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A request's hold on its rank until its prefill is done.
+pub struct RankGuard<'a> {
+    pub rank: &'a DpRank,
+}
+
+impl Drop for RankGuard<'_> {
+    fn drop(&mut self) {
+        self.rank.prefilling.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Where the server is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -57,10 +88,10 @@ pub struct EngineState {
     pub open_streams: AtomicU64,
     pub tokens_generated: AtomicU64,
     pub fatal_started: AtomicBool,
-    pub prefix_cache: PrefixCache,
-    /// One prefill at a time: prompts not found in the prefix cache queue
-    /// for the GPU's compute.
-    pub prefill_lane: tokio::sync::Mutex<()>,
+    /// The data-parallel ranks behind this server, each with its own KV
+    /// cache and compute; one unless `--data-parallel-size` / `--dp-size`.
+    pub ranks: Vec<DpRank>,
+    rank_turn: AtomicU64,
     pub started: Instant,
     pub created_unix: u64,
 }
@@ -126,7 +157,7 @@ impl EngineState {
         cfg: ServeConfig,
         log: Logger,
         facts: ServingFacts,
-        prefix_cache: PrefixCache,
+        ranks: Vec<DpRank>,
     ) -> Arc<Self> {
         let ServingFacts {
             kv_capacity,
@@ -159,8 +190,8 @@ impl EngineState {
             open_streams: AtomicU64::new(0),
             tokens_generated: AtomicU64::new(0),
             fatal_started: AtomicBool::new(false),
-            prefix_cache,
-            prefill_lane: tokio::sync::Mutex::new(()),
+            ranks,
+            rank_turn: AtomicU64::new(0),
             started: Instant::now(),
             created_unix,
         })
@@ -234,11 +265,32 @@ impl EngineState {
         }
     }
 
-    /// Counts prefix-cache queries and hits for a prompt of `tokens` tokens.
-    /// Looks the prompt up in the prefix cache (storing what it lacked)
-    /// and counts the queried and hit tokens as the engines do.
-    pub fn record_prefix(&self, token_ids: &[u32]) -> u64 {
-        let lookup = self.prefix_cache.admit(token_ids);
+    /// The rank a new request goes to, as the engines' own data-parallel
+    /// balancing does: the one with the fewest requests not yet past
+    /// prefill, taking turns on a tie.
+    pub fn pick_rank(&self) -> RankGuard<'_> {
+        let turn = self.rank_turn.fetch_add(1, Ordering::Relaxed) as usize;
+        let count = self.ranks.len();
+        let rank = (0..count)
+            .map(|i| &self.ranks[(turn + i) % count])
+            .min_by_key(|r| r.prefilling.load(Ordering::Relaxed))
+            .expect("an engine has at least one rank");
+        rank.prefilling.fetch_add(1, Ordering::Relaxed);
+        RankGuard { rank }
+    }
+
+    /// Empties every rank's prefix cache.
+    pub fn clear_prefix_caches(&self) {
+        for rank in &self.ranks {
+            rank.prefix_cache.clear();
+        }
+    }
+
+    /// Looks the prompt up in `rank`'s prefix cache (storing what it
+    /// lacked) and counts the queried and hit tokens as the engines do;
+    /// returns the tokens not cached.
+    pub fn record_prefix(&self, rank: &DpRank, token_ids: &[u32]) -> u64 {
+        let lookup = rank.prefix_cache.admit(token_ids);
         self.metrics
             .prefix_queries
             .fetch_add(lookup.prompt_tokens, Ordering::Relaxed);

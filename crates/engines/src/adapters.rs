@@ -311,13 +311,23 @@ fn push_vllm_hash_algo(serve: &mut Vec<String>, shard: &ShardAssignment) {
     }
 }
 
-fn vllm_parallel_args(shard: &ShardAssignment) -> [String; 4] {
-    [
+fn vllm_parallel_args(shard: &ShardAssignment) -> Vec<String> {
+    let profile = &shard.profile;
+    let mut args = vec![
         "--tensor-parallel-size".to_string(),
-        shard.profile.tensor_parallel.to_string(),
+        profile.tensor_parallel.to_string(),
         "--pipeline-parallel-size".to_string(),
-        shard.profile.pipeline_parallel.to_string(),
-    ]
+        profile.pipeline_parallel.to_string(),
+    ];
+    // Left out at 1, the engine's default: command lines from before
+    // data parallelism stay as they were.
+    if profile.data_parallel > 1 {
+        args.extend([
+            "--data-parallel-size".to_string(),
+            profile.data_parallel.to_string(),
+        ]);
+    }
+    args
 }
 
 fn vllm_health(shard: &ShardAssignment, node: &NodeContext) -> Readiness {
@@ -349,6 +359,10 @@ fn plan_sglang(shard: &ShardAssignment, node: &NodeContext, sglang: &SglangConfi
         // The router reads running and queued requests from /metrics.
         "--enable-metrics".into(),
     ];
+    if profile.data_parallel > 1 {
+        // Each rank a whole `--tp-size` of its own GPUs (no DP attention).
+        args.extend(["--dp-size".into(), profile.data_parallel.to_string()]);
+    }
     if profile.is_multi_node() {
         args.extend([
             "--nnodes".into(),

@@ -23,6 +23,7 @@ fn profile(engine: Engine, nodes: u32, gpus_per_node: u32, tp: u32, pp: u32) -> 
         gpus_per_node,
         tensor_parallel: tp,
         pipeline_parallel: pp,
+        data_parallel: 1,
         min_gpu_memory_gb: 0,
         gpu_models: vec![],
         launch_mode: None,
@@ -163,6 +164,19 @@ fn vllm_single_node() {
     )
     .unwrap();
     check_golden("vllm-single", &plan);
+}
+
+#[test]
+fn data_parallel_ranks_on_one_node() {
+    let node = node(LaunchMode::Mp, CURRENT);
+    for (engine, name) in [(Engine::Vllm, "vllm-dp2"), (Engine::Sglang, "sglang-dp2")] {
+        let mut p = profile(engine, 1, 4, 2, 1);
+        p.data_parallel = 2;
+        check_golden(
+            name,
+            &plan_shard(&shard(p, 0, vec![0, 1, 2, 3]), &node).unwrap(),
+        );
+    }
 }
 
 #[test]

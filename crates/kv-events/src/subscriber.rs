@@ -23,6 +23,34 @@ pub struct Endpoints {
     pub topic: String,
 }
 
+impl Endpoints {
+    /// Every rank's endpoints of an engine whose `ranks` data-parallel
+    /// ranks publish on these ports moved up by the rank, as vLLM and
+    /// SGLang offset a configured endpoint; rank `r` at index `r`. Ranks
+    /// whose port would pass 65535 are left out.
+    pub fn ranks(&self, ranks: u16) -> Vec<Endpoints> {
+        (0..ranks)
+            .map_while(|rank| {
+                Some(Endpoints {
+                    stream: offset_port(&self.stream, rank)?,
+                    replay: match &self.replay {
+                        Some(replay) => Some(offset_port(replay, rank)?),
+                        None => None,
+                    },
+                    topic: self.topic.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// `host:port` with the port moved up by `by`.
+fn offset_port(address: &str, by: u16) -> Option<String> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    Some(format!("{host}:{}", port.checked_add(by)?))
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Delivery {
     /// A payload, in seq order, each seq once.

@@ -13,8 +13,8 @@ mod specs;
 pub use fleet_view::{held_gpus, node_views, take_survivor_gpus};
 pub use plan::{Memory, PlanSettings, decide};
 pub use specs::{
-    Desired, Order, desired_by_node, desired_for_node, endpoint, kv_event_addresses,
-    managed_models, outdated,
+    Desired, KvEventAddresses, Order, desired_by_node, desired_for_node, endpoint,
+    kv_event_addresses, managed_models, outdated,
 };
 
 #[cfg(test)]

@@ -489,6 +489,14 @@ impl Round<'_> {
     }
 
     fn take_port(&mut self, host: &str) -> Option<u16> {
+        self.take_ports(host, 1)
+    }
+
+    /// `count` consecutive free ports on `host` (a data-parallel engine's
+    /// ranks offset one configured port), the first of them; searched from
+    /// after the last port taken there, so a port just freed is not reused
+    /// at once.
+    fn take_ports(&mut self, host: &str, count: u16) -> Option<u16> {
         let used = self.ports.entry(host.to_owned()).or_default();
         let (first, last) = (*self.settings.ports.start(), *self.settings.ports.end());
         let cursor = self
@@ -500,12 +508,14 @@ impl Round<'_> {
             .unwrap_or(last);
         let after = (cursor.saturating_add(1)..=last).chain(first..=cursor);
         let bad = &self.memory.bad_ports;
-        let port = after
-            .filter(|p| *p >= first)
-            .find(|p| !used.contains(p) && !bad.contains(&(host.to_owned(), *p)))?;
-        used.insert(port);
-        self.memory.port_cursor.insert(host.to_owned(), port);
-        Some(port)
+        let free = |p: u16| !used.contains(&p) && !bad.contains(&(host.to_owned(), p));
+        let start = after.filter(|p| *p >= first).find(|&start| {
+            (0..count).all(|i| start.checked_add(i).is_some_and(|p| p <= last && free(p)))
+        })?;
+        let end = start + (count - 1);
+        used.extend(start..=end);
+        self.memory.port_cursor.insert(host.to_owned(), end);
+        Some(start)
     }
 
     fn commit_placement(
@@ -543,12 +553,18 @@ impl Round<'_> {
         } else {
             None
         };
-        // Every engine publishes its KV cache events for the routers.
+        // Every engine publishes its KV cache events for the routers, one
+        // publisher per data-parallel rank.
         let kv_event_ports = {
             let host = self.host(&shards[0].node);
+            let ranks = model
+                .managed()
+                .and_then(|m| m.profiles.iter().find(|p| p.name == placement.profile))
+                .map_or(1, |p| u16::try_from(p.data_parallel).unwrap_or(u16::MAX));
             Some(KvEventPorts {
-                stream: self.take_port(&host)?,
-                replay: self.take_port(&host)?,
+                stream: self.take_ports(&host, ranks)?,
+                replay: self.take_ports(&host, ranks)?,
+                ranks,
             })
         };
         // Later placements of this round see these GPUs as taken, and this

@@ -66,15 +66,25 @@ pub fn endpoint(fleet: &FleetState, replica: &Replica) -> Option<String> {
 
 /// Where the head engine publishes KV events, as (stream, replay)
 /// `host:port` addresses: what a router subscribes to.
-pub fn kv_event_addresses(fleet: &FleetState, replica: &Replica) -> Option<(String, String)> {
+pub fn kv_event_addresses(fleet: &FleetState, replica: &Replica) -> Option<KvEventAddresses> {
     let ports = replica.kv_event_ports?;
     let head = replica.shards.iter().find(|s| s.rank == 0)?;
     let node = fleet.nodes.get(&head.node)?;
     let host = url_host(mgmt_host(&node.mgmt_addr));
-    Some((
-        format!("{host}:{}", ports.stream),
-        format!("{host}:{}", ports.replay),
-    ))
+    Some(KvEventAddresses {
+        stream: format!("{host}:{}", ports.stream),
+        replay: format!("{host}:{}", ports.replay),
+        ranks: ports.ranks,
+    })
+}
+
+/// Where a head engine's rank 0 publishes its KV events, as `host:port`;
+/// rank `r` of `ranks` on each port plus `r`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEventAddresses {
+    pub stream: String,
+    pub replay: String,
+    pub ranks: u16,
 }
 
 fn profile<'a>(model: &'a Model, replica: &Replica) -> Option<&'a Profile> {
@@ -122,6 +132,7 @@ pub fn shard_spec(
         port: u32::from(shard.port),
         tensor_parallel: profile.tensor_parallel,
         pipeline_parallel: profile.pipeline_parallel,
+        data_parallel: profile.data_parallel,
         master_addr,
         master_port,
         fabric: replica.fabric.clone().unwrap_or_default(),

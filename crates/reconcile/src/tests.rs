@@ -8,7 +8,10 @@ use llmgw_state::{
     ShardState,
 };
 
-use crate::{Desired, Memory, Order, PlanSettings, decide, desired_by_node, managed_models};
+use crate::{
+    Desired, Memory, Order, PlanSettings, decide, desired_by_node, kv_event_addresses,
+    managed_models,
+};
 
 fn node(id: &str, gpus: u32, fabric: Option<&str>) -> Command {
     Command::RegisterNode {
@@ -304,6 +307,55 @@ fn ports_are_unique_per_host_and_not_reused_at_once() {
         .max()
         .unwrap();
     assert!(newest > *ports.last().unwrap(), "rotates past {freed}");
+}
+
+#[test]
+fn a_data_parallel_replica_holds_a_kv_event_port_pair_per_rank() {
+    let spec = serde_json::json!({
+        "name": "dp", "source": "org/dp", "replicas": 2,
+        "profiles": [{"name": "p", "engine": "vllm", "nodes": 1, "gpus_per_node": 4,
+                      "tensor_parallel": 2, "pipeline_parallel": 1, "data_parallel": 2,
+                      "min_gpu_memory_gb": 40}]
+    });
+    let put = Command::PutModel {
+        name: "dp".into(),
+        spec: llmgw_state::ModelSpec::from_stored(spec),
+        replicas: 2,
+        at_ms: 1,
+    };
+    let mut w = World::new(&[node("a", 8, None), put]);
+    w.round();
+    let replicas: Vec<_> = w.fleet.replicas.values().cloned().collect();
+    assert_eq!(replicas.len(), 2);
+    let mut held: Vec<u16> = w.fleet.ports_held().map(|(_, port, _)| port).collect();
+    assert_eq!(
+        held.len(),
+        2 * (1 + 2 * 2),
+        "an engine port and two per rank each"
+    );
+    held.sort_unstable();
+    held.dedup();
+    assert_eq!(held.len(), 10, "no port held twice");
+    let models = managed_models(&w.fleet);
+    let desired = desired_by_node(&w.fleet, &models);
+    for replica in &replicas {
+        let kv = replica.kv_event_ports.expect("KV event ports");
+        assert_eq!(kv.ranks, 2);
+        let shard = &replica.shards[0];
+        let order = desired["a"]
+            .iter()
+            .find(|d| matches!(&d.order, Order::Run(s) if s.replica_id == replica.id))
+            .expect("the shard's order");
+        let Order::Run(spec) = &order.order else {
+            unreachable!()
+        };
+        assert_eq!((spec.data_parallel, spec.tensor_parallel), (2, 2));
+        assert_eq!(spec.gpus.len(), 4);
+        assert_eq!(spec.port, u32::from(shard.port));
+        assert_eq!(spec.kv_events_port, u32::from(kv.stream));
+        let view = kv_event_addresses(&w.fleet, replica).expect("addresses");
+        assert_eq!(view.ranks, 2);
+    }
 }
 
 #[test]

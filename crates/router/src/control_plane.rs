@@ -480,11 +480,15 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
             kv_events: view
                 .kv_events
                 .as_ref()
-                .map(|kv| llmgw_kv_events::Endpoints {
-                    stream: kv.stream.clone(),
-                    replay: Some(kv.replay.clone()),
-                    topic: String::new(),
-                }),
+                .map(|kv| {
+                    llmgw_kv_events::Endpoints {
+                        stream: kv.stream.clone(),
+                        replay: Some(kv.replay.clone()),
+                        topic: String::new(),
+                    }
+                    .ranks(kv.ranks)
+                })
+                .unwrap_or_default(),
         });
     }
     table

@@ -37,9 +37,10 @@ pub struct Endpoint {
     /// Base URL of the engine's HTTP server, e.g. `http://10.0.0.5:8000`.
     pub url: String,
     pub state: EndpointState,
-    /// Where the engine publishes its KV events; none when it does not (or
-    /// is not known to), and the router routes to it by load alone.
-    pub kv_events: Option<llmgw_kv_events::Endpoints>,
+    /// Where each of the engine's data-parallel ranks publishes its KV
+    /// events, rank `r` at index `r`; empty when it does not (or is not
+    /// known to), and the router routes to it by load alone.
+    pub kv_events: Vec<llmgw_kv_events::Endpoints>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +92,7 @@ impl Endpoint {
         Endpoint {
             url: normalize_url(&url.into()),
             state: EndpointState::Ready,
-            kv_events: None,
+            kv_events: Vec::new(),
         }
     }
 
@@ -99,12 +100,19 @@ impl Endpoint {
         Endpoint {
             url: normalize_url(&url.into()),
             state: EndpointState::Draining,
-            kv_events: None,
+            kv_events: Vec::new(),
         }
     }
 
+    /// An engine with one publishing rank.
     pub fn with_kv_events(mut self, kv_events: Option<llmgw_kv_events::Endpoints>) -> Self {
-        self.kv_events = kv_events;
+        self.kv_events = kv_events.into_iter().collect();
+        self
+    }
+
+    /// An engine whose data-parallel ranks publish, rank `r` at index `r`.
+    pub fn with_kv_event_ranks(mut self, ranks: Vec<llmgw_kv_events::Endpoints>) -> Self {
+        self.kv_events = ranks;
         self
     }
 }

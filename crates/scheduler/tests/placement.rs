@@ -18,6 +18,7 @@ fn profile(name: &str, nodes: u32, gpus_per_node: u32) -> Profile {
         gpus_per_node,
         tensor_parallel: nodes * gpus_per_node,
         pipeline_parallel: 1,
+        data_parallel: 1,
         min_gpu_memory_gb: 0,
         gpu_models: vec![],
         launch_mode: None,

@@ -41,13 +41,16 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
                 endpoints.push(Endpoint {
                     url: normalize(&url),
                     state: endpoint_state,
-                    kv_events: kv_event_addresses(fleet, replica).map(|(stream, replay)| {
-                        llmgw_router::KvEventEndpoints {
-                            stream,
-                            replay: Some(replay),
-                            topic: String::new(),
-                        }
-                    }),
+                    kv_events: kv_event_addresses(fleet, replica)
+                        .map(|kv| {
+                            llmgw_router::KvEventEndpoints {
+                                stream: kv.stream,
+                                replay: Some(kv.replay),
+                                topic: String::new(),
+                            }
+                            .ranks(kv.ranks)
+                        })
+                        .unwrap_or_default(),
                 });
             }
         }

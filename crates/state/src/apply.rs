@@ -85,12 +85,18 @@ impl FleetState {
                 kv_event_ports,
                 at_ms,
             } => {
+                let kv_ports = match kv_event_ports.map(|k| k.ports()) {
+                    None => Vec::new(),
+                    Some(Some(ports)) => ports,
+                    Some(None) => {
+                        return Rejection::invalid(format!(
+                            "replica {id}: KV event ports {kv_event_ports:?} name no rank or pass port 65535"
+                        ));
+                    }
+                };
                 let held = holders.get_or_insert_with(|| Holders::of(self));
-                let head_ports: Vec<u16> = rendezvous_port
-                    .iter()
-                    .copied()
-                    .chain(kv_event_ports.iter().flat_map(|k| [k.stream, k.replay]))
-                    .collect();
+                let head_ports: Vec<u16> =
+                    rendezvous_port.iter().copied().chain(kv_ports).collect();
                 let outcome =
                     self.place_replica(held, id, model, profile, shards, &head_ports, *at_ms);
                 if let (Outcome::Applied, Some(replica)) = (&outcome, self.replicas.get_mut(id)) {

@@ -51,8 +51,9 @@ impl FleetState {
         let head_ports = replica.rendezvous_port.into_iter().chain(
             replica
                 .kv_event_ports
+                .and_then(|k| k.ports())
                 .into_iter()
-                .flat_map(|k| [k.stream, k.replay]),
+                .flatten(),
         );
         let head = head_host
             .into_iter()

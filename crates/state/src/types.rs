@@ -388,12 +388,44 @@ pub struct Replica {
     pub stop: Option<StopOrder>,
 }
 
-/// The two ports a head engine's KV event publisher listens on: its PUB
-/// stream and the ROUTER socket that replays recent batches.
+/// The ports a head engine's KV event publishers listen on: each
+/// data-parallel rank `r` has its PUB stream on `stream + r` and the ROUTER
+/// socket that replays its recent batches on `replay + r`, as the engines
+/// offset their configured endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvEventPorts {
     pub stream: u16,
     pub replay: u16,
+    /// Publishing ranks; absent (1) in records from before data parallelism.
+    #[serde(default = "one_rank", skip_serializing_if = "is_one_rank")]
+    pub ranks: u16,
+}
+
+fn one_rank() -> u16 {
+    1
+}
+
+fn is_one_rank(ranks: &u16) -> bool {
+    *ranks == 1
+}
+
+impl KvEventPorts {
+    /// Every port held, streams then replays; `None` when a rank's port
+    /// would pass 65535 or there is no rank.
+    pub fn ports(&self) -> Option<Vec<u16>> {
+        if self.ranks == 0 {
+            return None;
+        }
+        let last = self.ranks - 1;
+        self.stream.checked_add(last)?;
+        self.replay.checked_add(last)?;
+        Some(
+            (0..self.ranks)
+                .map(|r| self.stream + r)
+                .chain((0..self.ranks).map(|r| self.replay + r))
+                .collect(),
+        )
+    }
 }
 
 impl Replica {

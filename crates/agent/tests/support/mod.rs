@@ -147,6 +147,7 @@ pub fn spec(shard_id: &str, engine: Engine, gpus: &[u32], port: u16) -> LaunchSp
         port,
         tensor_parallel: n,
         pipeline_parallel: 1,
+        data_parallel: 1,
         master_addr: "127.0.0.1".into(),
         master_port: 0,
         fabric: None,

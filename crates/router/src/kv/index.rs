@@ -289,7 +289,7 @@ impl PrefixIndex {
         self.entries = self.entries.saturating_sub(1);
     }
 
-    fn forget_rank(&mut self, url: &EngineUrl, rank: u32) {
+    pub fn forget_rank(&mut self, url: &EngineUrl, rank: u32) {
         let Some(engine) = self.engines.get_mut(url) else {
             return;
         };

@@ -21,7 +21,8 @@ pub use route::{count_decision, request_tokens, uncached_tokens};
 pub struct KvState {
     pub index: RwLock<PrefixIndex>,
     pub stats: KvStats,
-    unreachable: Mutex<HashSet<String>>,
+    /// (engine, data-parallel rank) publishers that cannot be reached.
+    unreachable: Mutex<HashSet<(String, u32)>>,
 }
 
 /// Counters behind the router's `llmgw_router_kv_*` metrics.
@@ -76,7 +77,13 @@ impl KvState {
         }
     }
 
+    /// Forgets an engine that left the table: what it held, and that it
+    /// could not be reached.
     pub fn forget_engine(&self, url: &str) {
+        self.unreachable
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(engine, _)| engine != url);
         let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
         index.forget_engine(url);
         self.stats
@@ -84,12 +91,22 @@ impl KvState {
             .store(index.entries() as u64, Ordering::Relaxed);
     }
 
-    fn set_unreachable(&self, url: &str, unreachable: bool) {
+    /// Forgets what one data-parallel rank of an engine holds: it broke
+    /// off, restarted or cleared its cache; the other ranks are unchanged.
+    pub fn forget_rank(&self, url: &str, rank: u32) {
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        index.forget_rank(url, rank);
+        self.stats
+            .entries
+            .store(index.entries() as u64, Ordering::Relaxed);
+    }
+
+    fn set_unreachable(&self, url: &str, rank: u32, unreachable: bool) {
         let mut set = self.unreachable.lock().unwrap_or_else(|p| p.into_inner());
         if unreachable {
-            set.insert(url.to_string());
+            set.insert((url.to_string(), rank));
         } else {
-            set.remove(url);
+            set.remove(&(url.to_string(), rank));
         }
     }
 
@@ -102,11 +119,14 @@ impl KvState {
     /// Appends the `llmgw_router_kv_*` series.
     pub fn render(&self, out: &mut String) {
         let s = &self.stats;
-        let unreachable = self
+        let unreachable: HashSet<String> = self
             .unreachable
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .len();
+            .iter()
+            .map(|(url, _)| url.clone())
+            .collect();
+        let unreachable = unreachable.len();
         let gauges: [(&str, &str, u64); 3] = [
             (
                 "llmgw_router_kv_engines_followed",
@@ -115,7 +135,7 @@ impl KvState {
             ),
             (
                 "llmgw_router_kv_engines_unreachable",
-                "Engines that should publish KV events but cannot be subscribed to: routed by load alone.",
+                "Engines with a rank that should publish KV events but cannot be subscribed to: routed by what the other ranks hold, or by load alone.",
                 unreachable as u64,
             ),
             (

@@ -20,7 +20,7 @@ pub async fn request_tokens(
     exclude: &[String],
 ) -> Option<Vec<u32>> {
     let stats = &shared.kv.stats;
-    if !model.ready_endpoints().any(|e| e.kv_events.is_some()) {
+    if !model.ready_endpoints().any(|e| !e.kv_events.is_empty()) {
         stats.fallback_no_index.fetch_add(1, Ordering::Relaxed);
         return None;
     }

@@ -316,3 +316,73 @@ async fn a_stream_cut_mid_answer_resumes_on_the_survivor_caching_its_prompt() {
         "the continuation went where the prompt was cached: hits gained by B and C {gained:?}"
     );
 }
+
+/// A port whose next one is free too: a second data-parallel rank
+/// publishes on the port after its first's.
+fn free_port_pair() -> u16 {
+    loop {
+        let port = free_port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_data_parallel_rank_of_an_engine_is_followed() {
+    let (stream, replay) = (free_port_pair(), free_port_pair());
+    let config = format!(
+        r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}"}}"#
+    );
+    let sim = Sim::start_on(
+        free_port(),
+        SMALL,
+        &[
+            "qwen",
+            "--kv-events-config",
+            &config,
+            "--data-parallel-size",
+            "2",
+        ],
+        &[("LLMGW_SIM_PREFILL_PER_TOKEN", "10us")],
+    );
+    sim.wait_ready().await;
+    let ranks = KvEventEndpoints {
+        stream: format!("127.0.0.1:{stream}"),
+        replay: Some(format!("127.0.0.1:{replay}")),
+        topic: String::new(),
+    }
+    .ranks(2);
+    assert_eq!(ranks[1].stream, format!("127.0.0.1:{}", stream + 1));
+    let endpoint = Endpoint::ready(sim.url()).with_kv_event_ranks(ranks);
+    let router = TestRouter::start(cache_aware(), vec![model("qwen", &[], vec![endpoint])]).await;
+    wait_metric(
+        &router,
+        "llmgw_router_kv_engines_followed",
+        "subscribed",
+        |v| v == 1.0,
+    )
+    .await;
+
+    // Two unrelated prompts one after the other: the engine gives them to
+    // its two ranks in turn, and each rank publishes its own blocks.
+    let url = format!("{}/v1/chat/completions", router.url());
+    for seed in [21, 22] {
+        let (status, body) = post(&client(), &url, chat(&text(seed, 400), "go"), &[])
+            .await
+            .expect("chat");
+        assert_eq!(status, 200, "{body}");
+    }
+    // Each prompt is over 400 tokens: 25 full blocks at least, on one rank.
+    wait_metric(
+        &router,
+        "llmgw_router_kv_index_entries",
+        "both ranks' blocks indexed",
+        |v| v >= 50.0,
+    )
+    .await;
+    assert_eq!(
+        router_metric(&router, "llmgw_router_kv_engines_unreachable").await,
+        0.0
+    );
+}

@@ -199,8 +199,11 @@ pub async fn replicas(
             .map(|replica| ReplicaView {
                 state: replica.state(),
                 endpoint: endpoint(fleet, replica),
-                kv_events: kv_event_addresses(fleet, replica)
-                    .map(|(stream, replay)| KvEventsView { stream, replay }),
+                kv_events: kv_event_addresses(fleet, replica).map(|kv| KvEventsView {
+                    stream: kv.stream,
+                    replay: kv.replay,
+                    ranks: kv.ranks,
+                }),
                 replica: replica.clone(),
             })
             .collect()

@@ -606,13 +606,18 @@ fn ports_names_and_aliases_are_checked_at_apply() {
     }
     assert_eq!(rejected_kind(state.apply(&two)), RejectionKind::Conflict);
     // So are the KV event ports, and a replica cannot ask for one twice.
-    let kv = |id: &str, gpu: u32, stream: u16, replay: u16| {
+    let kv_ranks = |id: &str, gpu: u32, stream: u16, replay: u16, ranks: u16| {
         let mut command = place(id, "llama", vec![shard("gpu-22", &[gpu], 0)]);
         if let Command::PlaceReplica { kv_event_ports, .. } = &mut command {
-            *kv_event_ports = Some(KvEventPorts { stream, replay });
+            *kv_event_ports = Some(KvEventPorts {
+                stream,
+                replay,
+                ranks,
+            });
         }
         command
     };
+    let kv = |id: &str, gpu: u32, stream: u16, replay: u16| kv_ranks(id, gpu, stream, replay, 1);
     assert_eq!(
         rejected_kind(state.apply(&kv("r5", 2, port, 40_001))),
         RejectionKind::Conflict
@@ -626,7 +631,8 @@ fn ports_names_and_aliases_are_checked_at_apply() {
         state.replicas["r5"].kv_event_ports,
         Some(KvEventPorts {
             stream: 40_001,
-            replay: 40_002
+            replay: 40_002,
+            ranks: 1
         })
     );
     assert_eq!(
@@ -634,6 +640,56 @@ fn ports_names_and_aliases_are_checked_at_apply() {
         RejectionKind::Conflict,
         "r5's replay port is held"
     );
+    // Data-parallel ranks hold a port each, after the first's.
+    assert_eq!(
+        rejected_kind(state.apply(&kv_ranks("r6", 3, 40_010, 40_000, 4))),
+        RejectionKind::Conflict,
+        "the replay ranks 40_000..=40_003 meet r5's 40_001"
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&kv_ranks("r6", 3, 40_010, 40_012, 4))),
+        RejectionKind::Invalid,
+        "streams 40_010..=40_013 overlap replays 40_012..=40_015"
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&kv_ranks("r6", 3, 65_534, 40_020, 4))),
+        RejectionKind::Invalid,
+        "rank 2 would pass port 65535"
+    );
+    assert_eq!(
+        rejected_kind(state.apply(&kv_ranks("r6", 3, 40_010, 40_020, 0))),
+        RejectionKind::Invalid
+    );
+    assert_eq!(
+        state.apply(&kv_ranks("r6", 3, 40_010, 40_020, 4)),
+        Outcome::Applied
+    );
+    // Another node on the same host, whose GPUs are free.
+    assert_eq!(state.apply(&register("gpu-23", 1)), Outcome::Applied);
+    let mut r7 = place("r7", "llama", vec![shard("gpu-23", &[0], 0)]);
+    if let Command::PlaceReplica {
+        shards,
+        kv_event_ports,
+        ..
+    } = &mut r7
+    {
+        shards[0].port = 40_040;
+        *kv_event_ports = Some(KvEventPorts {
+            stream: 40_013,
+            replay: 40_030,
+            ranks: 1,
+        });
+    }
+    assert_eq!(
+        rejected_kind(state.apply(&r7)),
+        RejectionKind::Conflict,
+        "r6's fourth stream port is held"
+    );
+    state.apply(&Command::RemoveReplica {
+        id: "r6".into(),
+        failure: None,
+        at_ms: 9,
+    });
     // Once r1's shard stopped, its port is free.
     set_shard(&mut state, ShardState::Stopped);
     let mut reuse = shard("gpu-22", &[1], 0);
