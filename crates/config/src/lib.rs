@@ -21,6 +21,6 @@ pub use check::{CheckReport, check_file, check_text};
 pub use common::{ConfigError, TlsConfig, check_host_port, grpc_authority};
 pub use kind::FileKind;
 pub use router::{
-    ApiKey, BalancePolicy, Balancing, Ejection, Resume, RouterConfig, RouterTimeouts,
+    ApiKey, BalancePolicy, Balancing, Ejection, Resume, RouterConfig, RouterTimeouts, ScaleFromZero,
 };
 pub use server::{InitialClusterState, LivenessConfig, PeerConfig, RaftTiming, ServerConfig};

@@ -38,6 +38,59 @@ pub struct RouterConfig {
     /// How often the router reports what its API keys used to the
     /// control plane.
     pub usage_report_interval: Duration,
+    pub scale_from_zero: ScaleFromZero,
+}
+
+/// Requests for a model scaled to zero are held while a replica starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScaleFromZero {
+    /// How long one request waits for a ready replica before its 503.
+    pub hold: Duration,
+    /// Requests held at once, over every such model; more get a 503.
+    pub max_held: usize,
+    /// While a streamed request is held, an SSE comment is sent this often
+    /// so clients and proxies see the connection alive; 0s sends none.
+    pub keep_alive: Duration,
+}
+
+impl ScaleFromZero {
+    pub fn defaults() -> Self {
+        ScaleFromZero {
+            hold: Duration::from_secs(300),
+            max_held: 1024,
+            keep_alive: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Decode for ScaleFromZero {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(node, path, &["hold", "max_held", "keep_alive"])?;
+        let d = ScaleFromZero::defaults();
+        let s = ScaleFromZero {
+            hold: f.or(cx, "hold", d.hold),
+            max_held: f.or(cx, "max_held", d.max_held),
+            keep_alive: f.or(cx, "keep_alive", d.keep_alive),
+        };
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&s.hold) {
+            f.report(
+                cx,
+                "hold",
+                "between 1s and 1h: a replica's cold start plus its load time",
+            );
+        }
+        if s.max_held > 1_000_000 {
+            f.report(cx, "max_held", "at most 1000000");
+        }
+        if !s.keep_alive.is_zero() && s.keep_alive < Duration::from_millis(100) {
+            f.report(
+                cx,
+                "keep_alive",
+                "at least 100ms, or 0s to send no keep-alive comments",
+            );
+        }
+        Some(s)
+    }
 }
 
 /// Mid-stream failover: a stream whose engine fails after the first byte
@@ -156,6 +209,7 @@ const ROUTER_KEYS: &[&str] = &[
     "api_keys",
     "resume",
     "usage_report_interval",
+    "scale_from_zero",
 ];
 
 impl Decode for RouterConfig {
@@ -269,6 +323,9 @@ impl Decode for RouterConfig {
             max_body_bytes,
             api_keys,
             resume: f.optional(cx, "resume").unwrap_or_else(Resume::defaults),
+            scale_from_zero: f
+                .optional(cx, "scale_from_zero")
+                .unwrap_or_else(ScaleFromZero::defaults),
         })
     }
 }

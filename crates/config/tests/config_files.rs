@@ -334,6 +334,18 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         "control_plane: [\"http://a:7480\"]\ntimeouts:\n  client_read: 0s\n",
         "router.yaml:3:16: timeouts.client_read: must be longer than zero",
     ),
+    (
+        "a hold no replica can start within",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\nscale_from_zero:\n  hold: 0s\n",
+        "router.yaml:3:9: scale_from_zero.hold: between 1s and 1h",
+    ),
+    (
+        "keep-alive comments too often",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\nscale_from_zero:\n  keep_alive: 10ms\n",
+        "router.yaml:3:15: scale_from_zero.keep_alive: at least 100ms, or 0s",
+    ),
 ];
 
 fn parse_as(kind: FileKind, src: &str) -> Result<(), String> {

@@ -120,7 +120,7 @@ fn list_models(shared: &Shared, request: &Request<RequestBody>) -> Response<Resp
 }
 
 async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<ResponseBody> {
-    let (mut parts, body) = request.into_parts();
+    let (parts, body) = request.into_parts();
     let mut table = Arc::clone(&shared.table.borrow());
     let grant = match authenticate(&shared.settings, &table.keys, &parts.headers, now_ms()) {
         Ok(grant) => grant,
@@ -185,6 +185,16 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
     };
     if model.wakes_on_request && model.ready_endpoints().next().is_none() {
         let name = model.name.clone();
+        if peeked.stream && !shared.settings.held_keep_alive.is_zero() {
+            // The client hears from the router while the replica starts.
+            let held = crate::wake::HeldRequest {
+                parts,
+                bytes: bytes.clone(),
+                grant,
+                admitted,
+            };
+            return crate::wake::held_stream(Arc::clone(shared), name, held);
+        }
         match crate::wake::until_ready(shared, &name).await {
             Ok(ready) => table = ready,
             Err(refusal) => {
@@ -195,6 +205,20 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
             }
         }
     }
+    dispatch(shared, &table, parts, &bytes, &peeked, grant, admitted).await
+}
+
+/// Sends an admitted request to one of its model's engines in `table`,
+/// metered and limited as its key says.
+pub(crate) async fn dispatch(
+    shared: &Arc<Shared>,
+    table: &RoutingTable,
+    mut parts: hyper::http::request::Parts,
+    bytes: &bytes::Bytes,
+    peeked: &crate::peek::Peeked<'_>,
+    grant: Option<Arc<crate::keys::Grant>>,
+    admitted: crate::limits::Admitted,
+) -> Response<ResponseBody> {
     let Some(model) = table.resolve(&peeked.model) else {
         return ApiError::model_not_found(&peeked.model).into_response();
     };
@@ -218,7 +242,7 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         .prompt
         .map(|p| prefix(p, shared.settings.prefix_bytes));
     let body = if model.maps(&peeked.model) {
-        match renamed(&bytes, &model.name) {
+        match renamed(bytes, &model.name) {
             Some(body) => body,
             None => bytes.clone(),
         }
@@ -240,7 +264,7 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
         body
     };
     let tokens = if shared.settings.policy == BalancePolicy::CacheAware {
-        crate::kv::request_tokens(shared, model, &bytes, &[]).await
+        crate::kv::request_tokens(shared, model, bytes, &[]).await
     } else {
         None
     };

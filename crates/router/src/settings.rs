@@ -38,6 +38,8 @@ pub struct Settings {
     pub hold_for_replica: Duration,
     /// Requests held for such models at once; more get a 503.
     pub max_held_requests: usize,
+    /// SSE comment interval on a held stream; zero sends none.
+    pub held_keep_alive: Duration,
 }
 
 /// One API key and the models it may use (empty: all).
@@ -63,6 +65,7 @@ impl Default for Settings {
         let balancing = llmgw_config::Balancing::defaults();
         let timeouts = llmgw_config::RouterTimeouts::defaults();
         let ejection = llmgw_config::Ejection::defaults();
+        let scale_from_zero = llmgw_config::ScaleFromZero::defaults();
         Settings {
             policy: balancing.policy,
             prefix_bytes: balancing.prefix_bytes,
@@ -82,8 +85,9 @@ impl Default for Settings {
             max_body_bytes: 16 * 1024 * 1024,
             api_keys: Vec::new(),
             resume: ResumeSettings::default(),
-            hold_for_replica: Duration::from_secs(300),
-            max_held_requests: 1024,
+            hold_for_replica: scale_from_zero.hold,
+            max_held_requests: scale_from_zero.max_held,
+            held_keep_alive: scale_from_zero.keep_alive,
         }
     }
 }
@@ -152,7 +156,9 @@ impl Settings {
                 max_text_bytes: config.resume.max_text_bytes,
                 memory_cap_bytes: config.resume.memory_cap_bytes,
             },
-            ..Settings::default()
+            hold_for_replica: config.scale_from_zero.hold,
+            max_held_requests: config.scale_from_zero.max_held,
+            held_keep_alive: config.scale_from_zero.keep_alive,
         })
     }
 }

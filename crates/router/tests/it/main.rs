@@ -8,6 +8,7 @@ mod t20_openai_client;
 mod t30_failover;
 mod t35_resume;
 mod t40_drain;
+mod t45_scale_from_zero;
 mod t50_control_plane;
 mod t60_cancel;
 mod t70_threads;
