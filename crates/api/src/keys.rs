@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use llmgw_catalog::Usd;
 pub use llmgw_state::{ApiKeyRecord, KeyLimits, KeySettings};
 
 /// What every secret starts with, so a leaked one is recognisable (and

@@ -10,6 +10,7 @@ use crate::managed_flags::{MANAGED_ENV, managed_flag};
 use crate::model::{
     Autoscale, Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving,
 };
+use crate::price::{Price, Usd};
 
 /// Upper bounds that catch typos (`replicas: 200` for 20) before they cost a
 /// fleet's worth of GPUs. Raise them here if a real fleet needs more.
@@ -122,6 +123,7 @@ impl Decode for Model {
                 "rollout",
                 "autoscale",
                 "priority",
+                "price",
             ],
         )?;
         let name: Option<String> = f.required(cx, "name");
@@ -165,10 +167,12 @@ impl Decode for Model {
                 None
             }
         };
+        let price: Option<Price> = f.optional(cx, "price");
         Some(Model {
             name: name?,
             aliases,
             serving: serving?,
+            price,
         })
     }
 }
@@ -274,6 +278,45 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
         autoscale,
         priority: f.or(cx, "priority", 0),
     }))
+}
+
+impl Decode for Price {
+    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
+        let f = cx.map(
+            node,
+            path,
+            &[
+                "input_per_million",
+                "cached_input_per_million",
+                "output_per_million",
+            ],
+        )?;
+        let dollars = |cx: &mut Cx, key: &str, value: f64| {
+            let usd = Usd::from_dollars(value);
+            if usd.is_none() {
+                f.report(
+                    cx,
+                    key,
+                    format!("{value} is not a price: dollars per million tokens, from 0 to 1e12"),
+                );
+            }
+            usd
+        };
+        let input: f64 = f.required(cx, "input_per_million")?;
+        let output: f64 = f.required(cx, "output_per_million")?;
+        let cached: Option<f64> = f.optional(cx, "cached_input_per_million");
+        let input = dollars(cx, "input_per_million", input);
+        let output = dollars(cx, "output_per_million", output);
+        let cached = match cached {
+            Some(value) => Some(dollars(cx, "cached_input_per_million", value)?),
+            None => None,
+        };
+        Some(Price {
+            input_per_million: input?,
+            cached_input_per_million: cached,
+            output_per_million: output?,
+        })
+    }
 }
 
 impl Decode for Autoscale {

@@ -11,6 +11,7 @@ mod decode;
 mod engine_args;
 mod managed_flags;
 mod model;
+mod price;
 
 pub use decode::{
     MAX_GPUS_PER_NODE, MAX_NODES_PER_REPLICA, MAX_REPLICAS, check_endpoint_url, decode_catalog,
@@ -23,3 +24,4 @@ pub use managed_flags::{MANAGED_ENV, managed_flag};
 pub use model::{
     Autoscale, Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving,
 };
+pub use price::{Price, Usd};

@@ -19,6 +19,10 @@ pub struct Model {
     pub aliases: Vec<String>,
     #[serde(flatten)]
     pub serving: Serving,
+    /// What its tokens cost: usage is counted in money from it, and keys
+    /// with money budgets are held to them. None: its tokens cost nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price: Option<crate::Price>,
 }
 
 /// How a model is served: by engines llmgw runs, or by endpoints it only

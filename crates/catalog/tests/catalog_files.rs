@@ -98,6 +98,24 @@ fn data_parallel_ranks_split_the_gpus_and_stay_out_of_entries_without_them() {
 }
 
 #[test]
+fn a_price_reads_as_dollars_per_million_tokens() {
+    let yaml = "models:\n  - name: a\n    endpoints: [\"http://10.0.0.1:8000\"]\n    price: {input_per_million: 0.15, output_per_million: 0.6}\n";
+    let catalog = parse_catalog("models.yaml", yaml).unwrap();
+    let price = catalog.get("a").unwrap().price.expect("a price");
+    assert_eq!(price.input_per_million.micros, 150_000);
+    assert_eq!(price.output_per_million.micros, 600_000);
+    assert_eq!(price.cached_input_per_million, None);
+    let json = serde_json::to_value(catalog.get("a").unwrap()).unwrap();
+    assert_eq!(json["price"]["input_per_million"], 0.15);
+    let bad = "models:\n  - name: a\n    endpoints: [\"http://10.0.0.1:8000\"]\n    price: {input_per_million: -1, output_per_million: 0.6}\n";
+    let err = parse_catalog("models.yaml", bad).unwrap_err().to_string();
+    assert!(
+        err.contains("models[0].price.input_per_million: -1 is not a price"),
+        "{err}"
+    );
+}
+
+#[test]
 fn catalog_round_trips_through_json() {
     let catalog = parse_catalog("models.yaml", GOOD).unwrap();
     let json = serde_json::to_string(&catalog).unwrap();

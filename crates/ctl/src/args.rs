@@ -220,12 +220,28 @@ pub struct KeyFlags {
     /// budget.
     #[arg(long)]
     pub tokens_per_month: Option<u64>,
+    /// Dollars per UTC day over every router, by the models' `price`; 0
+    /// removes the budget.
+    #[arg(long, value_parser = parse_usd)]
+    pub usd_per_day: Option<llmgw_api::keys::Usd>,
+    /// Dollars per UTC calendar month over every router; 0 removes the
+    /// budget.
+    #[arg(long, value_parser = parse_usd)]
+    pub usd_per_month: Option<llmgw_api::keys::Usd>,
     /// Count what the limits would refuse without refusing it.
     #[arg(long)]
     pub shadow: bool,
     /// Enforce the limits (leave shadow mode).
     #[arg(long, conflicts_with = "shadow")]
     pub enforce: bool,
+}
+
+fn parse_usd(text: &str) -> Result<llmgw_api::keys::Usd, String> {
+    text.trim_start_matches('$')
+        .parse::<f64>()
+        .ok()
+        .and_then(llmgw_api::keys::Usd::from_dollars)
+        .ok_or_else(|| format!("{text:?} is not an amount of dollars (e.g. 25 or 12.50)"))
 }
 
 fn parse_deadline(text: &str) -> Result<std::time::Duration, String> {

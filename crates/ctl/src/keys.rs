@@ -114,6 +114,13 @@ impl KeyFlags {
         if let Some(n) = self.tokens_per_month {
             request.limits.tokens_per_month = positive(n);
         }
+        let some_money = |usd: llmgw_api::keys::Usd| (!usd.is_zero()).then_some(usd);
+        if let Some(usd) = self.usd_per_day {
+            request.limits.usd_per_day = some_money(usd);
+        }
+        if let Some(usd) = self.usd_per_month {
+            request.limits.usd_per_month = some_money(usd);
+        }
         if self.shadow {
             request.limits.shadow = true;
         }

@@ -80,7 +80,7 @@ fn summed(rows: &[UsageDay], by: UsageGrouping) -> Lines {
     }
 }
 
-const TOTAL_COLUMNS: [&str; 7] = [
+const TOTAL_COLUMNS: [&str; 8] = [
     "REQUESTS",
     "CANCELLED",
     "FAILED",
@@ -88,10 +88,11 @@ const TOTAL_COLUMNS: [&str; 7] = [
     "COMPLETION_TOKENS",
     "CACHED_TOKENS",
     "ESTIMATED",
+    "COST_USD",
 ];
 
 fn totals_cells(t: &UsageTotals) -> Vec<String> {
-    [
+    let mut cells: Vec<String> = [
         t.requests(),
         t.cancelled,
         t.failed,
@@ -102,7 +103,10 @@ fn totals_cells(t: &UsageTotals) -> Vec<String> {
     ]
     .iter()
     .map(u64::to_string)
-    .collect()
+    .collect();
+    // Plain dollars, so spreadsheets read the CSV column as a number.
+    cells.push(format!("{:.6}", t.cost.dollars()));
+    cells
 }
 
 fn render(lines: &Lines) -> String {
@@ -160,6 +164,7 @@ mod tests {
                 completed: 2,
                 cancelled: 1,
                 prompt_tokens: prompt,
+                cost: llmgw_api::keys::Usd::from_micros(prompt * 125),
                 ..UsageTotals::default()
             },
         }
@@ -175,9 +180,9 @@ mod tests {
         let csv = to_csv(&summed(&rows, UsageGrouping::Team));
         assert_eq!(
             csv,
-            "team,requests,cancelled,failed,prompt_tokens,completion_tokens,cached_tokens,estimated\n\
-             \"ads, emea\",3,1,0,1,0,0,0\n\
-             search,6,2,0,15,0,0,0\n"
+            "team,requests,cancelled,failed,prompt_tokens,completion_tokens,cached_tokens,estimated,cost_usd\n\
+             \"ads, emea\",3,1,0,1,0,0,0,0.000125\n\
+             search,6,2,0,15,0,0,0,0.001875\n"
         );
         let table = render(&per_day(&rows));
         assert!(

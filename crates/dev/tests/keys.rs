@@ -319,6 +319,54 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
     })
     .await;
 
+    // A budget in money: once the model has a price, what the key's
+    // tokens cost is summed by the control plane and the budget holds on
+    // every router. (Usage before the price cost nothing.)
+    const SERVED: &str = "qwen-0.5b"; // the entry `qwen` is an alias of
+    let mut entry: Value = admin.get(&paths::model(SERVED)).await.unwrap();
+    entry["price"] = json!({"input_per_million": 1000.0, "output_per_million": 1000.0});
+    let (status, body) = admin
+        .send(Method::PUT, &paths::model(SERVED), Some(entry.to_string()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "a price: {body}");
+    let (status, body) = admin
+        .send(
+            Method::PUT,
+            &paths::key("ci"),
+            Some(
+                json!({"team": "search", "models": [MODEL], "limits": {"usd_per_day": 0.01}})
+                    .to_string(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "a money budget: {body}");
+    // Each chat's few dozen tokens at $1,000 a million cost cents: once
+    // one is counted, the key is over a cent.
+    eventually("a priced chat is counted", DEADLINE, || async {
+        let got = outcome(&http, &routers[0], Some(&issued.secret)).await?;
+        let keys: Vec<KeyView> = admin.get(paths::KEYS).await?;
+        let spent = keys
+            .iter()
+            .find(|k| k.key.name == "ci")
+            .map(|k| k.spent.day_cost)
+            .unwrap_or_default();
+        if spent >= llmgw_api::keys::Usd::from_dollars(0.01).unwrap() {
+            Ok(())
+        } else {
+            Err(format!("last answer {got}; the key spent {spent} today"))
+        }
+    })
+    .await;
+    every_router_answers(
+        &http,
+        &routers,
+        Some(&issued.secret),
+        "429 insufficient_quota",
+    )
+    .await;
+
     // A day's budget holds on every router, against what the key spent
     // over all of them: router B served one request and A the rest.
     let (status, body) = admin

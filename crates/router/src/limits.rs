@@ -133,6 +133,8 @@ const TOKENS_PER_MINUTE: &str = "tokens_per_minute";
 const CONCURRENT: &str = "max_concurrent_requests";
 const TOKENS_PER_DAY: &str = "tokens_per_day";
 const TOKENS_PER_MONTH: &str = "tokens_per_month";
+const USD_PER_DAY: &str = "usd_per_day";
+const USD_PER_MONTH: &str = "usd_per_month";
 
 /// Why a request is over a limit, and what to tell the client.
 struct Over {
@@ -365,6 +367,36 @@ fn over_a_limit(grant: &Grant, window: &KeyWindow, share: Share, now_ms: u64) ->
             });
         }
     }
+    for (limit, budget, spent, period, renews_in) in [
+        (
+            USD_PER_DAY,
+            limits.usd_per_day,
+            grant.spent.day_cost,
+            "today",
+            renewals.day_s,
+        ),
+        (
+            USD_PER_MONTH,
+            limits.usd_per_month,
+            grant.spent.month_cost,
+            "this month",
+            renewals.month_s,
+        ),
+    ] {
+        if let Some(budget) = budget
+            && spent >= budget
+        {
+            return Some(Over {
+                limit,
+                code: "insufficient_quota",
+                message: format!(
+                    "API key `{name}` has used its budget for {period}: {spent} of {budget} by the models' prices ({limit}). It renews in {}.",
+                    duration_text(Duration::from_secs(renews_in))
+                ),
+                retry_after_s: renews_in.max(1),
+            });
+        }
+    }
     None
 }
 
@@ -538,6 +570,7 @@ mod tests {
         key.spent = Spent {
             day_tokens: 999,
             month_tokens: 5_000,
+            ..Spent::default()
         };
         // 2026-12-06 23:00 UTC.
         let now_ms = (20_793 * 86_400 + 23 * 3_600) * 1_000;
@@ -563,6 +596,40 @@ mod tests {
         );
         // 2027-01-01 00:00 UTC is 25 days and an hour away.
         assert_eq!(refused.retry_after_s, Some(25 * 86_400 + 3_600));
+    }
+
+    #[test]
+    fn money_budgets_refuse_once_spent_by_the_models_prices() {
+        use llmgw_catalog::Usd;
+        let limiter = Limiter::default();
+        let mut key = grant(KeyLimits {
+            usd_per_day: Usd::from_dollars(5.0),
+            usd_per_month: Usd::from_dollars(100.0),
+            ..KeyLimits::default()
+        });
+        key.spent.day_cost = Usd::from_dollars(4.99).unwrap();
+        let now_ms = (20_793 * 86_400 + 23 * 3_600) * 1_000;
+        limiter
+            .admit(&key, Instant::now(), now_ms)
+            .expect("under the day's budget");
+        key.spent.day_cost = Usd::from_dollars(5.000_001).unwrap();
+        let refused = limiter.admit(&key, Instant::now(), now_ms).unwrap_err();
+        assert_eq!(refused.code, "insufficient_quota");
+        assert!(
+            refused.message.contains("$5.000001 of $5.00")
+                && refused.message.contains("usd_per_day"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(refused.retry_after_s, Some(3_600));
+        key.spent.day_cost = Usd::ZERO;
+        key.spent.month_cost = Usd::from_dollars(100.0).unwrap();
+        let refused = limiter.admit(&key, Instant::now(), now_ms).unwrap_err();
+        assert!(
+            refused.message.contains("this month"),
+            "{}",
+            refused.message
+        );
     }
 
     #[test]

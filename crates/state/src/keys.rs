@@ -56,6 +56,12 @@ pub struct KeyLimits {
     /// router.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_month: Option<u64>,
+    /// Money per UTC day, over every router, by the models' prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_day: Option<llmgw_catalog::Usd>,
+    /// Money per UTC calendar month, over every router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd_per_month: Option<llmgw_catalog::Usd>,
     /// Report what the limits would refuse (metric and log) without
     /// refusing: for trying a new limit on live traffic.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -75,6 +81,8 @@ impl KeyLimits {
             && self.tokens_per_minute.is_none()
             && self.tokens_per_day.is_none()
             && self.tokens_per_month.is_none()
+            && self.usd_per_day.is_none()
+            && self.usd_per_month.is_none()
     }
 }
 

@@ -76,8 +76,14 @@ impl ModelSpec {
     /// needs no new replica. `aliases` is among them because a replica
     /// keeps the names it was launched with and the router maps a newer
     /// alias to the model's name itself.
-    pub const NOT_LAUNCHED: [&'static str; 5] =
-        ["replicas", "aliases", "rollout", "autoscale", "priority"];
+    pub const NOT_LAUNCHED: [&'static str; 6] = [
+        "replicas",
+        "aliases",
+        "rollout",
+        "autoscale",
+        "priority",
+        "price",
+    ];
 
     /// The entry of a validated model.
     pub fn new(model: Model) -> Self {

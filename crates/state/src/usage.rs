@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use llmgw_catalog::{Price, Usd};
 use serde::{Deserialize, Serialize};
 
 /// Requests and tokens of one key on one model in one minute.
@@ -26,6 +27,10 @@ pub struct UsageTotals {
     pub completion_tokens: u64,
     #[serde(default)]
     pub cached_tokens: u64,
+    /// What these tokens cost by the model's price when the control plane
+    /// applied them; routers report none.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub cost: Usd,
 }
 
 impl UsageTotals {
@@ -37,6 +42,7 @@ impl UsageTotals {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.cost = self.cost.saturating_add(other.cost);
     }
 
     pub fn requests(&self) -> u64 {
@@ -52,6 +58,11 @@ pub struct KeySpend {
     pub day_tokens: u64,
     #[serde(default)]
     pub month_tokens: u64,
+    /// Their cost by the models' prices.
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub day_cost: Usd,
+    #[serde(default, skip_serializing_if = "Usd::is_zero")]
+    pub month_cost: Usd,
 }
 
 /// One line of a router's report.
@@ -80,6 +91,10 @@ pub struct Usage {
     /// minutes each time.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub daily_tokens: BTreeMap<String, BTreeMap<u64, u64>>,
+    /// What those tokens cost per key and UTC day, in micro-dollars: what
+    /// money budgets are checked against.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub daily_cost: BTreeMap<String, BTreeMap<u64, u64>>,
     /// Per key with per-minute limits, each router's recent demand:
     /// what its share of the limit follows.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -120,6 +135,7 @@ impl Usage {
             && self.reporters.is_empty()
             && self.demand.is_empty()
             && self.daily_tokens.is_empty()
+            && self.daily_cost.is_empty()
     }
 
     /// Each router's share of `key`'s per-minute limits at `now_ms`: an
@@ -151,24 +167,41 @@ impl Usage {
 
     /// What `key` spent in the UTC day and month of `now_ms`.
     pub fn spent(&self, key: &str, now_ms: u64) -> KeySpend {
-        let Some(days) = self.daily_tokens.get(key) else {
-            return KeySpend::default();
-        };
         let today = now_ms / 86_400_000;
         let (year, month, _) = civil_from_days(today);
         let month_start = days_from_civil(year, month, 1);
-        let mut spend = KeySpend::default();
-        for (day, tokens) in days.range(month_start..) {
-            spend.month_tokens += tokens;
-            if *day == today {
-                spend.day_tokens += tokens;
-            }
+        // (this month, today) of one per-day map.
+        let sum = |per_day: &BTreeMap<String, BTreeMap<u64, u64>>| {
+            per_day.get(key).map_or((0, 0), |days| {
+                days.range(month_start..)
+                    .fold((0u64, 0u64), |(month, day), (d, n)| {
+                        let today_part = if *d == today { *n } else { 0 };
+                        (month.saturating_add(*n), day.saturating_add(today_part))
+                    })
+            })
+        };
+        let (month_tokens, day_tokens) = sum(&self.daily_tokens);
+        let (month_cost, day_cost) = sum(&self.daily_cost);
+        KeySpend {
+            day_tokens,
+            month_tokens,
+            day_cost: Usd::from_micros(day_cost),
+            month_cost: Usd::from_micros(month_cost),
         }
-        spend
     }
 
-    /// Adds one report row to the per-minute totals and the key's day.
-    pub fn add(&mut self, row: &UsageRow) {
+    /// Adds one report row to the per-minute totals and the key's day,
+    /// costed by `price` (the model's, as applied now; what a router
+    /// claims a row cost is not taken).
+    pub fn add(&mut self, row: &UsageRow, price: Option<&Price>) {
+        let mut totals = row.totals;
+        totals.cost = price.map_or(Usd::ZERO, |price| {
+            price.cost(
+                totals.prompt_tokens,
+                totals.cached_tokens,
+                totals.completion_tokens,
+            )
+        });
         self.minutes
             .entry(row.key.clone())
             .or_default()
@@ -176,7 +209,16 @@ impl Usage {
             .or_default()
             .entry(row.minute)
             .or_default()
-            .add(&row.totals);
+            .add(&totals);
+        if !totals.cost.is_zero() {
+            let day = self
+                .daily_cost
+                .entry(row.key.clone())
+                .or_default()
+                .entry(row.minute / 1_440)
+                .or_default();
+            *day = day.saturating_add(totals.cost.micros);
+        }
         *self
             .daily_tokens
             .entry(row.key.clone())
@@ -278,15 +320,24 @@ mod tests {
                 ..UsageTotals::default()
             },
         };
-        usage.add(&tokens((day - 6) * 1_440, 1)); // 2026-11-30: last month
-        usage.add(&tokens((day - 5) * 1_440, 10)); // 2026-12-01
-        usage.add(&tokens(day * 1_440 + 5, 100));
+        // A dollar per million tokens either way: 2n tokens cost 2n micro-dollars.
+        let dollar = Usd::from_dollars(1.0).unwrap();
+        let price = Price {
+            input_per_million: dollar,
+            cached_input_per_million: None,
+            output_per_million: dollar,
+        };
+        usage.add(&tokens((day - 6) * 1_440, 1), Some(&price)); // 2026-11-30: last month
+        usage.add(&tokens((day - 5) * 1_440, 10), Some(&price)); // 2026-12-01
+        usage.add(&tokens(day * 1_440 + 5, 100), None);
         let spent = usage.spent("ci", day * 86_400_000 + 3_600_000);
         assert_eq!(
             spent,
             KeySpend {
                 day_tokens: 200,
-                month_tokens: 220
+                month_tokens: 220,
+                day_cost: Usd::ZERO,
+                month_cost: Usd::from_micros(20),
             }
         );
         assert_eq!(usage.spent("other", 0), KeySpend::default());

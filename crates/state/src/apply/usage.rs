@@ -75,9 +75,23 @@ impl FleetState {
                 last.seq
             ));
         }
+        // Each model's price as the catalog says now, decoded once.
+        let mut prices: BTreeMap<&str, Option<llmgw_catalog::Price>> = BTreeMap::new();
+        for row in rows {
+            prices.entry(row.model.as_str()).or_insert_with(|| {
+                self.models
+                    .get(&row.model)
+                    .and_then(|record| record.spec.model().ok())
+                    .and_then(|model| model.price)
+            });
+        }
+        let usage = &mut self.usage;
         let oldest_kept = (at_ms / MINUTE_MS).saturating_sub(retain_minutes);
         for row in rows.iter().filter(|row| row.minute >= oldest_kept) {
-            usage.add(row);
+            usage.add(
+                row,
+                prices.get(row.model.as_str()).copied().flatten().as_ref(),
+            );
         }
         usage
             .reporters
@@ -99,10 +113,12 @@ impl FleetState {
         // Forget what the retention no longer covers.
         let oldest_ms = oldest_kept * MINUTE_MS;
         usage.reporters.retain(|_, last| last.at_ms >= oldest_ms);
-        usage.daily_tokens.retain(|_, days| {
-            days.retain(|day, _| *day >= oldest_kept / 1_440);
-            !days.is_empty()
-        });
+        for per_day in [&mut usage.daily_tokens, &mut usage.daily_cost] {
+            per_day.retain(|_, days| {
+                days.retain(|day, _| *day >= oldest_kept / 1_440);
+                !days.is_empty()
+            });
+        }
         usage.minutes.retain(|_, models| {
             models.retain(|_, minutes| {
                 minutes.retain(|minute, _| *minute >= oldest_kept);
@@ -172,6 +188,75 @@ mod tests {
         let rows: Vec<_> = state.usage.rows().collect();
         assert_eq!(rows, vec![row("ci", 170, 1)]);
         assert!(!state.usage.reporters.contains_key("b"));
+    }
+
+    fn put_priced(state: &mut FleetState, name: &str, price: Option<serde_json::Value>) {
+        let mut spec = serde_json::json!({
+            "name": name, "endpoints": ["http://10.0.0.9:8000"],
+        });
+        if let Some(price) = price {
+            spec["price"] = price;
+        }
+        let put = Command::PutModel {
+            name: name.into(),
+            spec: crate::ModelSpec::from_stored(spec),
+            replicas: 0,
+            at_ms: 1,
+        };
+        assert_eq!(state.apply(&put), Outcome::Applied);
+    }
+
+    #[test]
+    fn usage_is_costed_by_the_models_price_when_applied() {
+        let mut state = FleetState::default();
+        put_priced(
+            &mut state,
+            "qwen",
+            Some(
+                serde_json::json!({"input_per_million": 2.0, "output_per_million": 8.0,
+                                    "cached_input_per_million": 0.5}),
+            ),
+        );
+        put_priced(&mut state, "free", None);
+        let minute = 20_793 * 1_440 + 60; // 2026-12-06 01:00 UTC
+        let mut priced = row("ci", minute, 1_000);
+        priced.totals.cached_tokens = 600;
+        priced.totals.completion_tokens = 500;
+        // A router's own idea of the cost is not taken.
+        priced.totals.cost = llmgw_catalog::Usd::from_dollars(1_000.0).unwrap();
+        let mut free = row("ci", minute, 1_000_000);
+        free.model = "free".into();
+        assert_eq!(
+            state.apply(&report("a", 1, vec![priced, free], minute)),
+            Outcome::Applied
+        );
+        // 400 x $2/M + 600 x $0.5/M + 500 x $8/M.
+        let cost = state.usage.minutes["ci"]["qwen"][&minute].cost;
+        assert_eq!(cost, llmgw_catalog::Usd::from_micros(5_100));
+        assert!(state.usage.minutes["ci"]["free"][&minute].cost.is_zero());
+        let spent = state.usage.spent("ci", minute * 60_000);
+        assert_eq!(
+            (spent.day_cost.micros, spent.month_cost.micros),
+            (5_100, 5_100)
+        );
+        assert_eq!(spent.day_tokens, 1_000 + 500 + 1_000_000);
+        // A price changed later costs later tokens only.
+        put_priced(
+            &mut state,
+            "qwen",
+            Some(serde_json::json!({"input_per_million": 4.0, "output_per_million": 8.0})),
+        );
+        assert_eq!(
+            state.apply(&report(
+                "a",
+                2,
+                vec![row("ci", minute + 1, 1_000)],
+                minute + 1
+            )),
+            Outcome::Applied
+        );
+        let spent = state.usage.spent("ci", (minute + 1) * 60_000);
+        assert_eq!(spent.day_cost.micros, 5_100 + 4_000);
     }
 
     #[test]

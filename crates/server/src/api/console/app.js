@@ -299,6 +299,8 @@ function renderKeys() {
     if (l.max_concurrent_requests) parts.push(l.max_concurrent_requests + " at once");
     if (l.tokens_per_day) parts.push(l.tokens_per_day + " tok/day");
     if (l.tokens_per_month) parts.push(l.tokens_per_month + " tok/month");
+    if (l.usd_per_day) parts.push("$" + l.usd_per_day + "/day");
+    if (l.usd_per_month) parts.push("$" + l.usd_per_month + "/month");
     return (parts.join(", ") || "none") + (l.shadow && parts.length ? " (shadow mode)" : "");
   };
   const status = (k) => (k.revoked_at_ms ? "revoked" : k.expires_at_ms && k.expires_at_ms <= Date.now() ? "expired" : "live");
