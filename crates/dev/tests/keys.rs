@@ -66,6 +66,19 @@ async fn outcome(
     })
 }
 
+/// Replaces key `ci`'s settings: team `search`, the model, these limits.
+async fn set_ci_limits(admin: &DevAdmin, limits: Value) {
+    let (status, body) = admin
+        .send(
+            Method::PUT,
+            &paths::key("ci"),
+            Some(json!({"team": "search", "models": [MODEL], "limits": limits}).to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "limits {limits}: {body}");
+}
+
 /// Waits until every router answers `want`.
 async fn every_router_answers(
     http: &reqwest::Client,
@@ -330,18 +343,7 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         .await
         .unwrap();
     assert_eq!(status, 200, "a price: {body}");
-    let (status, body) = admin
-        .send(
-            Method::PUT,
-            &paths::key("ci"),
-            Some(
-                json!({"team": "search", "models": [MODEL], "limits": {"usd_per_day": 0.01}})
-                    .to_string(),
-            ),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "a money budget: {body}");
+    set_ci_limits(&admin, json!({"usd_per_day": 0.01})).await;
     // Each chat's few dozen tokens at $1,000 a million cost cents: once
     // one is counted, the key is over a cent.
     eventually("a priced chat is counted", DEADLINE, || async {
@@ -369,18 +371,7 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
 
     // A day's budget holds on every router, against what the key spent
     // over all of them: router B served one request and A the rest.
-    let (status, body) = admin
-        .send(
-            Method::PUT,
-            &paths::key("ci"),
-            Some(
-                json!({"team": "search", "models": [MODEL], "limits": {"tokens_per_day": 1}})
-                    .to_string(),
-            ),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "a budget: {body}");
+    set_ci_limits(&admin, json!({"tokens_per_day": 1})).await;
     every_router_answers(
         &http,
         &routers,
@@ -396,15 +387,7 @@ async fn keys_are_required_limited_rotated_and_revoked_on_every_router() {
         .unwrap();
     assert_eq!(status, 200, "rotate: {body}");
     let rotated: IssuedKey = serde_json::from_value(body).unwrap();
-    let (status, body) = admin
-        .send(
-            Method::PUT,
-            &paths::key("ci"),
-            Some(json!({"team": "search", "models": [MODEL]}).to_string()),
-        )
-        .await
-        .unwrap();
-    assert_eq!(status, 200, "lifting the limit: {body}");
+    set_ci_limits(&admin, json!({})).await;
     every_router_answers(&http, &routers, Some(&issued.secret), "401 invalid_api_key").await;
     every_router_answers(&http, &routers, Some(&rotated.secret), "ok").await;
 

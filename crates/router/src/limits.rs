@@ -337,60 +337,41 @@ fn over_a_limit(grant: &Grant, window: &KeyWindow, share: Share, now_ms: u64) ->
         });
     }
     let renewals = llmgw_api::usage::renewals(now_ms);
-    for (limit, budget, spent, period, renews_in) in [
+    let spent = &grant.spent;
+    const TOKENS: &str = " tokens";
+    const BY_PRICE: &str = " by the models' prices";
+    for (limit, reached, period, renews_in) in [
         (
             TOKENS_PER_DAY,
-            limits.tokens_per_day,
-            grant.spent.day_tokens,
+            reached(limits.tokens_per_day, spent.day_tokens, TOKENS),
             "today",
             renewals.day_s,
         ),
         (
             TOKENS_PER_MONTH,
-            limits.tokens_per_month,
-            grant.spent.month_tokens,
+            reached(limits.tokens_per_month, spent.month_tokens, TOKENS),
             "this month",
             renewals.month_s,
         ),
-    ] {
-        if let Some(budget) = budget
-            && spent >= budget
-        {
-            return Some(Over {
-                limit,
-                code: "insufficient_quota",
-                message: format!(
-                    "API key `{name}` has used its budget for {period}: {spent} of {budget} tokens ({limit}). It renews in {}.",
-                    duration_text(Duration::from_secs(renews_in))
-                ),
-                retry_after_s: renews_in.max(1),
-            });
-        }
-    }
-    for (limit, budget, spent, period, renews_in) in [
         (
             USD_PER_DAY,
-            limits.usd_per_day,
-            grant.spent.day_cost,
+            reached(limits.usd_per_day, spent.day_cost, BY_PRICE),
             "today",
             renewals.day_s,
         ),
         (
             USD_PER_MONTH,
-            limits.usd_per_month,
-            grant.spent.month_cost,
+            reached(limits.usd_per_month, spent.month_cost, BY_PRICE),
             "this month",
             renewals.month_s,
         ),
     ] {
-        if let Some(budget) = budget
-            && spent >= budget
-        {
+        if let Some(amounts) = reached {
             return Some(Over {
                 limit,
                 code: "insufficient_quota",
                 message: format!(
-                    "API key `{name}` has used its budget for {period}: {spent} of {budget} by the models' prices ({limit}). It renews in {}.",
+                    "API key `{name}` has used its budget for {period}: {amounts} ({limit}). It renews in {}.",
                     duration_text(Duration::from_secs(renews_in))
                 ),
                 retry_after_s: renews_in.max(1),
@@ -398,6 +379,16 @@ fn over_a_limit(grant: &Grant, window: &KeyWindow, share: Share, now_ms: u64) ->
         }
     }
     None
+}
+
+/// `spent of budget` and the unit, once a budget is set and spent.
+fn reached<T: PartialOrd + std::fmt::Display>(
+    budget: Option<T>,
+    spent: T,
+    unit: &str,
+) -> Option<String> {
+    let budget = budget?;
+    (spent >= budget).then(|| format!("{spent} of {budget}{unit}"))
 }
 
 /// As OpenAI writes resets: `20ms`, `6s`, `1m30s`; longer ones `3h12m0s`.

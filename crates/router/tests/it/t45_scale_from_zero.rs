@@ -26,6 +26,18 @@ fn holding(hold: Duration) -> Settings {
     }
 }
 
+/// A chat through `router`: its status and body.
+async fn chat(router: &TestRouter, stream: bool) -> (u16, String) {
+    post(
+        &client(),
+        &format!("{}/v1/chat/completions", router.url()),
+        chat_body("qwen", stream, 8),
+        &[],
+    )
+    .await
+    .expect("an answer")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_stream_hears_keep_alives_until_its_replica_answers() {
     let sim = Sim::start(SMALL, &["qwen"], &[]);
@@ -39,14 +51,7 @@ async fn a_held_stream_hears_keep_alives_until_its_replica_answers() {
         tokio::time::sleep(Duration::from_millis(800)).await;
         table.send_replace(Arc::new(scaled_to_zero(vec![Endpoint::ready(url)])));
     });
-    let (status, body) = post(
-        &client(),
-        &format!("{}/v1/chat/completions", router.url()),
-        chat_body("qwen", true, 8),
-        &[],
-    )
-    .await
-    .expect("an answer");
+    let (status, body) = chat(&router, true).await;
     ready_later.await.expect("table update");
     assert_eq!(status, 200, "{body}");
     let comments = body
@@ -63,14 +68,7 @@ async fn a_held_stream_hears_keep_alives_until_its_replica_answers() {
 async fn a_held_stream_whose_replica_never_comes_ends_with_the_refusal() {
     let router = TestRouter::start(holding(Duration::from_secs(1)), vec![]).await;
     router.table.send_replace(Arc::new(scaled_to_zero(vec![])));
-    let (status, body) = post(
-        &client(),
-        &format!("{}/v1/chat/completions", router.url()),
-        chat_body("qwen", true, 8),
-        &[],
-    )
-    .await
-    .expect("an answer");
+    let (status, body) = chat(&router, true).await;
     assert_eq!(status, 200, "the stream began while it was held: {body}");
     let read = read_stream(&body);
     let error = read
@@ -83,13 +81,6 @@ async fn a_held_stream_whose_replica_never_comes_ends_with_the_refusal() {
     );
     assert!(read.done, "{body}");
     // A request that does not stream still gets the plain 503.
-    let (status, body) = post(
-        &client(),
-        &format!("{}/v1/chat/completions", router.url()),
-        chat_body("qwen", false, 8),
-        &[],
-    )
-    .await
-    .expect("an answer");
+    let (status, body) = chat(&router, false).await;
     assert_eq!(status, 503, "{body}");
 }
