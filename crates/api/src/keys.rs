@@ -33,6 +33,25 @@ pub struct KeyRequest {
 }
 
 impl KeyRequest {
+    /// Reads a request body, refusing a field it does not know, in
+    /// `limits` as well: the stored `KeyLimits` reads past unknown fields
+    /// (so a newer peer's state stays readable), and a misspelt limit
+    /// would otherwise leave the key without it.
+    pub fn from_json(body: &[u8]) -> Result<KeyRequest, String> {
+        let request: KeyRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let written: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        if let Some(limits) = written.get("limits").and_then(|l| l.as_object()) {
+            let known = limit_names();
+            if let Some(unknown) = limits.keys().find(|k| !known.contains(k)) {
+                return Err(format!(
+                    "limits: unknown field `{unknown}`, expected one of {}",
+                    known.join(", ")
+                ));
+            }
+        }
+        Ok(request)
+    }
+
     pub fn settings(&self) -> KeySettings {
         KeySettings {
             team: self.team.clone(),
@@ -106,6 +125,25 @@ pub fn digest_from_hex(hex: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
+/// The names `KeyLimits` is written with. Every field is set (no `..`), so
+/// a limit added to `KeyLimits` must be added here to compile.
+fn limit_names() -> Vec<String> {
+    let every = KeyLimits {
+        requests_per_minute: Some(1),
+        max_concurrent_requests: Some(1),
+        tokens_per_minute: Some(1),
+        tokens_per_day: Some(1),
+        tokens_per_month: Some(1),
+        usd_per_day: Some(Usd::from_micros(1)),
+        usd_per_month: Some(Usd::from_micros(1)),
+        shadow: true,
+    };
+    match serde_json::to_value(every) {
+        Ok(serde_json::Value::Object(fields)) => fields.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// The start of a secret that listings show.
 pub fn shown_prefix(secret: &str) -> String {
     secret.chars().take(SHOWN_CHARS).collect()
@@ -131,7 +169,19 @@ mod tests {
 
     #[test]
     fn a_new_key_names_an_unknown_field() {
-        let error = serde_json::from_str::<KeyRequest>(r#"{"name":"ci","rpm":5}"#).unwrap_err();
-        assert!(error.to_string().contains("rpm"), "{error}");
+        let error = KeyRequest::from_json(br#"{"name":"ci","rpm":5}"#).unwrap_err();
+        assert!(error.contains("rpm"), "{error}");
+        let error =
+            KeyRequest::from_json(br#"{"name":"ci","limits":{"tokens_per_dya":5}}"#).unwrap_err();
+        assert!(
+            error.contains("limits: unknown field `tokens_per_dya`")
+                && error.contains("tokens_per_day"),
+            "{error}"
+        );
+        let every = br#"{"name":"ci","limits":{"requests_per_minute":1,"max_concurrent_requests":1,
+            "tokens_per_minute":1,"tokens_per_day":1,"tokens_per_month":1,"usd_per_day":1.5,
+            "usd_per_month":20,"shadow":true}}"#;
+        let request = KeyRequest::from_json(every).expect("every limit is known");
+        assert_eq!(request.limits.usd_per_day, Usd::from_dollars(1.5));
     }
 }

@@ -284,6 +284,18 @@ async fn bad_keys_and_usage_reports_are_refused_by_name_and_change_nothing() {
     let (status, message) = send(Method::POST, "/api/v1/keys", r#"{"name": "ci", "rpm": 5}"#).await;
     assert_eq!(status, 400, "{message}");
     assert!(message.contains("unknown field `rpm`"), "{message}");
+    // A misspelt limit would leave the key without it.
+    let (status, message) = send(
+        Method::POST,
+        "/api/v1/keys",
+        r#"{"name": "ci", "limits": {"tokens_per_dya": 5}}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        message.contains("POST /api/v1/keys: limits: unknown field `tokens_per_dya`"),
+        "{message}"
+    );
 
     let (status, message) = send(Method::POST, "/api/v1/usage", "not json").await;
     assert_eq!(status, 400, "{message}");

@@ -146,7 +146,7 @@ pub async fn revoke(
 }
 
 fn parse(what: &str, body: &[u8]) -> Result<KeyRequest, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
+    KeyRequest::from_json(body).map_err(|e| ApiError::bad_request(format!("{what}: {e}")))
 }
 
 /// The key as this peer applied it: a write returns once applied here.
