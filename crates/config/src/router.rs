@@ -1,6 +1,6 @@
 //! `router.yaml`: a standalone OpenAI router (`llmgw router`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path as FsPath, PathBuf};
 use std::time::Duration;
@@ -139,6 +139,15 @@ pub struct Balancing {
     /// How long the router waits for an engine's `/tokenize` before routing
     /// the request by prompt prefix instead.
     pub tokenize_timeout: Duration,
+    /// Model (catalog name) to a directory on the router's host holding
+    /// its tokenizer (`tokenizer.json`, `tokenizer_config.json`): the
+    /// router tokenizes those models' requests itself instead of asking an
+    /// engine's `/tokenize`.
+    pub tokenizers: BTreeMap<String, PathBuf>,
+    /// The router's own tokens are compared with an engine's `/tokenize`
+    /// for a model's first requests and then one request in this many; a
+    /// difference stops the router tokenizing that model.
+    pub tokenizer_check_every: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -176,6 +185,9 @@ impl RouterConfig {
         let (name, text) = read_file(path)?;
         let mut config = Self::parse(&name, &text)?;
         config.catalog = config.catalog.map(|c| relative_to(path, c));
+        for dir in config.balancing.tokenizers.values_mut() {
+            *dir = relative_to(path, std::mem::take(dir));
+        }
         config.control_plane_ca = config.control_plane_ca.map(|c| relative_to(path, c));
         config.control_plane_token_file = config
             .control_plane_token_file
@@ -388,6 +400,8 @@ impl Balancing {
             load_weight_tokens: 250.0,
             kv_index_max_entries: 1_000_000,
             tokenize_timeout: Duration::from_millis(200),
+            tokenizers: BTreeMap::new(),
+            tokenizer_check_every: 100,
         }
     }
 }
@@ -405,6 +419,8 @@ impl Decode for Balancing {
                 "load_weight_tokens",
                 "kv_index_max_entries",
                 "tokenize_timeout",
+                "tokenizers",
+                "tokenizer_check_every",
             ],
         )?;
         let d = Balancing::defaults();
@@ -441,6 +457,15 @@ impl Decode for Balancing {
         if kv_index_max_entries == 0 {
             f.report(cx, "kv_index_max_entries", "must be at least 1");
         }
+        let tokenizer_check_every: u64 = f.or(cx, "tokenizer_check_every", d.tokenizer_check_every);
+        if tokenizer_check_every == 0 {
+            f.report(
+                cx,
+                "tokenizer_check_every",
+                "must be at least 1 (1 checks every request against an engine)",
+            );
+        }
+        let tokenizers: BTreeMap<String, PathBuf> = f.or(cx, "tokenizers", BTreeMap::new());
         Some(Balancing {
             policy,
             prefix_bytes: f.or(cx, "prefix_bytes", d.prefix_bytes),
@@ -449,6 +474,8 @@ impl Decode for Balancing {
             load_weight_tokens,
             kv_index_max_entries,
             tokenize_timeout: f.or(cx, "tokenize_timeout", d.tokenize_timeout),
+            tokenizers,
+            tokenizer_check_every,
         })
     }
 }

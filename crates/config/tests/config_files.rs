@@ -112,6 +112,27 @@ fn router_reads_inline_models_like_the_catalog() {
     );
 }
 
+#[test]
+fn router_tokenizer_directories_are_relative_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("router.yaml");
+    std::fs::write(
+        &file,
+        "control_plane: [\"http://a:7480\"]\nbalancing:\n  tokenizers:\n    qwen: models/qwen\n    llama: /srv/llama\n",
+    )
+    .unwrap();
+    let config = RouterConfig::load(&file).unwrap();
+    assert_eq!(
+        config.balancing.tokenizers["qwen"],
+        dir.path().join("models/qwen")
+    );
+    assert_eq!(
+        config.balancing.tokenizers["llama"],
+        std::path::PathBuf::from("/srv/llama")
+    );
+    assert_eq!(config.balancing.tokenizer_check_every, 100);
+}
+
 const AGENT_BASE: &str = "node_id: n1\nservers: [\"a:7443\"]\nmgmt_addr: 10.0.0.1\n";
 const SERVER_BASE: &str =
     "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\n";
@@ -345,6 +366,12 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         FileKind::Router,
         "control_plane: [\"http://a:7480\"]\nscale_from_zero:\n  keep_alive: 10ms\n",
         "router.yaml:3:15: scale_from_zero.keep_alive: at least 100ms, or 0s",
+    ),
+    (
+        "a tokenizer never checked against the engines",
+        FileKind::Router,
+        "control_plane: [\"http://a:7480\"]\nbalancing:\n  tokenizer_check_every: 0\n",
+        "router.yaml:3:26: balancing.tokenizer_check_every: must be at least 1",
     ),
 ];
 

@@ -22,6 +22,11 @@ pub struct ServeConfig {
     pub persona: Persona,
     pub model: String,
     pub served_names: Vec<String>,
+    /// A local directory given as the tokenizer (vLLM `--tokenizer`,
+    /// SGLang `--tokenizer-path`): requests are tokenized by the model's
+    /// own tokenizer and chat template from it. A repository id, or
+    /// nothing, keeps the simulated tokenizer.
+    pub tokenizer_dir: Option<std::path::PathBuf>,
     pub host: String,
     /// What the logs show for the host (`0.0.0.0` when vLLM's host is unset).
     pub shown_host: String,
@@ -106,6 +111,14 @@ impl ServeConfig {
             Some(names) if !names.is_empty() => names,
             _ => vec![model.clone()],
         };
+        let tokenizer_dir = line
+            .str(if vllm {
+                "--tokenizer"
+            } else {
+                "--tokenizer-path"
+            })
+            .filter(|path| path.starts_with('/') || path.starts_with('.'))
+            .map(std::path::PathBuf::from);
         let (tp, pp, dp) = (
             line.int("--tensor-parallel-size", 1)?,
             line.int("--pipeline-parallel-size", 1)?,
@@ -159,6 +172,7 @@ impl ServeConfig {
             persona,
             model,
             served_names,
+            tokenizer_dir,
             host,
             shown_host,
             port,

@@ -11,6 +11,11 @@ const PY: &str = "/usr/local/lib/python3.12/dist-packages";
 #[derive(Debug, Clone, PartialEq)]
 pub enum Failure {
     ModelNotFound(String),
+    /// The tokenizer directory given cannot be loaded.
+    Tokenizer {
+        dir: String,
+        reason: String,
+    },
     UnsupportedArch(String),
     HeadsNotDivisible {
         heads: u64,
@@ -90,6 +95,9 @@ impl Failure {
                     "OSError: {name} is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'\nIf this is a private repository, make sure to pass a token having permission to this repo either by logging in with `hf auth login` or by passing `token=<your_token>`"
                 ),
             },
+            Failure::Tokenizer { dir, reason } => format!(
+                "OSError: Can't load tokenizer for '{dir}'. If you were trying to load it from 'https://huggingface.co/models', make sure you don't have a local directory with the same name. Otherwise, make sure '{dir}' is the correct path to a directory containing all relevant files for a PreTrainedTokenizerFast tokenizer. ({reason})"
+            ),
             Failure::UnsupportedArch(arch) => format!(
                 "ValueError: Model architectures ['{arch}'] are not supported for now. Supported architectures: {}",
                 format_list(crate::models::SUPPORTED_ARCHITECTURES)
@@ -148,6 +156,7 @@ impl Failure {
         matches!(
             self,
             Failure::ModelNotFound(_)
+                | Failure::Tokenizer { .. }
                 | Failure::UnsupportedArch(_)
                 | Failure::HeadsNotDivisible { .. }
                 | Failure::WorldTooLarge { .. }
@@ -162,7 +171,10 @@ impl Failure {
     fn in_sglang_main(&self) -> bool {
         matches!(
             self,
-            Failure::ModelNotFound(_) | Failure::PortInUse { .. } | Failure::SchedulerKilled
+            Failure::ModelNotFound(_)
+                | Failure::Tokenizer { .. }
+                | Failure::PortInUse { .. }
+                | Failure::SchedulerKilled
         )
     }
 }

@@ -13,6 +13,7 @@ use crate::rng::SplitMix;
 use crate::state::EngineState;
 use crate::tokens::{self, ChatTokens};
 use crate::wire::{self, Envelope, Finish, Route};
+use llmgw_tokenizer::{PromptFields, TokenizerError};
 
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
@@ -132,8 +133,17 @@ fn count_tokens(text: &str) -> u64 {
 }
 
 /// The prompt's token ids, as `/tokenize` answers for a chat (`messages`)
-/// or a completion (`prompt`) request.
-pub fn prompt_token_ids(request: &GenRequest, model_name: &str) -> Result<Vec<u32>, Rejection> {
+/// or a completion (`prompt`) request: by the model's own tokenizer where
+/// the engine was given one, else the simulated one.
+pub fn prompt_token_ids(
+    state: &EngineState,
+    request: &GenRequest,
+    body: &[u8],
+) -> Result<Vec<u32>, Rejection> {
+    if let Some(ids) = model_token_ids(state, body)? {
+        return Ok(ids);
+    }
+    let model_name = state.cfg.model.as_str();
     let prompt = if request.messages.is_some() {
         chat_prompt(request)?
     } else {
@@ -144,6 +154,24 @@ pub fn prompt_token_ids(request: &GenRequest, model_name: &str) -> Result<Vec<u3
         tokens::text_ids(&said, &mut ids);
     }
     Ok(ids)
+}
+
+/// The prompt's ids by the model's tokenizer (`--tokenizer DIR`); none
+/// without one, or for a request it leaves to the simulated tokenizer
+/// (content given as parts). A template that refuses the request is a 400,
+/// as the engines answer it.
+fn model_token_ids(state: &EngineState, body: &[u8]) -> Result<Option<Vec<u32>>, Rejection> {
+    let Some(tokenizer) = &state.tokenizer else {
+        return Ok(None);
+    };
+    let Ok(fields) = serde_json::from_slice::<PromptFields<'_>>(body) else {
+        return Ok(None);
+    };
+    match fields.token_ids(tokenizer) {
+        Ok(ids) => Ok(Some(ids)),
+        Err(TokenizerError::Template(message)) => Err(Rejection::bad_request(message)),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Validates a request against the served model and plans its output.
@@ -186,10 +214,14 @@ pub fn plan(state: &EngineState, route: Route, body: &[u8]) -> Result<Plan, Reje
         },
         None => 0,
     };
-    let prompt_tokens = tokens + said_words;
+    let mut prompt_tokens = tokens + said_words;
     if let Some(said) = continued {
         tokens::text_ids(&said, &mut token_ids);
         text.push_str(&said);
+    }
+    if let Some(ids) = model_token_ids(state, body)? {
+        prompt_tokens = ids.len() as u64;
+        token_ids = ids;
     }
     let max_len = state.max_model_len;
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);

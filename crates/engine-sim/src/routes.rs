@@ -362,7 +362,7 @@ impl EngineApp {
                 return Ok(self.error(&Rejection::bad_request(format!("JSON decode error: {e}"))));
             }
         };
-        let ids = match plan::prompt_token_ids(&request, &s.cfg.model) {
+        let ids = match plan::prompt_token_ids(s, &request, &body) {
             Ok(ids) => ids,
             Err(rejection) => return Ok(self.error(&rejection)),
         };

@@ -21,6 +21,7 @@ use crate::rendezvous::Membership;
 use crate::routes::{DummyHealthApp, EngineApp};
 use crate::state::{EngineState, Phase, ServingFacts};
 use crate::workers::Workers;
+use llmgw_tokenizer::ModelTokenizer;
 
 /// Runs the engine; returns how the process must end.
 pub async fn run(cfg: ServeConfig, mut log: Logger) -> Ending {
@@ -46,6 +47,7 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
     tokio::time::sleep(share(&cfg, 0.05)).await;
 
     let model = check_model(&cfg, log)?;
+    let tokenizer = load_tokenizer(&cfg)?;
     check_topology(&cfg)?;
     let use_ray = uses_ray(&cfg)?;
     // vLLM binds its port before the engine starts so no one can take it
@@ -82,7 +84,7 @@ async fn run_inner(cfg: ServeConfig, log: &mut Logger) -> Result<Ending, Failure
         );
     }
     let ranks = crate::kv_events::dp_ranks(&cfg, loaded.kv_tokens).await?;
-    let state = EngineState::new(cfg.clone(), *log, facts, ranks);
+    let state = EngineState::new(cfg.clone(), *log, facts, ranks, tokenizer);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut membership = loaded.membership.take();
 
@@ -221,6 +223,20 @@ fn check_model(cfg: &ServeConfig, log: &Logger) -> Result<ResolvedModel, Failure
         arch,
         max_model_len,
     })
+}
+
+/// The model's own tokenizer from a local `--tokenizer` directory; the
+/// engines fail to start when it cannot be read.
+fn load_tokenizer(cfg: &ServeConfig) -> Result<Option<Arc<ModelTokenizer>>, Failure> {
+    let Some(dir) = &cfg.tokenizer_dir else {
+        return Ok(None);
+    };
+    ModelTokenizer::load(dir)
+        .map(|tokenizer| Some(Arc::new(tokenizer)))
+        .map_err(|err| Failure::Tokenizer {
+            dir: dir.display().to_string(),
+            reason: err.to_string(),
+        })
 }
 
 /// A multi-node replica's rank and node count fit its world.

@@ -11,6 +11,7 @@ use crate::config::ServeConfig;
 use crate::logs::Logger;
 use crate::metrics::{Gauges, Metrics};
 use crate::prefix_cache::PrefixCache;
+use llmgw_tokenizer::ModelTokenizer;
 
 /// One data-parallel rank: a KV cache and the compute its prefills share.
 pub struct DpRank {
@@ -92,6 +93,9 @@ pub struct EngineState {
     /// cache and compute; one unless `--data-parallel-size` / `--dp-size`.
     pub ranks: Vec<DpRank>,
     rank_turn: AtomicU64,
+    /// The model's own tokenizer (`--tokenizer DIR`); none: the simulated
+    /// one.
+    pub tokenizer: Option<Arc<ModelTokenizer>>,
     pub started: Instant,
     pub created_unix: u64,
 }
@@ -158,6 +162,7 @@ impl EngineState {
         log: Logger,
         facts: ServingFacts,
         ranks: Vec<DpRank>,
+        tokenizer: Option<Arc<ModelTokenizer>>,
     ) -> Arc<Self> {
         let ServingFacts {
             kv_capacity,
@@ -192,6 +197,7 @@ impl EngineState {
             fatal_started: AtomicBool::new(false),
             ranks,
             rank_turn: AtomicU64::new(0),
+            tokenizer,
             started: Instant::now(),
             created_unix,
         })

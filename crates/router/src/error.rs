@@ -40,6 +40,12 @@ pub enum RouterError {
         #[source]
         source: std::io::Error,
     },
+    #[error("balancing.tokenizers: model `{model}`: {source}")]
+    Tokenizer {
+        model: String,
+        #[source]
+        source: llmgw_tokenizer::TokenizerError,
+    },
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
 }

@@ -52,6 +52,8 @@ pub use endpoints::EngineLoad;
 pub use engine_load::parse_engine_load;
 pub use error::RouterError;
 pub use keys::{Grant, KeyRing};
+/// The models a router tokenizes itself (`balancing.tokenizers`).
+pub use kv::LocalTokenizers;
 /// Public for `examples/kv-decision-cost.rs`, which measures a lookup.
 #[doc(hidden)]
 pub use kv::index::PrefixIndex;

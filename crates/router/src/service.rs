@@ -58,7 +58,7 @@ pub async fn handle(shared: &Arc<Shared>, request: Request<RequestBody>) -> Resp
             let mut page = shared
                 .metrics
                 .render(&shared.registry, &shared.resume_memory);
-            shared.kv.render(&mut page);
+            shared.kv.render(&mut page, &shared.settings.tokenizers);
             shared.limiter.render(&mut page);
             shared.usage.render(&mut page);
             page

@@ -5,6 +5,7 @@ use std::time::Duration;
 use llmgw_config::{BalancePolicy, RouterConfig};
 
 use crate::error::RouterError;
+use crate::kv::LocalTokenizers;
 use crate::resume::ResumeSettings;
 
 #[derive(Debug, Clone)]
@@ -19,6 +20,8 @@ pub struct Settings {
     pub load_weight_tokens: f64,
     pub kv_index_max_entries: usize,
     pub tokenize_timeout: Duration,
+    /// Models the router tokenizes itself (`balancing.tokenizers`).
+    pub tokenizers: LocalTokenizers,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub stall_timeout: Duration,
@@ -74,6 +77,7 @@ impl Default for Settings {
             load_weight_tokens: balancing.load_weight_tokens,
             kv_index_max_entries: balancing.kv_index_max_entries,
             tokenize_timeout: balancing.tokenize_timeout,
+            tokenizers: LocalTokenizers::default(),
             connect_timeout: timeouts.connect,
             request_timeout: timeouts.request,
             stall_timeout: timeouts.stall,
@@ -140,6 +144,10 @@ impl Settings {
             load_weight_tokens: config.balancing.load_weight_tokens,
             kv_index_max_entries: config.balancing.kv_index_max_entries,
             tokenize_timeout: config.balancing.tokenize_timeout,
+            tokenizers: LocalTokenizers::load(
+                &config.balancing.tokenizers,
+                config.balancing.tokenizer_check_every,
+            )?,
             connect_timeout: config.timeouts.connect,
             request_timeout: config.timeouts.request,
             stall_timeout: config.timeouts.stall,

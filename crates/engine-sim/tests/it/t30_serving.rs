@@ -454,3 +454,43 @@ fn engine_routes_answer_in_their_shapes() {
         "SGLang echoes the request's model"
     );
 }
+
+/// A model directory with a real tokenizer and chat template, and what
+/// Hugging Face transformers made of a request with it.
+fn tokenizer_fixture() -> (String, serde_json::Value) {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures");
+    let expected = std::fs::read_to_string(fixtures.join("chatml-bpe.expected.json")).unwrap();
+    let expected: serde_json::Value = serde_json::from_str(&expected).unwrap();
+    (fixtures.join("chatml-bpe").display().to_string(), expected)
+}
+
+#[test]
+fn a_tokenizer_directory_tokenizes_as_the_model_does() {
+    let (dir, expected) = tokenizer_fixture();
+    let case = &expected["chat"][1];
+    let body =
+        serde_json::json!({"model": "small", "messages": case["request"]["messages"]}).to_string();
+    for (persona, flag) in [
+        ("vllm=0.34.0", "--tokenizer"),
+        ("sglang=0.5.23", "--tokenizer-path"),
+    ] {
+        let sim = Sim::ready(
+            persona,
+            SMALL,
+            &["--served-model-name", "small", flag, &dir],
+            &[],
+        );
+        let reply = post(sim.port, "/tokenize", &body).unwrap();
+        assert_eq!(reply.json()["tokens"], case["expect"]["ids"], "{persona}");
+        // Usage counts the prompt by the same tokenizer.
+        let answer = post(sim.port, "/v1/chat/completions", &body)
+            .unwrap()
+            .json();
+        assert_eq!(
+            answer["usage"]["prompt_tokens"],
+            case["expect"]["ids"].as_array().unwrap().len(),
+            "{persona}"
+        );
+    }
+}

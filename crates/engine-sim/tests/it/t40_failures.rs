@@ -271,3 +271,20 @@ fn unhealthy_and_stalled_engines_fail_health() {
         sim.stderr()
     );
 }
+
+#[test]
+fn a_tokenizer_directory_that_cannot_be_read_fails_the_start() {
+    let (status, sim) = run_to_exit(
+        "vllm=0.34.0",
+        SMALL,
+        &["--tokenizer", "/nonexistent/tokenizer"],
+        &[],
+    );
+    assert_eq!(status, "exit code 1");
+    assert!(
+        sim.stderr()
+            .contains("OSError: Can't load tokenizer for '/nonexistent/tokenizer'"),
+        "{}",
+        sim.stderr()
+    );
+}

@@ -4,6 +4,7 @@
 
 mod follow;
 pub mod index;
+mod local_tokens;
 mod route;
 mod tokenize;
 
@@ -16,6 +17,7 @@ pub use follow::follow_loop;
 
 use crate::metrics::header;
 pub use index::PrefixIndex;
+pub use local_tokens::LocalTokenizers;
 pub use route::{count_decision, request_tokens, uncached_tokens};
 
 pub struct KvState {
@@ -47,6 +49,13 @@ pub struct KvStats {
     pub by_cache: AtomicU64,
     pub fallback_no_index: AtomicU64,
     pub fallback_no_tokens: AtomicU64,
+    /// Requests whose tokens the router made itself, or had from an
+    /// engine's `/tokenize`.
+    pub tokenized_by_router: AtomicU64,
+    pub tokenized_by_engine: AtomicU64,
+    /// The router's tokens compared with an engine's.
+    pub checks_agreed: AtomicU64,
+    pub checks_disagreed: AtomicU64,
     /// Prompt tokens routed by cache, and how many of them the chosen
     /// engine held by the index.
     pub routed_prompt_tokens: AtomicU64,
@@ -116,8 +125,9 @@ impl KvState {
         index.cached_tokens(urls, tokens, None)
     }
 
-    /// Appends the `llmgw_router_kv_*` series.
-    pub fn render(&self, out: &mut String) {
+    /// Appends the `llmgw_router_kv_*` series; `tokenizers` gives the
+    /// router's own tokenizers.
+    pub fn render(&self, out: &mut String, tokenizers: &LocalTokenizers) {
         let s = &self.stats;
         let unreachable: HashSet<String> = self
             .unreachable
@@ -246,5 +256,53 @@ impl KvState {
                 counter.load(Ordering::Relaxed)
             );
         }
+        render_tokenizing(out, s, tokenizers);
     }
+}
+
+fn render_tokenizing(out: &mut String, s: &KvStats, tokenizers: &LocalTokenizers) {
+    let name = "llmgw_router_kv_tokenized_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Requests whose prompt tokens the router made itself with the model's tokenizer (router), or had from an engine's /tokenize (engine).",
+    );
+    for (by, counter) in [
+        ("router", &s.tokenized_by_router),
+        ("engine", &s.tokenized_by_engine),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name}{{by=\"{by}\"}} {}",
+            counter.load(Ordering::Relaxed)
+        );
+    }
+    let name = "llmgw_router_kv_tokenizer_checks_total";
+    header(
+        out,
+        name,
+        "counter",
+        "The router's own tokens compared with an engine's /tokenize, by result; a disagreement stops the router tokenizing that model.",
+    );
+    for (result, counter) in [
+        ("agreed", &s.checks_agreed),
+        ("disagreed", &s.checks_disagreed),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name}{{result=\"{result}\"}} {}",
+            counter.load(Ordering::Relaxed)
+        );
+    }
+    let name = "llmgw_router_kv_local_tokenizers";
+    header(
+        out,
+        name,
+        "gauge",
+        "Models the router has a tokenizer for (balancing.tokenizers), by state: in use, or stopped after disagreeing with the engines.",
+    );
+    let (in_use, stopped) = tokenizers.counts();
+    let _ = writeln!(out, "{name}{{state=\"in_use\"}} {in_use}");
+    let _ = writeln!(out, "{name}{{state=\"disagreed\"}} {stopped}");
 }

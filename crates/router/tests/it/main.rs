@@ -13,3 +13,4 @@ mod t50_control_plane;
 mod t60_cancel;
 mod t70_threads;
 mod t80_cache_aware;
+mod t82_local_tokenizer;

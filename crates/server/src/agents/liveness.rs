@@ -312,6 +312,18 @@ mod tests {
     }
 
     #[test]
+    fn a_node_marked_unreachable_under_another_leaders_clock_waits_out_lost_after_here() {
+        // The previous leader stamped the change with its wall clock; this
+        // leader's runs far ahead of it (or the previous one's far behind).
+        let now = Instant::now();
+        let unreachable = node(NodeStatus::Unreachable, 0);
+        assert_eq!(
+            next_status(&unreachable, None, now, 1_000_000_000, false, &SETTINGS),
+            None
+        );
+    }
+
+    #[test]
     fn nothing_goes_down_during_the_grace_period_but_nodes_come_back() {
         let now = Instant::now();
         let ready = node(NodeStatus::Ready, 0);
