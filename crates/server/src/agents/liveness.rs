@@ -25,12 +25,15 @@ pub struct LivenessSettings {
     pub agent_heartbeat: Duration,
 }
 
-/// The status a node should move to, if any.
+/// The status a node should move to, if any. `unreachable_for` is how
+/// long this leader itself has watched the node unreachable: the status's
+/// wall-clock stamp may come from another leader, whose clock is not
+/// this one's.
 pub fn next_status(
     node: &NodeRecord,
     last_heard: Option<Instant>,
     now: Instant,
-    now_ms: u64,
+    unreachable_for: Option<Duration>,
     in_grace: bool,
     settings: &LivenessSettings,
 ) -> Option<NodeStatus> {
@@ -43,11 +46,32 @@ pub fn next_status(
     }
     match node.status {
         NodeStatus::Ready => Some(NodeStatus::Unreachable),
-        NodeStatus::Unreachable => {
-            let down_for = now_ms.saturating_sub(node.status_changed_at_ms);
-            (u128::from(down_for) >= settings.lost_after.as_millis()).then_some(NodeStatus::Lost)
-        }
+        NodeStatus::Unreachable => unreachable_for
+            .is_some_and(|down_for| down_for >= settings.lost_after)
+            .then_some(NodeStatus::Lost),
         NodeStatus::Lost => None,
+    }
+}
+
+/// Since when this leader has seen each unreachable node so, on its own
+/// monotonic clock; forgotten with the trust in its heartbeat table.
+#[derive(Default)]
+struct UnreachableSince(HashMap<String, Instant>);
+
+impl UnreachableSince {
+    /// How long `node` has been watched unreachable as of `now`, starting
+    /// the watch at its first sight.
+    fn watch(&mut self, node: &NodeRecord, now: Instant) -> Option<Duration> {
+        if node.status != NodeStatus::Unreachable {
+            self.0.remove(&node.id);
+            return None;
+        }
+        let since = *self.0.entry(node.id.clone()).or_insert(now);
+        Some(now.saturating_duration_since(since))
+    }
+
+    fn forget(&mut self) {
+        self.0.clear();
     }
 }
 
@@ -94,6 +118,7 @@ pub async fn run_liveness(
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut trusted: Option<Trust> = None;
+    let mut unreachable_since = UnreachableSince::default();
     let mut lapsed: Option<Instant> = None;
     let mut last_tick = Instant::now();
     loop {
@@ -110,18 +135,26 @@ pub async fn run_liveness(
             continue;
         };
         lapsed = None;
-        refresh_trust(&mut trusted, term, now, gap, max_gap, &settings);
+        if refresh_trust(&mut trusted, term, now, gap, max_gap, &settings) {
+            unreachable_since.forget();
+        }
         let Some(Trust { since, .. }) = trusted else {
             continue;
         };
         let in_grace = now.duration_since(since) < settings.grace;
         let heard = hub.heard_times();
-        let at_ms = now_ms();
-        let changes = verdicts(&control, &heard, now, at_ms, in_grace, &settings);
+        let changes = verdicts(
+            &control,
+            &heard,
+            &mut unreachable_since,
+            now,
+            in_grace,
+            &settings,
+        );
         if changes.is_empty() {
             continue;
         }
-        commit_verdicts(&control, term, &changes, at_ms).await;
+        commit_verdicts(&control, term, &changes, now_ms()).await;
     }
 }
 
@@ -155,7 +188,8 @@ fn release_streams_unless_held(
     }
 }
 
-/// Restarts trust at `now` when [`trust_restarts`] says so, and says why.
+/// Restarts trust at `now` when [`trust_restarts`] says so, says why, and
+/// tells whether it did.
 fn refresh_trust(
     trusted: &mut Option<Trust>,
     term: u64,
@@ -163,16 +197,18 @@ fn refresh_trust(
     gap: Duration,
     max_gap: Duration,
     settings: &LivenessSettings,
-) {
-    if let Some(why) = trust_restarts(*trusted, term, gap, max_gap) {
-        tracing::info!(
-            term,
-            gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
-            "{why}: every node gets {:?} to be heard before it can be marked unreachable",
-            settings.grace
-        );
-        *trusted = Some(Trust { term, since: now });
-    }
+) -> bool {
+    let Some(why) = trust_restarts(*trusted, term, gap, max_gap) else {
+        return false;
+    };
+    tracing::info!(
+        term,
+        gap_ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX),
+        "{why}: every node gets {:?} to be heard before it can be marked unreachable",
+        settings.grace
+    );
+    *trusted = Some(Trust { term, since: now });
+    true
 }
 
 /// A status change judged for one node.
@@ -188,22 +224,28 @@ struct Verdict {
 fn verdicts(
     control: &ControlPlane,
     heard: &HashMap<String, Instant>,
+    unreachable_since: &mut UnreachableSince,
     now: Instant,
-    at_ms: u64,
     in_grace: bool,
     settings: &LivenessSettings,
 ) -> Vec<Verdict> {
     control.read(|fleet| {
+        unreachable_since
+            .0
+            .retain(|id, _| fleet.nodes.contains_key(id));
         fleet
             .nodes
             .values()
             .filter_map(|node| {
                 let last = heard.get(&node.id).copied();
-                next_status(node, last, now, at_ms, in_grace, settings).map(|status| Verdict {
-                    node: node.id.clone(),
-                    from: node.status,
-                    to: status,
-                    based_on: node.status_version,
+                let unreachable_for = unreachable_since.watch(node, now);
+                next_status(node, last, now, unreachable_for, in_grace, settings).map(|status| {
+                    Verdict {
+                        node: node.id.clone(),
+                        from: node.status,
+                        to: status,
+                        based_on: node.status_version,
+                    }
                 })
             })
             .collect()
@@ -293,20 +335,21 @@ mod tests {
         let stale = now - Duration::from_secs(4);
         let ready = node(NodeStatus::Ready, 0);
         assert_eq!(
-            next_status(&ready, Some(now), now, 0, false, &SETTINGS),
+            next_status(&ready, Some(now), now, None, false, &SETTINGS),
             None
         );
         assert_eq!(
-            next_status(&ready, Some(stale), now, 0, false, &SETTINGS),
+            next_status(&ready, Some(stale), now, None, false, &SETTINGS),
             Some(NodeStatus::Unreachable)
         );
         let unreachable = node(NodeStatus::Unreachable, 1_000);
+        let watched = |secs| Some(Duration::from_secs(secs));
         assert_eq!(
-            next_status(&unreachable, None, now, 5_000, false, &SETTINGS),
+            next_status(&unreachable, None, now, watched(4), false, &SETTINGS),
             None
         );
         assert_eq!(
-            next_status(&unreachable, None, now, 11_000, false, &SETTINGS),
+            next_status(&unreachable, None, now, watched(10), false, &SETTINGS),
             Some(NodeStatus::Lost)
         );
     }
@@ -314,28 +357,50 @@ mod tests {
     #[test]
     fn a_node_marked_unreachable_under_another_leaders_clock_waits_out_lost_after_here() {
         // The previous leader stamped the change with its wall clock; this
-        // leader's runs far ahead of it (or the previous one's far behind).
+        // leader's may run far ahead of it. Only this leader's own watch
+        // counts, from the moment it first sees the node unreachable.
         let now = Instant::now();
-        let unreachable = node(NodeStatus::Unreachable, 0);
+        let mut unreachable = node(NodeStatus::Unreachable, 0);
+        let mut since = UnreachableSince::default();
+        let watched = since.watch(&unreachable, now);
+        assert_eq!(watched, Some(Duration::ZERO));
         assert_eq!(
-            next_status(&unreachable, None, now, 1_000_000_000, false, &SETTINGS),
+            next_status(&unreachable, None, now, watched, false, &SETTINGS),
             None
         );
+        let later = now + SETTINGS.lost_after;
+        let watched = since.watch(&unreachable, later);
+        assert_eq!(
+            next_status(&unreachable, None, later, watched, false, &SETTINGS),
+            Some(NodeStatus::Lost)
+        );
+        // Back and down again: the watch starts over.
+        unreachable.status = NodeStatus::Ready;
+        assert_eq!(since.watch(&unreachable, later), None);
+        unreachable.status = NodeStatus::Unreachable;
+        assert_eq!(since.watch(&unreachable, later), Some(Duration::ZERO));
     }
 
     #[test]
     fn nothing_goes_down_during_the_grace_period_but_nodes_come_back() {
         let now = Instant::now();
         let ready = node(NodeStatus::Ready, 0);
-        assert_eq!(next_status(&ready, None, now, 0, true, &SETTINGS), None);
+        assert_eq!(next_status(&ready, None, now, None, true, &SETTINGS), None);
         let unreachable = node(NodeStatus::Unreachable, 0);
         assert_eq!(
-            next_status(&unreachable, None, now, 60_000, true, &SETTINGS),
+            next_status(
+                &unreachable,
+                None,
+                now,
+                Some(Duration::from_secs(60)),
+                true,
+                &SETTINGS
+            ),
             None
         );
         let lost = node(NodeStatus::Lost, 0);
         assert_eq!(
-            next_status(&lost, Some(now), now, 0, true, &SETTINGS),
+            next_status(&lost, Some(now), now, None, true, &SETTINGS),
             Some(NodeStatus::Ready)
         );
     }
