@@ -630,7 +630,15 @@ impl ControlPlane {
             // The leader refuses a write its own disk may not hold, even
             // when the peer that took it has room.
             ForwardRequest::Write(command) => {
-                if let Err(error) = self.inner.disk.check() {
+                // The leader's own decisions (liveness verdicts, placements)
+                // may use the first half of the reserve, so that a cluster
+                // whose every disk is low still tells dead nodes from live
+                // ones; the other half is Raft's own.
+                let room = match *command {
+                    Command::Decided { .. } => self.inner.disk.check_decision(),
+                    _ => self.inner.disk.check(),
+                };
+                if let Err(error) = room {
                     return error.into();
                 }
                 // A leader cut off right after appending (its lease still
@@ -795,6 +803,7 @@ impl ControlPlane {
             last_applied_index: metrics.last_applied.as_ref().map(|id| id.index),
             commit_index: metrics.local_committed.as_ref().map(|id| id.index),
             state_hash: hash.to_string(),
+            disk_low: self.inner.disk.check().is_err(),
         }
     }
 

@@ -23,13 +23,23 @@ pub(crate) struct DiskGuard {
 }
 
 impl DiskGuard {
-    /// `Err` with what to do when the data directory is below its reserve.
+    /// `Err` with what to do when the data directory is below its reserve:
+    /// the check on every client write.
     pub fn check(&self) -> Result<(), ControlError> {
-        if self.min_free == 0 {
+        self.check_against(self.min_free)
+    }
+
+    /// The check on the leader's own decisions: down to half the reserve.
+    pub fn check_decision(&self) -> Result<(), ControlError> {
+        self.check_against(self.min_free / 2)
+    }
+
+    fn check_against(&self, floor: u64) -> Result<(), ControlError> {
+        if floor == 0 {
             return Ok(());
         }
         match free_bytes(&self.dir) {
-            Ok(free) if free < self.min_free => Err(ControlError::DiskFull(format!(
+            Ok(free) if free < floor => Err(ControlError::DiskFull(format!(
                 "the data directory {} has {} MiB free, below the {} MiB reserve \
                  (raft.min_free_disk_mb): writes are refused until space is freed there; \
                  reads are still served",
@@ -44,10 +54,14 @@ impl DiskGuard {
 }
 
 /// On the leader, every second: with too little space, hand leadership to
-/// the voter that is furthest along, so writes go on elsewhere.
+/// the voter furthest along that has room, so writes go on elsewhere. With
+/// no such voter the leader stays: moving would refuse writes all the
+/// same, and every new term restarts the liveness grace and the agents'
+/// streams.
 pub(crate) fn spawn_disk_watch(control: ControlPlane) {
     tokio::spawn(async move {
         let mut logged = false;
+        let mut staying_logged = false;
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
             let metrics = control.metrics();
@@ -63,27 +77,54 @@ pub(crate) fn spawn_disk_watch(control: ControlPlane) {
             } else if logged {
                 tracing::info!("disk space is back above the reserve; writes are accepted again");
                 logged = false;
+                staying_logged = false;
             }
             if low.is_err() && metrics.state == ServerState::Leader {
-                let best = metrics
-                    .replication
-                    .iter()
-                    .flat_map(|replication| replication.iter())
-                    .filter(|(id, _)| **id != control.id())
-                    .filter(|(id, _)| {
-                        metrics
-                            .membership_config
-                            .membership()
-                            .voter_ids()
-                            .any(|voter| voter == **id)
-                    })
-                    .max_by_key(|(_, matched)| matched.as_ref().map(|m| m.index))
-                    .map(|(id, _)| *id);
-                if let Some(to) = best {
-                    tracing::warn!(to, "low on disk space: handing leadership over");
-                    let _ = control.raft().trigger().transfer_leader(to).await;
+                match voter_with_room(&control, &metrics).await {
+                    Some(to) => {
+                        tracing::warn!(to, "low on disk space: handing leadership over");
+                        let _ = control.raft().trigger().transfer_leader(to).await;
+                        staying_logged = false;
+                    }
+                    None if !staying_logged => {
+                        tracing::warn!(
+                            "low on disk space, and so is every other voter (or it cannot say): \
+                             staying leader; client writes are refused until space is freed, \
+                             liveness and placement go on from the reserve"
+                        );
+                        staying_logged = true;
+                    }
+                    None => {}
                 }
             }
         }
     });
+}
+
+/// The other voters, furthest along first; the first that says it has
+/// room above its reserve.
+async fn voter_with_room(
+    control: &ControlPlane,
+    metrics: &openraft::RaftMetrics<crate::TypeConfig>,
+) -> Option<u64> {
+    let membership = metrics.membership_config.membership();
+    let mut candidates: Vec<(Option<u64>, u64)> = metrics
+        .replication
+        .iter()
+        .flat_map(|replication| replication.iter())
+        .filter(|(id, _)| **id != control.id())
+        .filter(|(id, _)| membership.voter_ids().any(|voter| voter == **id))
+        .map(|(id, matched)| (matched.as_ref().map(|m| m.index), *id))
+        .collect();
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    for (_, id) in candidates {
+        let Some(node) = membership.get_node(&id) else {
+            continue;
+        };
+        match control.remote_status(node).await {
+            Ok(status) if !status.disk_low => return Some(id),
+            _ => {}
+        }
+    }
+    None
 }

@@ -16,4 +16,9 @@ pub struct PeerStatus {
     pub last_applied_index: Option<u64>,
     pub commit_index: Option<u64>,
     pub state_hash: String,
+    /// The data directory is below its reserve (`raft.min_free_disk_mb`):
+    /// leadership handed to this peer would refuse writes too. Absent from
+    /// peers that predate it.
+    #[serde(default)]
+    pub disk_low: bool,
 }

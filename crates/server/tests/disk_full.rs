@@ -4,7 +4,9 @@
 //! writes again without a restart. The data directory is a small tmpfs,
 //! so this needs root; it prints SKIPPED otherwise.
 
-use llmgw_api::ErrorBody;
+use llmgw_api::{ErrorBody, NodeStatus};
+use llmgw_dev::H100_IB_A;
+use llmgw_test_kit::agents::Agent;
 use llmgw_test_kit::{Cluster, decode};
 
 const FULL_PEER: u64 = 2;
@@ -66,4 +68,86 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     }
     drop(cluster);
     drop(tmpfs);
+}
+
+/// Leader changes seen over `window`, asking every running peer twice a
+/// second who leads.
+async fn leaders_seen(cluster: &Cluster, window: std::time::Duration) -> Vec<u64> {
+    let mut seen: Vec<u64> = Vec::new();
+    let until = std::time::Instant::now() + window;
+    while std::time::Instant::now() < until {
+        for id in cluster.running() {
+            if let Ok(view) = cluster.cluster_view(id).await
+                && let Some(leader) = view.leader_id
+                && seen.last() != Some(&leader)
+            {
+                seen.push(leader);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_peer_low_on_disk_the_leader_stays_refuses_writes_and_still_judges_liveness() {
+    let liveness = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
+    let Some((cluster, disks)) = Cluster::start_with_tmpfs_on(
+        "every peer low on disk",
+        &format!("raft:\n  min_free_disk_mb: 32\n{liveness}"),
+        &[1, 2, 3],
+        160,
+    ) else {
+        return;
+    };
+    let leader = cluster.wait_leader().await;
+    let mut agent = Agent::start(&cluster, "n1", H100_IB_A, leader);
+    cluster
+        .eventually("the node ready", || async {
+            match cluster.node(leader, "n1").await?.record.status {
+                NodeStatus::Ready => Ok(()),
+                other => Err(other.as_str().to_owned()),
+            }
+        })
+        .await;
+
+    // Every peer below the 32 MiB reserve, none below half of it.
+    for disk in &disks {
+        disk.fill(24).unwrap();
+    }
+    let (status, body) = cluster.put_model(leader, "while-low").await.unwrap();
+    assert_eq!(status, 507, "{body}");
+    // No peer has room: handing leadership over would help nothing and
+    // restart every agent stream each time.
+    let leaders = leaders_seen(&cluster, std::time::Duration::from_secs(8)).await;
+    assert_eq!(
+        leaders,
+        [leader],
+        "leadership moved with no peer to take writes"
+    );
+
+    // Liveness still commits its verdicts from the reserve.
+    agent.kill();
+    cluster
+        .eventually("the killed agent's node unreachable", || async {
+            match cluster.node(leader, "n1").await?.record.status {
+                NodeStatus::Unreachable | NodeStatus::Lost => Ok(()),
+                other => Err(other.as_str().to_owned()),
+            }
+        })
+        .await;
+
+    for disk in &disks {
+        disk.free().unwrap();
+    }
+    cluster
+        .eventually("writes once space returns", || async {
+            match cluster.put_model(leader, "after").await? {
+                (200, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    drop(cluster);
+    drop(disks);
 }

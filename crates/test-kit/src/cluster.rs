@@ -122,18 +122,32 @@ impl Cluster {
         id: u64,
         size_mb: u64,
     ) -> Option<(Cluster, Tmpfs)> {
+        let (cluster, mut mounts) = Self::start_with_tmpfs_on(test, extra_yaml, &[id], size_mb)?;
+        Some((cluster, mounts.remove(0)))
+    }
+
+    /// As [`Cluster::start_with_tmpfs`], a tmpfs for each of `ids`, in
+    /// that order.
+    pub fn start_with_tmpfs_on(
+        test: &str,
+        extra_yaml: &str,
+        ids: &[u64],
+        size_mb: u64,
+    ) -> Option<(Cluster, Vec<Tmpfs>)> {
         // SAFETY: geteuid has no preconditions.
         #[allow(unsafe_code)]
         if unsafe { libc::geteuid() } != 0 {
             crate::skipped(test, "mounting a tmpfs needs root");
             return None;
         }
-        let mut mounted = None;
+        let mut mounted = Vec::new();
         let cluster = Cluster::start_with(false, extra_yaml, |dir| {
-            mounted = Some(Tmpfs::mount(&dir.join(format!("server-{id}")), size_mb));
+            for id in ids {
+                mounted.push(Tmpfs::mount(&dir.join(format!("server-{id}")), size_mb));
+            }
         });
-        match mounted.expect("prepare ran") {
-            Ok(tmpfs) => Some((cluster, tmpfs)),
+        match mounted.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(mounts) => Some((cluster, mounts)),
             Err(why) => {
                 crate::skipped(test, &format!("cannot mount a tmpfs: {why}"));
                 None
