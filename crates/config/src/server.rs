@@ -86,6 +86,9 @@ pub struct PeerConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RaftTiming {
+    /// The slowest round trip between two peers: what the heartbeat and
+    /// election timings below must allow for (their defaults follow it).
+    pub peer_round_trip: Duration,
     pub heartbeat_interval: Duration,
     pub election_timeout_min: Duration,
     pub election_timeout_max: Duration,
@@ -119,6 +122,7 @@ impl RaftTiming {
             // Failover in about a second (docs/performance.md). Pre-vote and
             // the leader lease keep a short timeout from deposing a healthy
             // leader: a lone slow follower cannot win a pre-vote.
+            peer_round_trip: Duration::from_millis(2),
             heartbeat_interval: Duration::from_millis(80),
             election_timeout_min: Duration::from_millis(250),
             election_timeout_max: Duration::from_millis(450),
@@ -386,12 +390,47 @@ impl Decode for PeerConfig {
     }
 }
 
+/// Longest peer round trip the peer transport carries: AppendEntries and
+/// votes have one second.
+const MAX_PEER_ROUND_TRIP: Duration = Duration::from_millis(250);
+
+impl RaftTiming {
+    /// The shortest heartbeat interval a round trip allows: openraft gives
+    /// each heartbeat one interval to be answered, and a follower in a
+    /// synced write or on a loaded host answers some tens of milliseconds
+    /// late. A leader whose heartbeats all time out loses its lease and
+    /// refuses every write, while followers still hear it and elect no one.
+    pub fn min_heartbeat(peer_round_trip: Duration) -> Duration {
+        peer_round_trip * 2 + Duration::from_millis(50)
+    }
+
+    /// The timings a round trip calls for, where the file sets none: the
+    /// defaults on a LAN, longer across zones and regions.
+    fn derived(peer_round_trip: Duration) -> RaftTiming {
+        let d = RaftTiming::defaults();
+        let heartbeat = d
+            .heartbeat_interval
+            .max(Self::min_heartbeat(peer_round_trip));
+        let election_min = d
+            .election_timeout_min
+            .max(heartbeat * 3 + peer_round_trip * 2);
+        RaftTiming {
+            peer_round_trip,
+            heartbeat_interval: heartbeat,
+            election_timeout_min: election_min,
+            election_timeout_max: election_min.mul_f64(1.8),
+            ..d
+        }
+    }
+}
+
 impl Decode for RaftTiming {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         let f = cx.map(
             node,
             path,
             &[
+                "peer_round_trip",
                 "heartbeat_interval",
                 "election_timeout_min",
                 "election_timeout_max",
@@ -401,8 +440,23 @@ impl Decode for RaftTiming {
                 "min_free_disk_mb",
             ],
         )?;
-        let d = RaftTiming::defaults();
+        let round_trip = f.or(
+            cx,
+            "peer_round_trip",
+            RaftTiming::defaults().peer_round_trip,
+        );
+        if round_trip > MAX_PEER_ROUND_TRIP {
+            f.report(
+                cx,
+                "peer_round_trip",
+                format!(
+                    "at most {MAX_PEER_ROUND_TRIP:?}: the peer transport gives each append and vote one second"
+                ),
+            );
+        }
+        let d = RaftTiming::derived(round_trip);
         let t = RaftTiming {
+            peer_round_trip: round_trip,
             heartbeat_interval: f.or(cx, "heartbeat_interval", d.heartbeat_interval),
             election_timeout_min: f.or(cx, "election_timeout_min", d.election_timeout_min),
             election_timeout_max: f.or(cx, "election_timeout_max", d.election_timeout_max),
@@ -419,8 +473,21 @@ impl Decode for RaftTiming {
             ),
             min_free_disk_mb: f.or(cx, "min_free_disk_mb", d.min_free_disk_mb),
         };
+        let min_heartbeat = RaftTiming::min_heartbeat(round_trip);
         if t.heartbeat_interval.is_zero() {
             f.report(cx, "heartbeat_interval", "must be more than 0s");
+        } else if t.heartbeat_interval < min_heartbeat {
+            f.report(
+                cx,
+                "heartbeat_interval",
+                format!(
+                    "{:?} cannot carry a heartbeat over a {round_trip:?} peer round trip \
+                     (each heartbeat has one interval to be answered, or the leader's lease \
+                     lapses and every write is refused): at least {min_heartbeat:?} \
+                     (2 x peer_round_trip + 50ms), or leave it out to have it derived",
+                    t.heartbeat_interval
+                ),
+            );
         }
         if t.election_timeout_min < t.heartbeat_interval * 3 {
             f.report(

@@ -113,6 +113,39 @@ fn router_reads_inline_models_like_the_catalog() {
 }
 
 #[test]
+fn raft_timings_follow_the_peer_round_trip_unless_set() {
+    let timing = |raft: &str| {
+        let src = format!("{SERVER_BASE}raft:\n{raft}");
+        ServerConfig::parse("server.yaml", &src).unwrap().raft
+    };
+    let lan = timing("  peer_round_trip: 1ms\n");
+    assert_eq!(
+        lan,
+        llmgw_config::RaftTiming {
+            peer_round_trip: Duration::from_millis(1),
+            ..llmgw_config::RaftTiming::defaults()
+        }
+    );
+    let region = timing("  peer_round_trip: 80ms\n");
+    assert_eq!(
+        (
+            region.heartbeat_interval,
+            region.election_timeout_min,
+            region.election_timeout_max
+        ),
+        (
+            Duration::from_millis(210),
+            Duration::from_millis(790),
+            Duration::from_millis(1422)
+        )
+    );
+    let set = timing(
+        "  peer_round_trip: 80ms\n  heartbeat_interval: 300ms\n  election_timeout_min: 2s\n  election_timeout_max: 3s\n",
+    );
+    assert_eq!(set.heartbeat_interval, Duration::from_millis(300));
+}
+
+#[test]
 fn router_tokenizer_directories_are_relative_to_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("router.yaml");
@@ -366,6 +399,18 @@ const BROKEN: &[(&str, FileKind, &str, &str)] = &[
         FileKind::Router,
         "control_plane: [\"http://a:7480\"]\nscale_from_zero:\n  keep_alive: 10ms\n",
         "router.yaml:3:15: scale_from_zero.keep_alive: at least 100ms, or 0s",
+    ),
+    (
+        "a heartbeat the peer round trip cannot carry",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\nraft:\n  peer_round_trip: 100ms\n  heartbeat_interval: 80ms\n",
+        "server.yaml:6:23: raft.heartbeat_interval: 80ms cannot carry a heartbeat over a 100ms peer round trip",
+    ),
+    (
+        "a round trip the peer transport cannot carry",
+        FileKind::Server,
+        "id: 1\npeers:\n  - {id: 1, grpc: \"a:7443\", admin: \"http://a:7480\"}\nraft:\n  peer_round_trip: 300ms\n",
+        "server.yaml:5:20: raft.peer_round_trip: at most 250ms",
     ),
     (
         "a tokenizer never checked against the engines",

@@ -70,25 +70,6 @@ async fn a_full_data_directory_refuses_writes_serves_reads_and_recovers_by_itsel
     drop(tmpfs);
 }
 
-/// Leader changes seen over `window`, asking every running peer twice a
-/// second who leads.
-async fn leaders_seen(cluster: &Cluster, window: std::time::Duration) -> Vec<u64> {
-    let mut seen: Vec<u64> = Vec::new();
-    let until = std::time::Instant::now() + window;
-    while std::time::Instant::now() < until {
-        for id in cluster.running() {
-            if let Ok(view) = cluster.cluster_view(id).await
-                && let Some(leader) = view.leader_id
-                && seen.last() != Some(&leader)
-            {
-                seen.push(leader);
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_peer_low_on_disk_the_leader_stays_refuses_writes_and_still_judges_liveness() {
     let liveness = "liveness:\n  node_ttl: 2s\n  lost_after: 5s\n  leader_grace: 6s\n";
@@ -119,7 +100,9 @@ async fn with_every_peer_low_on_disk_the_leader_stays_refuses_writes_and_still_j
     assert_eq!(status, 507, "{body}");
     // No peer has room: handing leadership over would help nothing and
     // restart every agent stream each time.
-    let leaders = leaders_seen(&cluster, std::time::Duration::from_secs(8)).await;
+    let leaders = cluster
+        .leaders_over(std::time::Duration::from_secs(8))
+        .await;
     assert_eq!(
         leaders,
         [leader],

@@ -6,13 +6,14 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use llmgw_api::{ClusterView, Model, ModelExplanation, NodeView, ReplicaView, paths};
 use llmgw_dev::{PeerLayout, plan_peers, server_yaml, server_yaml_tls};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::delay_proxy::DelayProxy;
 use crate::tmpfs::Tmpfs;
 use crate::wait::{DEADLINE, POLL, poll_until_ok};
 use crate::{admin_client, llmgw_bin};
@@ -72,10 +73,49 @@ impl Cluster {
     /// Starts three peers after `prepare` ran on the empty test directory
     /// (for files that server.yaml refers to).
     pub fn start_with(tls: bool, extra_yaml: &str, prepare: impl FnOnce(&Path)) -> Cluster {
+        Self::start_advertising(tls, extra_yaml, prepare, |layouts| layouts.to_vec())
+    }
+
+    /// Starts three plaintext peers that reach one another only through
+    /// a [`DelayProxy`] in front of each peer's gRPC port, adding
+    /// `one_way` to every byte in each direction; agents and the admin API
+    /// reach the peers directly. The proxies live as long as the returned
+    /// vector.
+    pub fn start_behind_delay(extra_yaml: &str, one_way: Duration) -> (Cluster, Vec<DelayProxy>) {
+        let mut proxies = Vec::new();
+        let cluster = Self::start_advertising(
+            false,
+            extra_yaml,
+            |_| {},
+            |layouts| {
+                layouts
+                    .iter()
+                    .map(|layout| {
+                        let proxy = DelayProxy::start(layout.grpc, one_way).expect("a delay proxy");
+                        let mut advertised = layout.clone();
+                        advertised.grpc = proxy.addr;
+                        proxies.push(proxy);
+                        advertised
+                    })
+                    .collect()
+            },
+        );
+        (cluster, proxies)
+    }
+
+    /// Starts three peers, each listening on its planned ports and
+    /// knowing the others (and itself) by `advertise(planned)`.
+    fn start_advertising(
+        tls: bool,
+        extra_yaml: &str,
+        prepare: impl FnOnce(&Path),
+        advertise: impl FnOnce(&[PeerLayout]) -> Vec<PeerLayout>,
+    ) -> Cluster {
         let serial = one_cluster_at_a_time();
         let dir = tempfile::tempdir().expect("a temp dir");
         prepare(dir.path());
         let layouts = plan_peers(dir.path(), 3, tls).expect("free ports");
+        let advertised = advertise(&layouts);
         for layout in &layouts {
             let yaml = if tls {
                 let mut files =
@@ -84,9 +124,9 @@ impl Cluster {
                 // test revokes something (`llmgw_tls::certs::revoke`).
                 let ca_dir = llmgw_dev::certs::tls_dir(dir.path());
                 files.crl = Some(llmgw_tls::certs::publish_crl(&ca_dir).expect("a CRL"));
-                server_yaml_tls(layout, &layouts, &files, extra_yaml)
+                server_yaml_tls(layout, &advertised, &files, extra_yaml)
             } else {
-                server_yaml(layout, &layouts, extra_yaml)
+                server_yaml(layout, &advertised, extra_yaml)
             };
             std::fs::write(&layout.config, yaml).expect("write server.yaml");
         }
@@ -404,6 +444,25 @@ impl Cluster {
 
     /// Waits until every running peer names the same running leader;
     /// returns it.
+    /// The leaders named over `window`, in order, asking every running peer
+    /// twice a second; one entry when leadership never moved.
+    pub async fn leaders_over(&self, window: Duration) -> Vec<u64> {
+        let mut seen: Vec<u64> = Vec::new();
+        let until = Instant::now() + window;
+        while Instant::now() < until {
+            for id in self.running() {
+                if let Ok(view) = self.cluster_view(id).await
+                    && let Some(leader) = view.leader_id
+                    && seen.last() != Some(&leader)
+                {
+                    seen.push(leader);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        seen
+    }
+
     pub async fn wait_leader(&self) -> u64 {
         self.eventually("an agreed leader", || async {
             let running = self.running();
