@@ -35,6 +35,11 @@ const MAX_FABRICS: usize = 64;
 const MAX_ENGINES: usize = 16;
 const MAX_LABELS: usize = 64;
 const MAX_WARNINGS: usize = 64;
+/// The most bytes one registration may take: a full inventory of sixteen
+/// GPUs with their links, HCAs, labels and running engines is tens of kilobytes. It bounds
+/// the strings (labels, names, warnings) no count does, so that a group of
+/// registrations stays a modest log entry.
+const MAX_REGISTER_BYTES: usize = 256 << 10;
 
 fn check_counts(register: &pb::Register, inventory: &pb::Inventory) -> Result<(), String> {
     for (what, count, most) in [
@@ -73,6 +78,14 @@ pub fn node_facts(register: &pb::Register) -> Result<NodeFacts, String> {
     }
     let inventory = register.inventory.clone().unwrap_or_default();
     check_counts(register, &inventory)?;
+    let bytes = prost::Message::encoded_len(register);
+    if bytes > MAX_REGISTER_BYTES {
+        return Err(format!(
+            "node {}: Register is {bytes} bytes; a registration may be at most 256 KiB \
+             (its labels, names and warnings included)",
+            register.node_id
+        ));
+    }
     let mut nvlink_peers: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     for link in inventory
         .links
@@ -383,6 +396,16 @@ mod tests {
         let mut links = register();
         links.inventory.as_mut().unwrap().links = vec![pb::GpuLink::default(); 500_000];
         assert!(node_facts(&links).unwrap_err().contains("500000 GPU links"));
+        // Within every count, but with labels no machine needs.
+        let mut labelled = register();
+        labelled.labels = (0..64)
+            .map(|l| (format!("l{l}"), "x".repeat(8 << 10)))
+            .collect();
+        let refusal = node_facts(&labelled).unwrap_err();
+        assert!(
+            refusal.contains("a registration may be at most 256 KiB"),
+            "{refusal}"
+        );
     }
 
     #[test]

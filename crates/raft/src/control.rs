@@ -23,6 +23,16 @@ use crate::settings::RaftSettings;
 use crate::status::PeerStatus;
 use llmgw_api::{Membership, PeerRole, PeerView};
 
+/// The most bytes one log entry may take. With
+/// [`crate::settings::MAX_ENTRIES_PER_APPEND`] entries to an append, an
+/// append stays well under the peer transport's 64 MiB message limit.
+pub const MAX_ENTRY_BYTES: usize = 1 << 20;
+
+/// The bytes `command` takes in the log (its stored JSON).
+pub fn entry_bytes(command: &Command) -> usize {
+    serde_json::to_vec(command).map_or(usize::MAX, |bytes| bytes.len())
+}
+
 /// A peer as named in server.yaml.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSpec {
@@ -640,6 +650,17 @@ impl ControlPlane {
                 };
                 if let Err(error) = room {
                     return error.into();
+                }
+                // An entry past the bound could make an append larger than
+                // the peer transport carries: it would never replicate, and
+                // every write after it would wait on it.
+                let bytes = entry_bytes(&command);
+                if bytes > MAX_ENTRY_BYTES {
+                    return ControlError::Invalid(format!(
+                        "{command} would be a log entry of {bytes} bytes, over the bound of \
+                         {MAX_ENTRY_BYTES} bytes; nothing was written"
+                    ))
+                    .into();
                 }
                 // A leader cut off right after appending (its lease still
                 // live) never hears a majority again and would hold the

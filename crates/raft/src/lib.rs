@@ -20,7 +20,9 @@ mod service;
 mod settings;
 mod status;
 
-pub use control::{ControlPlane, PeerSpec, RaftCounters, StartError, now_ms};
+pub use control::{
+    ControlPlane, MAX_ENTRY_BYTES, PeerSpec, RaftCounters, StartError, entry_bytes, now_ms,
+};
 pub use disk::free_bytes;
 pub use error::ControlError;
 pub use llmgw_api::PeerView;

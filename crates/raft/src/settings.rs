@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// Entries openraft puts in one AppendEntries: with entries of at most
+/// [`crate::MAX_ENTRY_BYTES`], an append stays under 48 MiB, below the
+/// peer transport's 64 MiB message limit.
+pub const MAX_ENTRIES_PER_APPEND: u64 = 48;
+
 /// Timings suited to RocksDB with fsync on a shared machine: an fsync can
 /// take tens of milliseconds under load, so heartbeats are a few hundred
 /// milliseconds apart and a follower waits about a second before it stands
@@ -64,6 +69,7 @@ impl RaftSettings {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(self.snapshot_after_entries),
             max_in_snapshot_log_to_keep: self.keep_entries_after_snapshot,
             purge_batch_size: 1,
+            max_payload_entries: MAX_ENTRIES_PER_APPEND,
             // A peer that was paused, cut off or restarted asks first
             // whether it could win; while the leader's lease holds the
             // answer is no, so it never bumps the term of a healthy cluster.

@@ -320,3 +320,95 @@ async fn bad_keys_and_usage_reports_are_refused_by_name_and_change_nothing() {
         .unwrap();
     assert_eq!((status, usage.to_string()), (200, "[]".to_owned()));
 }
+
+/// Registrations each just under the agent message cap (4 MiB), from many
+/// node ids at once, while a follower is paused: catching it up takes
+/// appends past the peer transport's 64 MiB, which never arrive, so it
+/// never catches up (and with one more peer down, nothing commits). Each
+/// is refused by its size; writes keep flowing and every peer converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_maximum_size_registrations_is_refused_and_writes_keep_flowing() {
+    use llmgw_proto::agent::agent_message::Body as Up;
+    use llmgw_proto::agent::agent_service_client::AgentServiceClient;
+    use llmgw_proto::agent::{AgentMessage, Register};
+    use tokio_stream::StreamExt;
+
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let behind = if leader == 1 { 2 } else { 1 };
+    cluster.pause(behind);
+    let endpoint = llmgw_tls::endpoint(&cluster.grpc(leader)).unwrap();
+    // Each node's first answer: registered, or why not.
+    let bursts = (0..24).map(|n| {
+        let endpoint = endpoint.clone();
+        async move {
+            let labels = (0..64)
+                .map(|l| (format!("label-{l}"), "x".repeat(48 << 10)))
+                .collect();
+            let register = AgentMessage {
+                body: Some(Up::Register(Register {
+                    node_id: format!("big-{n}"),
+                    mgmt_addr: "127.0.0.1".into(),
+                    labels,
+                    ..Register::default()
+                })),
+            };
+            let channel = llmgw_tls::connect(&endpoint, None).await.unwrap();
+            let mut answers = AgentServiceClient::new(channel)
+                .max_encoding_message_size(8 << 20)
+                .connect(tokio_stream::iter([register]).chain(tokio_stream::pending()))
+                .await?
+                .into_inner();
+            answers.message().await.map(|first| format!("{first:?}"))
+        }
+    });
+    let answers = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        futures::future::join_all(bursts),
+    )
+    .await;
+    cluster.resume(behind);
+    let write = tokio::time::timeout(
+        std::time::Duration::from_secs(15),
+        cluster.put_model(leader, "after-the-burst"),
+    )
+    .await;
+    assert!(
+        matches!(write, Ok(Ok((200, _)))),
+        "a write after the burst: {write:?}"
+    );
+    for answer in answers.expect("every registration is answered") {
+        let refusal = answer.expect_err("an oversized registration is refused");
+        assert_eq!(refusal.code(), tonic::Code::InvalidArgument, "{refusal:?}");
+        assert!(
+            refusal.message().contains("at most 256 KiB"),
+            "{}",
+            refusal.message()
+        );
+    }
+    cluster.wait_converged().await;
+}
+
+/// A body under the 1 MiB limit whose command is larger in the log (YAML
+/// quotes become escaped JSON) is refused by the log's own bound, naming
+/// it, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_past_the_log_entry_bound_is_refused_and_nothing_is_written() {
+    let cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let quotes = "\"".repeat(700 << 10);
+    let yaml = format!(
+        "name: m\nsource: Qwen/Qwen2.5-0.5B-Instruct\nprofiles:\n  - name: one\n    engine: vllm\n    gpus_per_node: 1\n    env:\n      NOTE: '{quotes}'\n"
+    );
+    let (status, message) = put_model_body(&cluster, leader, yaml).await;
+    let head: String = message.chars().take(300).collect();
+    assert_eq!(status, 400, "{head}");
+    assert!(
+        message.contains("over the bound of 1048576 bytes"),
+        "{head}"
+    );
+    let names = cluster.model_names(leader, true).await.unwrap();
+    assert!(!names.contains(&"m".to_owned()), "{names:?}");
+    let (status, answer) = cluster.put_model(leader, "after").await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+}

@@ -5,9 +5,11 @@
 //! are a few dozen entries and one entry never grows large enough to
 //! delay Raft heartbeats past an election timeout.
 
-use llmgw_raft::ControlPlane;
+use llmgw_raft::{ControlPlane, entry_bytes};
 use llmgw_state::Command;
 use tokio::sync::{mpsc, oneshot};
+
+use crate::propose::{BATCH_BYTES, runs};
 
 /// Registrations per log entry (a full inventory is a few kilobytes).
 const GROUP: usize = 256;
@@ -68,22 +70,32 @@ async fn commit_groups(control: ControlPlane, mut pending: mpsc::Receiver<Pendin
                 .position(|p| p.term != term)
                 .unwrap_or(group.len());
             let part: Vec<Pending> = group.drain(..split).collect();
-            let (commands, answers): (Vec<Command>, Vec<_>) =
-                part.into_iter().map(|p| (p.command, p.done)).unzip();
-            let count = commands.len();
-            let result = control
-                .propose_as_leader(term, commands)
-                .await
-                .map(|_| ())
-                .map_err(|error| error.to_string());
-            if let Err(error) = &result {
-                tracing::warn!(count, %error, "a group of registrations was not committed");
-            } else {
-                tracing::debug!(count, "registrations committed");
-            }
-            for answer in answers {
-                let _ = answer.send(result.clone());
+            // Inventories differ in size: a group is cut by bytes too, so
+            // no entry passes the log's bound.
+            for entry in runs(part, GROUP, BATCH_BYTES, |p| entry_bytes(&p.command)) {
+                commit_group(&control, term, entry).await;
             }
         }
+    }
+}
+
+/// Commits one group as one log entry and answers each of its
+/// registrations.
+async fn commit_group(control: &ControlPlane, term: u64, group: Vec<Pending>) {
+    let (commands, answers): (Vec<Command>, Vec<_>) =
+        group.into_iter().map(|p| (p.command, p.done)).unzip();
+    let count = commands.len();
+    let result = control
+        .propose_as_leader(term, commands)
+        .await
+        .map(|_| ())
+        .map_err(|error| error.to_string());
+    if let Err(error) = &result {
+        tracing::warn!(count, %error, "a group of registrations was not committed");
+    } else {
+        tracing::debug!(count, "registrations committed");
+    }
+    for answer in answers {
+        let _ = answer.send(result.clone());
     }
 }
