@@ -734,16 +734,43 @@ impl ControlPlane {
             return ControlError::Conflict(format!("peer {id} is already a voter")).into();
         }
         let raft = &self.inner.raft;
-        if let Err(error) = raft.add_learner(id, node, true).await {
-            return write_error(error);
+        let learner =
+            self.within_commit_deadline("adding it as a learner", raft.add_learner(id, node, true));
+        match learner.await {
+            Err(timed_out) => return timed_out,
+            Ok(Err(error)) => return write_error(error),
+            Ok(Ok(_)) => {}
         }
-        match raft
-            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false)
+        let voter = raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false);
+        match self
+            .within_commit_deadline("making it a voter", voter)
             .await
         {
-            Ok(_) => ForwardResponse::PeerChanged,
-            Err(error) => write_error(error),
+            Err(timed_out) => timed_out,
+            Ok(Ok(_)) => ForwardResponse::PeerChanged,
+            Ok(Err(error)) => write_error(error),
         }
+    }
+
+    /// `change` (a membership step), answered as an unknown outcome when
+    /// no majority acknowledges it within the commit deadline: a leader
+    /// cut off after appending it would otherwise hold the request, and
+    /// every membership change after it, until it is deposed.
+    async fn within_commit_deadline<T>(
+        &self,
+        step: &str,
+        change: impl std::future::Future<Output = T>,
+    ) -> Result<T, ForwardResponse> {
+        tokio::time::timeout(COMMIT_DEADLINE, change)
+            .await
+            .map_err(|_| {
+                ForwardResponse::Failed(ForwardFailure::Ambiguous(format!(
+                    "peer {} began {step} but no majority acknowledged it within \
+                     {COMMIT_DEADLINE:?}; it may still complete: ask again, and the change goes \
+                     on from where it stands",
+                    self.inner.id
+                )))
+            })
     }
 
     async fn remove_peer_as_leader(&self, id: u64) -> ForwardResponse {
@@ -777,8 +804,14 @@ impl ControlPlane {
                 peer: id,
                 at_ms: now_ms(),
             };
-            if let Err(error) = self.inner.raft.client_write(retire).await {
-                return write_error(error);
+            let retiring = self.inner.raft.client_write(retire);
+            match self
+                .within_commit_deadline("retiring the id", retiring)
+                .await
+            {
+                Err(timed_out) => return timed_out,
+                Ok(Err(error)) => return write_error(error),
+                Ok(Ok(_)) => {}
             }
         }
         let change = if is_voter {
@@ -786,9 +819,11 @@ impl ControlPlane {
         } else {
             ChangeMembers::RemoveNodes(BTreeSet::from([id]))
         };
-        match self.inner.raft.change_membership(change, false).await {
-            Ok(_) => ForwardResponse::PeerChanged,
-            Err(error) => write_error(error),
+        let removing = self.inner.raft.change_membership(change, false);
+        match self.within_commit_deadline("removing it", removing).await {
+            Err(timed_out) => timed_out,
+            Ok(Ok(_)) => ForwardResponse::PeerChanged,
+            Ok(Err(error)) => write_error(error),
         }
     }
 

@@ -64,3 +64,57 @@ async fn a_write_the_leader_cannot_commit_is_answered_as_unknown_in_time() {
     }
     panic!("the leader never took a write before its lease lapsed: {answers:?}");
 }
+
+/// The same for a membership change: removing a peer through a leader cut
+/// off right after it began is answered within the commit deadline, not
+/// held while the cut lasts (and every membership change behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_removal_the_leader_cannot_commit_is_answered_as_unknown_in_time() {
+    let cluster = Cluster::start("");
+    let mut answers = Vec::new();
+    for attempt in 0..5 {
+        let leader = cluster.wait_leader().await;
+        let followers: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
+        for id in &followers {
+            cluster.pause(*id);
+        }
+        let started = Instant::now();
+        let path = format!("/api/v1/cluster/peers/{}", followers[0]);
+        let answer = tokio::time::timeout(
+            ANSWERED_WITHIN,
+            cluster.send(leader, reqwest::Method::DELETE, &path, None),
+        )
+        .await;
+        let took = started.elapsed();
+        for id in &followers {
+            cluster.resume(*id);
+        }
+        let (status, body) = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => panic!("attempt {attempt}: no answer after {took:?}: {error}"),
+            Err(_) => panic!(
+                "attempt {attempt}: removing peer {} through leader {leader} was not answered \
+                 within {ANSWERED_WITHIN:?} while both followers stood still",
+                followers[0]
+            ),
+        };
+        let error = decode::<ErrorBody>(&body).error;
+        println!(
+            "attempt {attempt}: {status} {} after {:.1}s: {}",
+            error.kind,
+            took.as_secs_f64(),
+            error.message
+        );
+        answers.push((status, error.kind.clone()));
+        if error.kind == "outcome_unknown" {
+            assert_eq!(status, 503, "{body}");
+            assert!(
+                error.message.contains("no majority acknowledged it"),
+                "the answer says why: {}",
+                error.message
+            );
+            return;
+        }
+    }
+    panic!("the leader never began the removal before its lease lapsed: {answers:?}");
+}
