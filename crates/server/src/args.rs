@@ -23,8 +23,14 @@ pub struct ServerArgs {
     /// Seed this peer's empty data directory from a backup file (`llmgw
     /// ctl snapshot save`) and exit. Run it on every peer of the new
     /// cluster, then start them as usual.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "save_backup")]
     pub restore: Option<PathBuf>,
+    /// Write a backup of this stopped peer's data directory to FILE and
+    /// exit: the state as of the last entry it knew committed. Needs no
+    /// running cluster (for a cluster that lost its majority); `llmgw ctl
+    /// snapshot save` is the way for a running one.
+    #[arg(long, value_name = "FILE")]
+    pub save_backup: Option<PathBuf>,
 }
 
 /// Loads the configuration and runs the peer until SIGINT or SIGTERM.
@@ -36,6 +42,10 @@ pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
     }
     if let Some(file) = &args.restore {
         print!("{}", crate::restore::restore(&config, file)?);
+        return Ok(());
+    }
+    if let Some(file) = &args.save_backup {
+        print!("{}", crate::restore::save_backup(&config, file).await?);
         return Ok(());
     }
     let catalog = match &config.catalog {

@@ -1,8 +1,13 @@
 //! `llmgw server --config server.yaml --restore FILE`: seeds this peer's
 //! empty data directory from a backup taken with `llmgw ctl snapshot
-//! save`, then exits. Run it on every peer of the new cluster (each with
-//! its own server.yaml, all listing the same peers), then start them as
-//! usual: they hold the same state and elect a leader among themselves.
+//! save` (or `--save-backup`), then exits. Run it on every peer of the new
+//! cluster (each with its own server.yaml, all listing the same peers),
+//! then start them as usual: they hold the same state and elect a leader
+//! among themselves.
+//!
+//! `llmgw server --config server.yaml --save-backup FILE`: writes a backup
+//! from this stopped peer's data directory, for a cluster that lost its
+//! majority and cannot answer `ctl snapshot save`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -59,4 +64,56 @@ pub fn restore(config: &ServerConfig, file: &Path) -> Result<String, ServerError
         backup.state_hash,
         peers.keys().collect::<Vec<_>>()
     ))
+}
+
+/// Writes a backup of this stopped peer's store to `file` (never over an
+/// existing file); what was saved, for the operator.
+pub async fn save_backup(config: &ServerConfig, file: &Path) -> Result<String, ServerError> {
+    let config_error = |message: String| ServerError::Config(message);
+    if file.exists() {
+        return Err(config_error(format!(
+            "{} exists; a backup is never written over a file",
+            file.display()
+        )));
+    }
+    let dir = config.data_dir.join("raft");
+    let dump = llmgw_store::dump(&dir, config.id).await.map_err(|e| {
+        let text = e.to_string();
+        if text.contains("lock") {
+            config_error(format!(
+                "{text}\n(is peer {} still running? stop it first)",
+                config.id
+            ))
+        } else {
+            config_error(text)
+        }
+    })?;
+    let bytes = serde_json::to_vec(&dump.backup)
+        .map_err(|e| config_error(format!("encoding the backup: {e}")))?;
+    write_synced(file, &bytes)
+        .map_err(|e| config_error(format!("cannot write {}: {e}", file.display())))?;
+    let backup = &dump.backup;
+    Ok(format!(
+        "saved a backup of peer {} from {} to {}: index {}, term {}, state hash {}\n\
+         {} committed entries replayed past its snapshot; {} entries after the last one it \
+         knew committed left out\n",
+        config.id,
+        dir.display(),
+        file.display(),
+        backup.index(),
+        backup.term(),
+        backup.state_hash,
+        dump.replayed,
+        dump.left_out,
+    ))
+}
+
+fn write_synced(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(file)?;
+    out.write_all(bytes)?;
+    out.sync_all()
 }

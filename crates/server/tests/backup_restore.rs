@@ -258,3 +258,82 @@ async fn ready(cluster: &Cluster) -> Result<ReplicaView, String> {
         other => Err(format!("{other:?}")),
     }
 }
+
+/// `llmgw server --save-backup FILE` on a stopped peer's data directory.
+fn server_save_backup(cluster: &Cluster, id: u64, file: &Path) -> std::process::Output {
+    Command::new(llmgw_bin())
+        .args(["server", "--config"])
+        .arg(&cluster.peers[(id - 1) as usize].layout.config)
+        .arg("--save-backup")
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
+/// The recovery for a cluster that lost two of its three peers: the
+/// survivor cannot answer `ctl snapshot save` (no quorum), so a backup is
+/// written from its stopped data directory, and every peer is restored
+/// from that. Nothing acknowledged before the loss is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_lost_its_majority_is_restored_from_the_survivors_data_directory() {
+    let mut cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let mut acknowledged = Vec::new();
+    for i in 0..30 {
+        let name = format!("m{i:02}");
+        let (status, body) = cluster.put_model(leader, &name).await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        acknowledged.push(name);
+    }
+    let survivor = (1..=3).find(|id| *id != leader).unwrap();
+    for id in (1..=3).filter(|id| *id != survivor) {
+        cluster.kill(id);
+    }
+    let file = cluster.dir.path().join("survivor.json");
+    let online = Command::new(llmgw_bin())
+        .args(["ctl", "--api", &cluster.admin(survivor), "snapshot", "save"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        !online.status.success(),
+        "a lone peer has no quorum to save from"
+    );
+    let running = server_save_backup(&cluster, survivor, &file);
+    assert!(!running.status.success());
+    assert!(
+        String::from_utf8_lossy(&running.stderr).contains("still running"),
+        "{}",
+        String::from_utf8_lossy(&running.stderr)
+    );
+
+    cluster.kill(survivor);
+    let saved = server_save_backup(&cluster, survivor, &file);
+    let saved_text = String::from_utf8_lossy(&saved.stdout).into_owned();
+    assert!(
+        saved.status.success(),
+        "{saved_text}{}",
+        String::from_utf8_lossy(&saved.stderr)
+    );
+    let hash = saved_state_hash(&saved_text);
+    the_backup_holds(&file, &acknowledged);
+
+    for id in 1..=3 {
+        std::fs::remove_dir_all(&cluster.peers[(id - 1) as usize].layout.data_dir).unwrap();
+        restore_peer(&cluster, id, &file, &hash);
+    }
+    for id in 1..=3 {
+        cluster.spawn(id);
+    }
+    cluster.wait_leader().await;
+    assert_eq!(cluster.wait_converged().await, hash);
+    let names: BTreeSet<String> = cluster
+        .model_names(1, true)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for name in &acknowledged {
+        assert!(names.contains(name), "{name} lost");
+    }
+}

@@ -1,5 +1,7 @@
-//! Backups (`llmgw ctl snapshot save`) and seeding a new peer's store from
-//! one (`llmgw server restore`), as etcd operators know them.
+//! Backups (`llmgw ctl snapshot save` from a running cluster, `llmgw
+//! server --save-backup` from a stopped peer's data directory) and seeding
+//! a new peer's store from one (`llmgw server --restore`), as etcd
+//! operators know them.
 //!
 //! A backup is the applied fleet state at one log index, with the index,
 //! the term of that entry and the state hash, in one JSON file. Restoring
@@ -139,4 +141,83 @@ pub fn restore(
         )));
     }
     Ok(())
+}
+
+/// A backup made offline from a stopped peer's store ([`dump`]), and what
+/// its log held beyond it.
+#[derive(Debug)]
+pub struct Dump {
+    pub backup: Backup,
+    /// Committed entries replayed on top of the stored snapshot.
+    pub replayed: u64,
+    /// Entries in the log after the last one known committed: left out,
+    /// since nothing on this peer says they committed.
+    pub left_out: u64,
+}
+
+/// The state a stopped peer's store in `dir` holds: its snapshot, then
+/// every entry up to the last one it knew committed. For a cluster that
+/// lost its majority: no quorum is needed, only this peer's disk. The
+/// store must not be in use (RocksDB's lock refuses a running peer's).
+pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
+    use openraft::RaftLogReader;
+    use openraft::storage::RaftLogStorage;
+
+    let refuse = |detail: String| StoreError::Dump {
+        path: dir.to_owned(),
+        detail,
+    };
+    if !dir.join("CURRENT").exists() {
+        return Err(refuse("no Raft store here: nothing to save".to_owned()));
+    }
+    let mut store = crate::open(dir)?;
+    let committed = store
+        .log
+        .read_committed()
+        .await
+        .map_err(|e| refuse(format!("reading the committed index: {e}")))?;
+    let log_state = store
+        .log
+        .get_log_state()
+        .await
+        .map_err(|e| refuse(format!("reading the log: {e}")))?;
+    let mut state = store
+        .state_machine
+        .applied()
+        .read()
+        .expect("state lock poisoned")
+        .clone();
+    let from = state.last_applied.map_or(0, |id| id.index + 1);
+    let until = committed.map_or(0, |id| id.index);
+    let entries = if until >= from {
+        store
+            .log
+            .try_get_log_entries(from..=until)
+            .await
+            .map_err(|e| refuse(format!("reading log entries {from}..={until}: {e}")))?
+    } else {
+        Vec::new()
+    };
+    for entry in &entries {
+        state.apply(entry);
+    }
+    let last_log_id = state.last_applied.ok_or_else(|| {
+        refuse("the store holds no applied or committed entry: nothing to save".to_owned())
+    })?;
+    let last_index = log_state.last_log_id.map_or(0, |id| id.index);
+    Ok(Dump {
+        backup: Backup {
+            format: BACKUP_FORMAT.to_owned(),
+            last_log_id,
+            state_hash: state.fleet.hash().to_string(),
+            saved_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            saved_on_peer: peer,
+            membership: state.membership,
+            fleet: state.fleet,
+        },
+        replayed: entries.len() as u64,
+        left_out: last_index.saturating_sub(last_log_id.index),
+    })
 }

@@ -17,6 +17,8 @@ pub enum StoreError {
     Corrupt { path: PathBuf, detail: String },
     #[error("cannot restore into {path}: {detail}")]
     Restore { path: PathBuf, detail: String },
+    #[error("cannot save a backup from {path}: {detail}")]
+    Dump { path: PathBuf, detail: String },
     #[error("cannot open the Raft data in {path}: {source}")]
     Open {
         path: PathBuf,

@@ -23,7 +23,7 @@ mod snapshot;
 mod state_machine;
 mod types;
 
-pub use backup::{BACKUP_FORMAT, Backup, restore};
+pub use backup::{BACKUP_FORMAT, Backup, Dump, dump, restore};
 pub use db::{Store, open};
 pub use error::StoreError;
 pub use log_store::{LogStore, SyncStats};

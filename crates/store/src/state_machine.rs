@@ -17,7 +17,7 @@ use rocksdb::DB;
 
 use crate::log_store::to_json;
 use crate::snapshot::{self, SnapshotLock, SnapshotMeta, Stored};
-use crate::types::{LogId, SnapshotData, StoredMembership, TypeConfig};
+use crate::types::{Entry, LogId, SnapshotData, StoredMembership, TypeConfig};
 
 type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
 
@@ -27,6 +27,29 @@ pub struct AppliedState {
     pub last_applied: Option<LogId>,
     pub membership: StoredMembership,
     pub fleet: FleetState,
+}
+
+impl AppliedState {
+    /// Applies one committed log entry: what the state machine does, and
+    /// what an offline backup replays.
+    pub(crate) fn apply(&mut self, entry: &Entry) -> Outcome {
+        self.last_applied = Some(entry.log_id);
+        match &entry.payload {
+            EntryPayload::Blank => Outcome::Applied,
+            EntryPayload::Normal(command) => {
+                let by = entry.log_id.committed_leader_id();
+                let appended_by = Leadership {
+                    term: by.term,
+                    leader: by.node_id,
+                };
+                self.fleet.apply_entry(appended_by, command)
+            }
+            EntryPayload::Membership(membership) => {
+                self.membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+                Outcome::Applied
+            }
+        }
+    }
 }
 
 /// Counters for the apply path, exported as metrics.
@@ -196,23 +219,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         while let Some((entry, responder)) = entries.try_next().await? {
             let outcome = {
                 let mut applied = self.applied.write().expect("state lock poisoned");
-                applied.last_applied = Some(entry.log_id);
-                match &entry.payload {
-                    EntryPayload::Blank => Outcome::Applied,
-                    EntryPayload::Normal(command) => {
-                        let by = entry.log_id.committed_leader_id();
-                        let appended_by = Leadership {
-                            term: by.term,
-                            leader: by.node_id,
-                        };
-                        applied.fleet.apply_entry(appended_by, command)
-                    }
-                    EntryPayload::Membership(membership) => {
-                        applied.membership =
-                            StoredMembership::new(Some(entry.log_id), membership.clone());
-                        Outcome::Applied
-                    }
-                }
+                applied.apply(&entry)
             };
             count += 1;
             if let Some(responder) = responder {
