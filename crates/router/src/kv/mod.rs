@@ -260,49 +260,52 @@ impl KvState {
     }
 }
 
+/// One labelled metric family of two series.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    label: &'static str,
+    values: [(&'static str, u64); 2],
+}
+
 fn render_tokenizing(out: &mut String, s: &KvStats, tokenizers: &LocalTokenizers) {
-    let name = "llmgw_router_kv_tokenized_total";
-    header(
-        out,
-        name,
-        "counter",
-        "Requests whose prompt tokens the router made itself with the model's tokenizer (router), or had from an engine's /tokenize (engine).",
-    );
-    for (by, counter) in [
-        ("router", &s.tokenized_by_router),
-        ("engine", &s.tokenized_by_engine),
-    ] {
-        let _ = writeln!(
-            out,
-            "{name}{{by=\"{by}\"}} {}",
-            counter.load(Ordering::Relaxed)
-        );
-    }
-    let name = "llmgw_router_kv_tokenizer_checks_total";
-    header(
-        out,
-        name,
-        "counter",
-        "The router's own tokens compared with an engine's /tokenize, by result; a disagreement stops the router tokenizing that model.",
-    );
-    for (result, counter) in [
-        ("agreed", &s.checks_agreed),
-        ("disagreed", &s.checks_disagreed),
-    ] {
-        let _ = writeln!(
-            out,
-            "{name}{{result=\"{result}\"}} {}",
-            counter.load(Ordering::Relaxed)
-        );
-    }
-    let name = "llmgw_router_kv_local_tokenizers";
-    header(
-        out,
-        name,
-        "gauge",
-        "Models the router has a tokenizer for (balancing.tokenizers), by state: in use, or stopped after disagreeing with the engines.",
-    );
+    let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
     let (in_use, stopped) = tokenizers.counts();
-    let _ = writeln!(out, "{name}{{state=\"in_use\"}} {in_use}");
-    let _ = writeln!(out, "{name}{{state=\"disagreed\"}} {stopped}");
+    let families = [
+        Family {
+            name: "llmgw_router_kv_tokenized_total",
+            kind: "counter",
+            help: "Requests whose prompt tokens the router made itself with the model's tokenizer (router), or had from an engine's /tokenize (engine).",
+            label: "by",
+            values: [
+                ("router", load(&s.tokenized_by_router)),
+                ("engine", load(&s.tokenized_by_engine)),
+            ],
+        },
+        Family {
+            name: "llmgw_router_kv_tokenizer_checks_total",
+            kind: "counter",
+            help: "The router's own tokens compared with an engine's /tokenize, by result; a disagreement stops the router tokenizing that model.",
+            label: "result",
+            values: [
+                ("agreed", load(&s.checks_agreed)),
+                ("disagreed", load(&s.checks_disagreed)),
+            ],
+        },
+        Family {
+            name: "llmgw_router_kv_local_tokenizers",
+            kind: "gauge",
+            help: "Models the router has a tokenizer for (balancing.tokenizers), by state: in use, or stopped after disagreeing with the engines.",
+            label: "state",
+            values: [("in_use", in_use), ("disagreed", stopped)],
+        },
+    ];
+    for family in families {
+        let Family { name, label, .. } = family;
+        header(out, name, family.kind, family.help);
+        for (value, count) in family.values {
+            let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {count}");
+        }
+    }
 }
