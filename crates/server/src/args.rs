@@ -26,9 +26,9 @@ pub struct ServerArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "save_backup")]
     pub restore: Option<PathBuf>,
     /// Write a backup of this stopped peer's data directory to FILE and
-    /// exit: the state as of the last entry it knew committed. Needs no
-    /// running cluster (for a cluster that lost its majority); `llmgw ctl
-    /// snapshot save` is the way for a running one.
+    /// exit: its snapshot and its whole log. Needs no running cluster (for
+    /// a cluster that lost its majority); `llmgw ctl snapshot save` is the
+    /// way for a running one.
     #[arg(long, value_name = "FILE")]
     pub save_backup: Option<PathBuf>,
 }

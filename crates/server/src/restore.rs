@@ -6,8 +6,9 @@
 //! among themselves.
 //!
 //! `llmgw server --config server.yaml --save-backup FILE`: writes a backup
-//! from this stopped peer's data directory, for a cluster that lost its
-//! majority and cannot answer `ctl snapshot save`.
+//! from this stopped peer's data directory (its snapshot and its whole
+//! log), for a cluster that lost its majority and cannot answer `ctl
+//! snapshot save`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -95,8 +96,8 @@ pub async fn save_backup(config: &ServerConfig, file: &Path) -> Result<String, S
     let backup = &dump.backup;
     Ok(format!(
         "saved a backup of peer {} from {} to {}: index {}, term {}, state hash {}\n\
-         {} committed entries replayed past its snapshot; {} entries after the last one it \
-         knew committed left out\n",
+         {} log entries replayed past its snapshot, {} of them after the last one this peer \
+         knew committed (kept: the survivor's log is the best record left)\n",
         config.id,
         dir.display(),
         file.display(),
@@ -104,7 +105,7 @@ pub async fn save_backup(config: &ServerConfig, file: &Path) -> Result<String, S
         backup.term(),
         backup.state_hash,
         dump.replayed,
-        dump.left_out,
+        dump.beyond_committed,
     ))
 }
 

@@ -193,10 +193,15 @@ fn the_backup_holds(file: &Path, acked_before_save: &[String]) {
 }
 
 fn server_restore(cluster: &Cluster, id: u64, file: &Path) -> std::process::Output {
+    server_with_file(cluster, id, "--restore", file)
+}
+
+/// `llmgw server --config <peer id's server.yaml> FLAG FILE`.
+fn server_with_file(cluster: &Cluster, id: u64, flag: &str, file: &Path) -> std::process::Output {
     Command::new(llmgw_bin())
         .args(["server", "--config"])
         .arg(&cluster.peers[(id - 1) as usize].layout.config)
-        .arg("--restore")
+        .arg(flag)
         .arg(file)
         .output()
         .unwrap()
@@ -261,13 +266,7 @@ async fn ready(cluster: &Cluster) -> Result<ReplicaView, String> {
 
 /// `llmgw server --save-backup FILE` on a stopped peer's data directory.
 fn server_save_backup(cluster: &Cluster, id: u64, file: &Path) -> std::process::Output {
-    Command::new(llmgw_bin())
-        .args(["server", "--config"])
-        .arg(&cluster.peers[(id - 1) as usize].layout.config)
-        .arg("--save-backup")
-        .arg(file)
-        .output()
-        .unwrap()
+    server_with_file(cluster, id, "--save-backup", file)
 }
 
 /// The recovery for a cluster that lost two of its three peers: the
@@ -285,6 +284,9 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_the_survivors_data_di
         assert_eq!(status, 200, "{body}");
         acknowledged.push(name);
     }
+    // The survivor is the follower that holds every acknowledged write:
+    // one that never received a write cannot give it back.
+    cluster.wait_converged().await;
     let survivor = (1..=3).find(|id| *id != leader).unwrap();
     for id in (1..=3).filter(|id| *id != survivor) {
         cluster.kill(id);

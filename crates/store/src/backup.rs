@@ -143,22 +143,24 @@ pub fn restore(
     Ok(())
 }
 
-/// A backup made offline from a stopped peer's store ([`dump`]), and what
-/// its log held beyond it.
+/// A backup made offline from a stopped peer's store ([`dump`]).
 #[derive(Debug)]
 pub struct Dump {
     pub backup: Backup,
-    /// Committed entries replayed on top of the stored snapshot.
+    /// Log entries replayed on top of the stored snapshot.
     pub replayed: u64,
-    /// Entries in the log after the last one known committed: left out,
-    /// since nothing on this peer says they committed.
-    pub left_out: u64,
+    /// Of those, entries after the last one this peer knew committed.
+    pub beyond_committed: u64,
 }
 
 /// The state a stopped peer's store in `dir` holds: its snapshot, then
-/// every entry up to the last one it knew committed. For a cluster that
-/// lost its majority: no quorum is needed, only this peer's disk. The
-/// store must not be in use (RocksDB's lock refuses a running peer's).
+/// every entry of its log, as etcd's `--force-new-cluster` takes a lone
+/// member's log for the truth. For a cluster that lost its majority: no
+/// quorum is needed, only this peer's disk. A write acknowledged to a
+/// client reached a majority, so a survivor that was in it holds it, even
+/// when it had not yet heard that it committed; an entry that never
+/// committed (answered `outcome_unknown`) may be kept too. The store must
+/// not be in use (RocksDB's lock refuses a running peer's).
 pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
     use openraft::RaftLogReader;
     use openraft::storage::RaftLogStorage;
@@ -175,7 +177,8 @@ pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
         .log
         .read_committed()
         .await
-        .map_err(|e| refuse(format!("reading the committed index: {e}")))?;
+        .map_err(|e| refuse(format!("reading the committed index: {e}")))?
+        .map_or(0, |id| id.index);
     let log_state = store
         .log
         .get_log_state()
@@ -188,7 +191,7 @@ pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
         .expect("state lock poisoned")
         .clone();
     let from = state.last_applied.map_or(0, |id| id.index + 1);
-    let until = committed.map_or(0, |id| id.index);
+    let until = log_state.last_log_id.map_or(0, |id| id.index);
     let entries = if until >= from {
         store
             .log
@@ -201,10 +204,9 @@ pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
     for entry in &entries {
         state.apply(entry);
     }
-    let last_log_id = state.last_applied.ok_or_else(|| {
-        refuse("the store holds no applied or committed entry: nothing to save".to_owned())
-    })?;
-    let last_index = log_state.last_log_id.map_or(0, |id| id.index);
+    let last_log_id = state
+        .last_applied
+        .ok_or_else(|| refuse("the store holds no log entry: nothing to save".to_owned()))?;
     Ok(Dump {
         backup: Backup {
             format: BACKUP_FORMAT.to_owned(),
@@ -218,6 +220,8 @@ pub async fn dump(dir: &Path, peer: u64) -> Result<Dump, StoreError> {
             fleet: state.fleet,
         },
         replayed: entries.len() as u64,
-        left_out: last_index.saturating_sub(last_log_id.index),
+        beyond_committed: last_log_id
+            .index
+            .saturating_sub(committed.max(from.saturating_sub(1))),
     })
 }
