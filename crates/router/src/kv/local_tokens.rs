@@ -118,13 +118,16 @@ impl LocalTokenizers {
     /// make them (content it leaves to the engine, a template error).
     /// Encoding takes about a microsecond a token, so a long prompt is
     /// tokenized off the thread that serves connections.
+    /// `request` is `body` already read; the blocking pool needs the
+    /// bytes themselves.
     pub async fn tokenize(
         &self,
         tokenizer: &Arc<LocalTokenizer>,
+        request: &PromptFields<'_>,
         body: &[u8],
     ) -> Option<LocalTokens> {
         let ids = if body.len() <= INLINE_BODY_BYTES {
-            tokenizer.token_ids(body)
+            request.token_ids(&tokenizer.tokenizer).ok()
         } else {
             let (tokenizer, body) = (Arc::clone(tokenizer), body.to_vec());
             tokio::task::spawn_blocking(move || tokenizer.token_ids(&body))

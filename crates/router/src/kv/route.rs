@@ -36,7 +36,7 @@ pub async fn request_tokens(
     let tokenizers = &shared.settings.tokenizers;
     let local = match tokenizers.get(&model.name) {
         Some(tokenizer) => tokenizers
-            .tokenize(&tokenizer, body)
+            .tokenize(&tokenizer, &request, body)
             .await
             .map(|tokens| (tokenizer, tokens)),
         None => None,
