@@ -9,7 +9,7 @@ use crate::error::StoreError;
 use crate::log_store::{self, LogStore};
 use crate::state_machine::{self, StateMachineStore};
 use crate::types::Entry;
-use crate::{create, damage, generation};
+use crate::{acknowledged, create, damage, generation};
 
 pub(crate) const CF_META: &str = "meta";
 pub(crate) const CF_LOGS: &str = "logs";
@@ -51,7 +51,14 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
     verify_created(&db, true).map_err(corrupt)?;
     generation::advance(&db, dir).map_err(corrupt)?;
     verify(&db).map_err(corrupt)?;
-    let log = LogStore::new(db.clone());
+    let now = log_store::acknowledged_now(&db).map_err(|e| corrupt(e.to_string()))?;
+    let record = acknowledged::Record::open(dir, now).map_err(|e| {
+        corrupt(format!(
+            "cannot write {}: {e}",
+            dir.join(acknowledged::FILE).display()
+        ))
+    })?;
+    let log = LogStore::new(db.clone(), record);
     let state_machine = StateMachineStore::load(db).map_err(corrupt)?;
     let store = Store { log, state_machine };
     verify_log_covers_snapshot(&store).map_err(corrupt)?;
@@ -59,37 +66,81 @@ pub fn open(dir: &Path) -> Result<Store, StoreError> {
 }
 
 fn open_db(dir: &Path) -> Result<DB, StoreError> {
-    let mut options = Options::default();
-    options.create_if_missing(true);
-    options.create_missing_column_families(true);
-    options.set_paranoid_checks(true);
     // A power cut drops what was not synced and may tear the record being
     // written. Nothing in that record was acknowledged (openraft hears of a
     // write only after its synced write returns), so a torn tail is dropped
     // and the peer starts. Damage before the tail (a checksum mismatch
     // followed by more records) is still refused: that data was synced.
-    options.set_wal_recovery_mode(DBRecoveryMode::TolerateCorruptedTailRecords);
+    let options = db_options(DBRecoveryMode::TolerateCorruptedTailRecords);
+    match DB::open_cf_descriptors(&options, dir, families()) {
+        Ok(db) => Ok(db),
+        Err(source) if is_damage(&source) => {
+            let detail = damage::describe(dir, source.as_ref());
+            recover_torn_tail(dir, &detail).map_err(|detail| StoreError::Corrupt {
+                path: dir.to_owned(),
+                detail,
+            })
+        }
+        Err(source) => Err(StoreError::Open {
+            path: dir.to_owned(),
+            source,
+        }),
+    }
+}
+
+fn db_options(recovery: DBRecoveryMode) -> Options {
+    let mut options = Options::default();
+    options.create_if_missing(true);
+    options.create_missing_column_families(true);
+    options.set_paranoid_checks(true);
+    options.set_wal_recovery_mode(recovery);
     // The MANIFEST then records the WALs that were synced and closed, with
     // their sizes: one of those deleted, or cut below what was synced, is
     // refused as damage. The live WAL is not tracked there; the generation
     // file (`generation.rs`) notices when it is lost.
     options.set_track_and_verify_wals_in_manifest(true);
-    let families = [CF_META, CF_LOGS, CF_SNAPSHOT]
+    options
+}
+
+fn families() -> impl Iterator<Item = ColumnFamilyDescriptor> {
+    [CF_META, CF_LOGS, CF_SNAPSHOT]
         .into_iter()
-        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()));
-    DB::open_cf_descriptors(&options, dir, families).map_err(|source| {
-        if is_damage(&source) {
-            StoreError::Corrupt {
-                path: dir.to_owned(),
-                detail: damage::describe(dir, source.as_ref()),
-            }
-        } else {
-            StoreError::Open {
-                path: dir.to_owned(),
-                source,
-            }
-        }
-    })
+        .map(|name| ColumnFamilyDescriptor::new(name, Options::default()))
+}
+
+/// A WAL whose last record is at full length but damaged (zeroed or stale
+/// blocks after a power cut) is refused by RocksDB's tail tolerance. Read
+/// read-only up to the first damaged record, the store is compared with
+/// what it acknowledged (`acknowledged.rs`): holding all of it, the damage
+/// was the unsynced tail, and the store opens without it. Otherwise, or
+/// with no record to compare, it stays refused with `detail`.
+fn recover_torn_tail(dir: &Path, detail: &str) -> Result<DB, String> {
+    let Some(acknowledged) = acknowledged::read(dir) else {
+        return Err(detail.to_owned());
+    };
+    let point_in_time = db_options(DBRecoveryMode::PointInTime);
+    let missing = {
+        let db = DB::open_cf_descriptors_read_only(&point_in_time, dir, families(), false)
+            .map_err(|e| {
+                format!("{detail}; read up to the damage, it does not open either: {e}")
+            })?;
+        let recovered = log_store::recovered(&db, &acknowledged)
+            .map_err(|e| format!("{detail}; read up to the damage: {e}"))?;
+        acknowledged.missing_from(&recovered)
+    };
+    if let Some(missing) = missing {
+        return Err(format!(
+            "{detail}; read up to the damage, the store lacks what it acknowledged: {missing}, \
+             so the damage is in synced data, not a torn tail"
+        ));
+    }
+    tracing::warn!(
+        dir = %dir.display(),
+        "the WAL's last record was damaged at full length (a torn write at a power cut); \
+         everything acknowledged is before it, so it is dropped: {detail}"
+    );
+    DB::open_cf_descriptors(&point_in_time, dir, families())
+        .map_err(|e| format!("{detail}; opening up to the damage failed: {e}"))
 }
 
 /// A new database gets a synced creation marker before anything else; an

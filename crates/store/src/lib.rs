@@ -12,6 +12,7 @@
 //! whose synced data is damaged fails with [`StoreError::Corrupt`] instead
 //! of serving a state the cluster never had.
 
+mod acknowledged;
 mod backup;
 mod create;
 mod damage;

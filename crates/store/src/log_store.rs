@@ -14,6 +14,7 @@ use rocksdb::{DB, Direction, IteratorMode, WriteBatch, WriteOptions};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::acknowledged::{self, Acknowledged};
 use crate::db::{CF_LOGS, CF_META};
 use crate::types::{Entry, LogId, TypeConfig, Vote};
 
@@ -26,6 +27,8 @@ pub(crate) const KEY_LAST_PURGED: &[u8] = b"last_purged";
 pub struct LogStore {
     db: Arc<DB>,
     syncs: Arc<SyncStats>,
+    /// What the synced writes left, recorded before each is acknowledged.
+    acknowledged: Arc<acknowledged::Record>,
 }
 
 /// How long the synced writes of the Raft log and vote take: the fsync a
@@ -94,11 +97,61 @@ pub(crate) fn synced() -> WriteOptions {
     options
 }
 
+/// The vote and last log id `db` holds, as [`Acknowledged`] records them.
+pub(crate) fn acknowledged_now(db: &DB) -> io::Result<Acknowledged> {
+    let meta = read_meta(db)?;
+    let logs = db.cf_handle(CF_LOGS).expect("logs column family exists");
+    let last_entry = match db.iterator_cf(logs, IteratorMode::End).next() {
+        None => None,
+        Some(item) => {
+            let (_, value) = item.map_err(io::Error::other)?;
+            let entry: Entry = serde_json::from_slice(&value)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            Some(entry.log_id)
+        }
+    };
+    Ok(Acknowledged {
+        vote: meta.vote,
+        last_log_id: last_entry.or(meta.last_purged),
+    })
+}
+
+/// What `db` holds of what `acknowledged` names.
+pub(crate) fn recovered(
+    db: &DB,
+    acknowledged: &Acknowledged,
+) -> io::Result<acknowledged::Recovered> {
+    let meta = read_meta(db)?;
+    let entry_at_last = match acknowledged.last_log_id {
+        None => None,
+        Some(last) => {
+            let logs = db.cf_handle(CF_LOGS).expect("logs column family exists");
+            match db
+                .get_cf(logs, encode_index(last.index))
+                .map_err(io::Error::other)?
+            {
+                None => None,
+                Some(bytes) => {
+                    let entry: Entry = serde_json::from_slice(&bytes)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    Some(entry.log_id)
+                }
+            }
+        }
+    };
+    Ok(acknowledged::Recovered {
+        vote: meta.vote,
+        last_purged: meta.last_purged,
+        entry_at_last,
+    })
+}
+
 impl LogStore {
-    pub(crate) fn new(db: Arc<DB>) -> Self {
+    pub(crate) fn new(db: Arc<DB>, acknowledged: acknowledged::Record) -> Self {
         Self {
             db,
             syncs: Arc::default(),
+            acknowledged: Arc::new(acknowledged),
         }
     }
 
@@ -106,13 +159,21 @@ impl LogStore {
         self.syncs.clone()
     }
 
-    /// Writes `batch` and syncs it to disk before returning.
-    fn write_synced(&self, batch: WriteBatch) -> io::Result<()> {
+    /// Writes `batch` and syncs it to disk, then records what it left
+    /// (`change`, synced too) before returning: the record is never ahead
+    /// of the WAL, and what openraft acknowledges is always in it. Both
+    /// syncs count in [`SyncStats`].
+    fn write_synced(
+        &self,
+        batch: WriteBatch,
+        change: impl FnOnce(&mut Acknowledged),
+    ) -> io::Result<()> {
         let started = Instant::now();
         let result = self
             .db
             .write_opt(batch, &synced())
-            .map_err(io::Error::other);
+            .map_err(io::Error::other)
+            .and_then(|()| self.acknowledged.update(change));
         self.syncs.record(started);
         result
     }
@@ -157,12 +218,6 @@ impl LogStore {
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
             }
         }
-    }
-
-    fn put_meta_synced<T: Serialize>(&self, key: &[u8], value: &T) -> io::Result<()> {
-        let mut batch = WriteBatch::default();
-        batch.put_cf(self.meta(), key, to_json(value)?);
-        self.write_synced(batch)
     }
 }
 
@@ -217,7 +272,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
-        self.put_meta_synced(KEY_VOTE, vote)
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.meta(), KEY_VOTE, to_json(vote)?);
+        self.write_synced(batch, |a| a.vote = Some(*vote))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
@@ -242,14 +299,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut batch = WriteBatch::default();
+        let mut last = None;
         for entry in entries {
             batch.put_cf(
                 self.logs(),
                 encode_index(entry.log_id.index),
                 to_json(&entry)?,
             );
+            last = Some(entry.log_id);
         }
-        let result = self.write_synced(batch);
+        let result = self.write_synced(batch, |a| a.last_log_id = last.or(a.last_log_id));
         let report = match &result {
             Ok(()) => Ok(()),
             Err(e) => Err(io::Error::other(e.to_string())),
@@ -263,7 +322,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.logs(), encode_index(from), encode_index(u64::MAX));
         batch.delete_cf(self.logs(), encode_index(u64::MAX));
-        self.write_synced(batch)
+        // Lowered first: until the truncation is synced the WAL still
+        // holds the entries, so a record naming the lower one is never
+        // ahead of it.
+        self.acknowledged.update(|a| a.last_log_id = last_log_id)?;
+        self.write_synced(batch, |_| {})
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
@@ -272,6 +335,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // so a crash never leaves a log with a hole and no explanation.
         batch.put_cf(self.meta(), KEY_LAST_PURGED, to_json(&log_id)?);
         batch.delete_range_cf(self.logs(), encode_index(0), encode_index(log_id.index + 1));
-        self.write_synced(batch)
+        self.write_synced(batch, |a| {
+            if a.last_log_id.is_none_or(|last| last.index < log_id.index) {
+                a.last_log_id = Some(log_id);
+            }
+        })
     }
 }

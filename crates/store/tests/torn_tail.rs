@@ -165,3 +165,106 @@ async fn corruption_inside_synced_data_is_refused_and_named() {
         "says how to rejoin without forming a new cluster: {message}"
     );
 }
+
+/// Zeroes one 4 KiB block of `wal` inside `from..to` that holds no WAL
+/// block header (those start every 32 KiB), as a file system exposes a
+/// block the power cut left unwritten: the record keeps its full length
+/// and fails its checksum.
+fn zero_a_block_inside(wal: &Path, from: u64, to: u64) {
+    const PAGE: u64 = 4096;
+    const WAL_BLOCK: u64 = 32 * 1024;
+    let start = (from + 7).div_ceil(PAGE) * PAGE;
+    let start = (start..to)
+        .step_by(PAGE as usize)
+        .find(|at| at % WAL_BLOCK != 0 && at + PAGE <= to)
+        .expect("a page inside the record");
+    let mut bytes = std::fs::read(wal).unwrap();
+    let length = bytes.len();
+    bytes[start as usize..(start + PAGE) as usize].fill(0);
+    std::fs::write(wal, &bytes).unwrap();
+    assert_eq!(len(wal), length as u64, "the file keeps its length");
+}
+
+#[tokio::test]
+async fn a_torn_last_record_of_full_length_is_dropped_and_nothing_acknowledged_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = llmgw_store::open(dir.path()).unwrap();
+    write_acknowledged(&mut store).await;
+    let wal = current_wal(dir.path());
+    let acknowledged = len(&wal);
+    let record = dir.path().join("LLMGW-ACKNOWLEDGED");
+    let record_before_batch = std::fs::read(&record).unwrap();
+    store
+        .log
+        .append((50..400).map(entry), IOFlushed::noop())
+        .await
+        .unwrap();
+    let in_flight = len(&wal);
+    drop(store);
+    // The power went while the batch was being written: the record (written
+    // only after the WAL's sync) still names entry 49, and the batch's
+    // record in the WAL has a page that never reached the disk.
+    std::fs::write(&record, &record_before_batch).unwrap();
+    zero_a_block_inside(&wal, acknowledged, in_flight);
+
+    // Without the record nothing proves the damaged record unacknowledged:
+    // refused, as before the record existed.
+    let kept = std::fs::read(&record).unwrap();
+    std::fs::remove_file(&record).unwrap();
+    let refused = llmgw_store::open(dir.path())
+        .err()
+        .expect("a damaged full-length record with no record of what was acknowledged");
+    assert!(matches!(refused, StoreError::Corrupt { .. }), "{refused}");
+    std::fs::write(&record, &kept).unwrap();
+
+    let mut store = llmgw_store::open(dir.path())
+        .unwrap_or_else(|e| panic!("a torn full-length tail must not stop the peer: {e}"));
+    assert_eq!(
+        store.log.read_vote().await.unwrap(),
+        Some(Vote::new_committed(1, 1))
+    );
+    let entries = store.log.try_get_log_entries(0..1000).await.unwrap();
+    assert_eq!(
+        entries.len(),
+        50,
+        "every acknowledged entry, none of the torn batch"
+    );
+    store
+        .log
+        .append([entry(50)], IOFlushed::noop())
+        .await
+        .unwrap();
+    drop(store);
+    let mut store = llmgw_store::open(dir.path()).unwrap();
+    assert_eq!(
+        store.log.try_get_log_entries(0..1000).await.unwrap().len(),
+        51
+    );
+}
+
+#[tokio::test]
+async fn a_damaged_last_record_that_was_acknowledged_is_refused_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = llmgw_store::open(dir.path()).unwrap();
+    write_acknowledged(&mut store).await;
+    let wal = current_wal(dir.path());
+    let before = len(&wal);
+    // The last write, synced and acknowledged: a large batch.
+    store
+        .log
+        .append((50..400).map(entry), IOFlushed::noop())
+        .await
+        .unwrap();
+    let after = len(&wal);
+    drop(store);
+    zero_a_block_inside(&wal, before, after);
+    let error = llmgw_store::open(dir.path())
+        .err()
+        .expect("an acknowledged record damaged must be refused");
+    assert!(matches!(error, StoreError::Corrupt { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("acknowledged"), "{message}");
+    assert!(message.contains("399"), "names the entry lost: {message}");
+    let name = wal.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(message.contains(&name), "names the file {name}: {message}");
+}
