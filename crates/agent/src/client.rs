@@ -54,7 +54,8 @@ enum SessionEnd {
         why: String,
     },
     /// The leader refused this agent's registration because another
-    /// machine holds the node id: an operator must fix the config, so the
+    /// machine holds the node id, or the leader is of another cluster than
+    /// the one this agent joined: an operator must fix the config, so the
     /// agent says so loudly and retries at the longest backoff.
     Refused {
         why: String,
@@ -236,7 +237,7 @@ impl StreamClient {
                     }
                 }
                 SessionEnd::Refused { why } => {
-                    tracing::error!(peer = %target, %why, "the leader refused this agent's registration");
+                    tracing::error!(peer = %target, %why, "registration refused (by the leader, or of the leader); retrying at the longest backoff");
                     ask_next = false;
                     attempt = attempt.max(REFUSED_ATTEMPT);
                 }
@@ -314,7 +315,7 @@ impl StreamClient {
             &self.config,
             &self.inventory,
             self.supervisor.running(),
-            self.terms.highest().term,
+            &self.terms,
             &self.instance_id,
         );
         let _ = tx.try_send(AgentMessage {
@@ -329,7 +330,14 @@ impl StreamClient {
                 .await
             {
                 Ok(Ok(r)) => r.into_inner(),
-                Ok(Err(status)) if status.code() == tonic::Code::AlreadyExists => {
+                // Another machine holds the node id, or the leader is of
+                // another cluster than the one this agent joined.
+                Ok(Err(status))
+                    if matches!(
+                        status.code(),
+                        tonic::Code::AlreadyExists | tonic::Code::FailedPrecondition
+                    ) =>
+                {
                     return Err(SessionEnd::Refused {
                         why: format!("{addr}: {}", status.message()),
                     });
@@ -429,8 +437,13 @@ impl StreamClient {
                 reason: r.reason,
             });
         }
+        let leadership = Leadership {
+            epoch: message.epoch,
+            term: message.term,
+            leader: message.leader_id,
+        };
         if let Down::HeartbeatAck(_) = body {
-            return match self.terms.check(message.term, message.leader_id) {
+            return match self.terms.check(leadership) {
                 Ok(TermCheck::Stale { command, highest }) => Some(SessionEnd::Lost {
                     why: format!(
                         "the peer answers for leader {command}, but {highest} has been seen: it was deposed"
@@ -442,14 +455,16 @@ impl StreamClient {
         }
         let id = message.command_id;
         let ack = |accepted: bool, text: String| send_ack(tx, id, accepted, text);
-        if let Err(end) = self.fence(id, message.term, message.leader_id, &body, &ack) {
+        if let Err(end) = self.fence(id, leadership, &body, &ack) {
             return end;
         }
+        // After the fence: a deposed leader's `Registered` joins nothing.
+        if let Down::Registered(registered) = &body
+            && let Err(why) = self.join(&registered.cluster_id)
+        {
+            return Some(SessionEnd::Refused { why });
+        }
         let term = message.term;
-        let leadership = Leadership {
-            term,
-            leader: message.leader_id,
-        };
         if !matches!(body, Down::Registered(_)) {
             self.witness
                 .record(leadership, body_kind(&body), body_shard(&body), true);
@@ -494,12 +509,11 @@ impl StreamClient {
     fn fence(
         &mut self,
         id: u64,
-        term: u64,
-        leader_id: u64,
+        leadership: Leadership,
         body: &Down,
         ack: &impl Fn(bool, String),
     ) -> Result<(), Option<SessionEnd>> {
-        match self.terms.check(term, leader_id) {
+        match self.terms.check(leadership) {
             Ok(TermCheck::Current) => Ok(()),
             Ok(TermCheck::Stale { command, highest }) => {
                 self.refused_stale += 1;
@@ -510,8 +524,10 @@ impl StreamClient {
                 );
                 tracing::warn!(
                     command_id = id,
+                    epoch = command.epoch,
                     term = command.term,
                     leader = command.leader,
+                    highest_epoch = highest.epoch,
                     highest_term = highest.term,
                     highest_leader = highest.leader,
                     refused_total = self.refused_stale,
@@ -527,12 +543,24 @@ impl StreamClient {
                 }))
             }
             Err(e) => {
-                let text = format!("refused: cannot persist leader term {term}: {e}");
+                let text = format!("refused: cannot persist leader {leadership}: {e}");
                 tracing::error!("{text}");
                 ack(false, text);
                 Err(None)
             }
         }
+    }
+
+    /// Takes the cluster a leader names in `Registered`: the one this agent
+    /// joined (or the first it hears of). Another is refused with the
+    /// reason, which ends the session.
+    fn join(&mut self, cluster: &str) -> Result<(), String> {
+        let why = match self.terms.join(cluster) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(why)) => why,
+            Err(e) => format!("cannot record cluster {cluster}: {e}"),
+        };
+        Err(why)
     }
 
     /// `Registered` names every shard this node should run: start what is

@@ -5,23 +5,35 @@
 //!
 //! Raft may elect more than one leader in one term (a higher peer id wins
 //! the term over a lower one), so leaderships are compared as
-//! (term, leader id), in that order; the term alone cannot fence.
+//! (term, leader id), in that order; the term alone cannot fence. A
+//! cluster restored from a backup starts its terms again from the
+//! backup's, below what agents have seen, and begins a new epoch, so the
+//! full order is (epoch, term, leader id).
+//!
+//! The same file keeps the cluster this agent joined: a leader of another
+//! cluster is refused, whatever its term.
 
 use std::fmt;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-/// A leadership: the term and the leader's peer id (0 from a leader that
-/// predates leader ids). Ordered by term, then id.
+/// A leadership: the cluster's epoch (0 from a leader that predates
+/// epochs), the term and the leader's peer id (0 from a leader that
+/// predates leader ids). Ordered by epoch, then term, then id.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Leadership {
+    pub epoch: u64,
     pub term: u64,
     pub leader: u64,
 }
 
 impl fmt::Display for Leadership {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "term {} (leader {})", self.term, self.leader)
+        write!(
+            f,
+            "epoch {} term {} (leader {})",
+            self.epoch, self.term, self.leader
+        )
     }
 }
 
@@ -40,6 +52,9 @@ pub enum TermCheck {
 pub struct TermStore {
     path: PathBuf,
     highest: Leadership,
+    /// The cluster this agent joined; `None` before its first
+    /// registration (and in files from before cluster ids).
+    cluster: Option<String>,
     /// The file was there: false on a first start, and on a disk that lost
     /// it.
     found: bool,
@@ -59,7 +74,7 @@ impl TermStore {
             Err(e) if e.kind() == io::ErrorKind::NotFound => (String::new(), false),
             Err(e) => return Err(e),
         };
-        let highest = parse(&text).map_err(|why| {
+        let (highest, cluster) = parse(&text).map_err(|why| {
             io::Error::other(format!(
                 "{}: {why}; it holds the highest leader term this agent has seen. \
                  Check the disk, then remove the file to start from none seen",
@@ -69,12 +84,40 @@ impl TermStore {
         Ok(TermStore {
             path,
             highest,
+            cluster,
             found,
         })
     }
 
     pub fn highest(&self) -> Leadership {
         self.highest
+    }
+
+    /// The cluster this agent joined, if any yet.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.as_deref()
+    }
+
+    /// Checks the cluster a leader names in `Registered`: the one this
+    /// agent joined, or the first it hears of (kept from then on). `Err`
+    /// says why another is refused. An empty id (a leader that predates
+    /// cluster ids) is taken on trust.
+    pub fn join(&mut self, cluster: &str) -> io::Result<Result<(), String>> {
+        match self.cluster.as_deref() {
+            _ if cluster.is_empty() => Ok(Ok(())),
+            Some(joined) if joined == cluster => Ok(Ok(())),
+            Some(joined) => Ok(Err(format!(
+                "the leader belongs to cluster {cluster}, but this agent joined cluster {joined} \
+                 ({}): it obeys no other. If the node really moves to cluster {cluster}, stop the \
+                 agent, remove that file and start it again",
+                self.path.display()
+            ))),
+            None => {
+                persist(&self.path, self.highest, Some(cluster))?;
+                self.cluster = Some(cluster.to_owned());
+                Ok(Ok(()))
+            }
+        }
     }
 
     /// What to tell the operator when the file is missing although this
@@ -95,8 +138,7 @@ impl TermStore {
 
     /// Checks a command's leadership and durably persists a higher one
     /// before the command is acted on.
-    pub fn check(&mut self, term: u64, leader: u64) -> io::Result<TermCheck> {
-        let command = Leadership { term, leader };
+    pub fn check(&mut self, command: Leadership) -> io::Result<TermCheck> {
         if command < self.highest {
             return Ok(TermCheck::Stale {
                 command,
@@ -104,18 +146,19 @@ impl TermStore {
             });
         }
         if command > self.highest {
-            persist(&self.path, command)?;
+            persist(&self.path, command, self.cluster.as_deref())?;
             self.highest = command;
         }
         Ok(TermCheck::Current)
     }
 }
 
-/// `TERM` (older agents) or `TERM LEADER`; empty is none seen.
-fn parse(text: &str) -> Result<Leadership, String> {
+/// `TERM` (older agents), `TERM LEADER`, or `TERM LEADER EPOCH CLUSTER`
+/// (`-` for no cluster yet); empty is none seen.
+fn parse(text: &str) -> Result<(Leadership, Option<String>), String> {
     let mut words = text.split_whitespace();
     let Some(term) = words.next() else {
-        return Ok(Leadership::default());
+        return Ok((Leadership::default(), None));
     };
     let term = term
         .parse()
@@ -126,19 +169,42 @@ fn parse(text: &str) -> Result<Leadership, String> {
             .map_err(|e| format!("{leader:?} is not a leader id ({e})"))?,
         None => 0,
     };
+    let epoch = match words.next() {
+        Some(epoch) => epoch
+            .parse()
+            .map_err(|e| format!("{epoch:?} is not an epoch ({e})"))?,
+        None => 0,
+    };
+    let cluster = words.next().filter(|c| *c != "-").map(str::to_owned);
     if let Some(extra) = words.next() {
-        return Err(format!("unexpected {extra:?} after the term and leader"));
+        return Err(format!(
+            "unexpected {extra:?} after the term, leader, epoch and cluster"
+        ));
     }
-    Ok(Leadership { term, leader })
+    Ok((
+        Leadership {
+            epoch,
+            term,
+            leader,
+        },
+        cluster,
+    ))
 }
 
 /// Writes a temporary file, syncs it, renames it over the old one and syncs
 /// the directory: after a power cut the file holds the old leadership or
 /// the new one, never a torn or empty write.
-fn persist(path: &Path, leadership: Leadership) -> io::Result<()> {
+fn persist(path: &Path, leadership: Leadership, cluster: Option<&str>) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp)?;
-    writeln!(file, "{} {}", leadership.term, leadership.leader)?;
+    writeln!(
+        file,
+        "{} {} {} {}",
+        leadership.term,
+        leadership.leader,
+        leadership.epoch,
+        cluster.unwrap_or("-")
+    )?;
     file.sync_all()?;
     drop(file);
     std::fs::rename(&tmp, path)?;
@@ -153,7 +219,15 @@ mod tests {
     use super::*;
 
     fn at(term: u64, leader: u64) -> Leadership {
-        Leadership { term, leader }
+        Leadership {
+            epoch: 0,
+            term,
+            leader,
+        }
+    }
+
+    fn check(store: &mut TermStore, term: u64, leader: u64) -> TermCheck {
+        store.check(at(term, leader)).unwrap()
     }
 
     #[test]
@@ -161,10 +235,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut store = TermStore::open(dir.path()).unwrap();
         assert_eq!(store.highest(), at(0, 0));
-        assert_eq!(store.check(5, 1).unwrap(), TermCheck::Current);
-        assert_eq!(store.check(5, 1).unwrap(), TermCheck::Current);
+        assert_eq!(check(&mut store, 5, 1), TermCheck::Current);
+        assert_eq!(check(&mut store, 5, 1), TermCheck::Current);
         assert_eq!(
-            store.check(4, 3).unwrap(),
+            check(&mut store, 4, 3),
             TermCheck::Stale {
                 command: at(4, 3),
                 highest: at(5, 1)
@@ -178,16 +252,66 @@ mod tests {
     fn a_second_leader_of_the_same_term_fences_the_first() {
         let dir = tempfile::tempdir().unwrap();
         let mut store = TermStore::open(dir.path()).unwrap();
-        assert_eq!(store.check(7, 1).unwrap(), TermCheck::Current);
-        assert_eq!(store.check(7, 3).unwrap(), TermCheck::Current);
+        assert_eq!(check(&mut store, 7, 1), TermCheck::Current);
+        assert_eq!(check(&mut store, 7, 3), TermCheck::Current);
         assert_eq!(
-            store.check(7, 1).unwrap(),
+            check(&mut store, 7, 1),
             TermCheck::Stale {
                 command: at(7, 1),
                 highest: at(7, 3)
             },
             "leader 1 of term 7 was superseded by leader 3 of the same term"
         );
+    }
+
+    #[test]
+    fn a_new_epoch_outranks_every_term_of_the_old_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = TermStore::open(dir.path()).unwrap();
+        let old = Leadership {
+            epoch: 1_000,
+            term: 40,
+            leader: 3,
+        };
+        let restored = Leadership {
+            epoch: 2_000,
+            term: 6,
+            leader: 1,
+        };
+        assert_eq!(store.check(old).unwrap(), TermCheck::Current);
+        assert_eq!(store.check(restored).unwrap(), TermCheck::Current);
+        assert_eq!(
+            store.check(old).unwrap(),
+            TermCheck::Stale {
+                command: old,
+                highest: restored
+            },
+            "the cluster before the restore is deposed, whatever its term"
+        );
+        let pre_epoch = at(90, 2);
+        assert!(
+            matches!(store.check(pre_epoch).unwrap(), TermCheck::Stale { .. }),
+            "a leader that sends no epoch ranks below any epoch"
+        );
+        assert_eq!(TermStore::open(dir.path()).unwrap().highest(), restored);
+    }
+
+    #[test]
+    fn the_first_cluster_joined_is_kept_and_another_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = TermStore::open(dir.path()).unwrap();
+        assert_eq!(store.cluster(), None);
+        assert_eq!(store.join("").unwrap(), Ok(()), "a leader without ids");
+        assert_eq!(store.cluster(), None);
+        assert_eq!(store.join("prod-a").unwrap(), Ok(()));
+        check(&mut store, 4, 1);
+        let mut again = TermStore::open(dir.path()).unwrap();
+        assert_eq!(again.cluster(), Some("prod-a"));
+        assert_eq!(again.highest(), at(4, 1));
+        let refused = again.join("staging").unwrap().unwrap_err();
+        assert!(refused.contains("joined cluster prod-a"), "{refused}");
+        assert!(refused.contains(TermStore::FILE), "{refused}");
+        assert_eq!(again.join("prod-a").unwrap(), Ok(()));
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub fn register(
     config: &AgentConfig,
     inv: &Inventory,
     running: Vec<pb::RunningShard>,
-    highest_term: u64,
+    fencing: &crate::fencing::TermStore,
     instance_id: &str,
 ) -> pb::Register {
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -111,7 +111,9 @@ pub fn register(
         mgmt_addr: config.mgmt_addr.clone(),
         mgmt_interface: config.mgmt_interface.clone().unwrap_or_default(),
         running,
-        highest_term,
+        highest_term: fencing.highest().term,
+        highest_epoch: fencing.highest().epoch,
+        cluster_id: fencing.cluster().unwrap_or_default().to_owned(),
         agent_version: env!("CARGO_PKG_VERSION").to_string(),
         instance_id: instance_id.to_owned(),
     }

@@ -20,6 +20,7 @@ const ROTATE_BYTES: u64 = 8 << 20;
 #[derive(Debug, Serialize)]
 struct Line<'a> {
     at_unix_ms: u64,
+    epoch: u64,
     term: u64,
     leader: u64,
     kind: &'a str,
@@ -50,6 +51,7 @@ impl Witness {
         };
         let line = Line {
             at_unix_ms: unix_ms(),
+            epoch: leadership.epoch,
             term: leadership.term,
             leader: leadership.leader,
             kind,
@@ -88,8 +90,26 @@ mod tests {
     fn each_command_is_one_line_with_its_leadership() {
         let dir = tempfile::tempdir().unwrap();
         let mut witness = Witness::open(dir.path());
-        witness.record(Leadership { term: 3, leader: 2 }, "start", "r1-r0", true);
-        witness.record(Leadership { term: 2, leader: 1 }, "stop", "r1-r0", false);
+        witness.record(
+            Leadership {
+                epoch: 0,
+                term: 3,
+                leader: 2,
+            },
+            "start",
+            "r1-r0",
+            true,
+        );
+        witness.record(
+            Leadership {
+                epoch: 0,
+                term: 2,
+                leader: 1,
+            },
+            "stop",
+            "r1-r0",
+            false,
+        );
         let text = std::fs::read_to_string(dir.path().join(Witness::FILE)).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()

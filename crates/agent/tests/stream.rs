@@ -284,8 +284,8 @@ fn the_witness_and_term_store_hold_every_decision(work_dir: &Path) {
     let persisted = std::fs::read_to_string(work_dir.join(TermStore::FILE)).unwrap();
     assert_eq!(
         persisted.trim(),
-        "5 0",
-        "term 5, from a leader without an id"
+        "5 0 0 -",
+        "term 5, from a leader without an id or an epoch, of no cluster named"
     );
 }
 

@@ -21,6 +21,13 @@ pub struct ClusterView {
     pub insecure: bool,
     /// Leader changes this peer saw in the last hour.
     pub leader_changes_last_hour: usize,
+    /// The cluster's id, once its first epoch has begun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// The cluster's epoch (it begins at formation and again at each
+    /// restore); absent while one is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
 
 impl ClusterView {
@@ -164,6 +171,8 @@ mod tests {
             peers,
             insecure: true,
             leader_changes_last_hour: 0,
+            cluster_id: None,
+            epoch: None,
         }
     }
 

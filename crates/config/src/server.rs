@@ -39,6 +39,11 @@ pub struct ServerConfig {
     pub admin: AdminConfig,
     /// How long API keys' per-minute usage is kept.
     pub usage_retention: Duration,
+    /// The id a cluster formed by these peers takes (otherwise one is
+    /// made): set it to an old cluster's id to re-form that cluster from
+    /// nothing and keep its agents, and a restore checks a backup against
+    /// it.
+    pub cluster_id: Option<String>,
 }
 
 /// What a peer with an empty data directory does (etcd's
@@ -226,6 +231,7 @@ const SERVER_KEYS: &[&str] = &[
     "insecure",
     "admin",
     "usage_retention",
+    "cluster_id",
 ];
 
 impl Decode for ServerConfig {
@@ -291,6 +297,13 @@ impl Decode for ServerConfig {
                     );
                 }
                 kept
+            },
+            cluster_id: {
+                let id: Option<String> = f.optional(cx, "cluster_id");
+                if let Some(Err(why)) = id.as_deref().map(llmgw_node_id::check_cluster_id) {
+                    f.report(cx, "cluster_id", why);
+                }
+                id
             },
         })
     }

@@ -332,8 +332,14 @@ fn render_cluster(cluster: &ClusterView) -> String {
     } else {
         "  transport: mTLS"
     };
+    let identity = match (&cluster.cluster_id, cluster.epoch) {
+        (Some(id), Some(epoch)) => format!("cluster: {id}  epoch: {epoch}\n"),
+        _ => "cluster: no epoch yet (a cluster just formed or restored, one from before \
+              epochs, or an older server)\n"
+            .to_owned(),
+    };
     format!(
-        "leader: {}  term: {}{transport}\n{}",
+        "{identity}leader: {}  term: {}{transport}\n{}",
         leader_line(cluster),
         cluster.term,
         table.render()
@@ -493,6 +499,8 @@ mod tests {
             peers,
             insecure,
             leader_changes_last_hour: 0,
+            cluster_id: Some("prod-a".to_owned()),
+            epoch: Some(1_700),
         }
     }
 
@@ -512,7 +520,9 @@ mod tests {
         };
         let out = render_cluster(&cluster(false, vec![leader]));
         assert!(
-            out.starts_with("leader: 1 (heard 12 ms ago)  term: 3  transport: mTLS\n"),
+            out.starts_with(
+                "cluster: prod-a  epoch: 1700\nleader: 1 (heard 12 ms ago)  term: 3  transport: mTLS\n"
+            ),
             "{out}"
         );
         assert!(out.contains("127.0.0.1:7443  leader"));
@@ -548,7 +558,7 @@ mod tests {
             error: Some("timed out".to_owned()),
         };
         let out = render_cluster(&cluster(false, vec![silent]));
-        let row = out.lines().nth(2).expect("a row");
+        let row = out.lines().nth(3).expect("a row");
         assert_eq!(
             row,
             "2   10.0.0.2:7443  unreachable  learner  -     -         -        -"

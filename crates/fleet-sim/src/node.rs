@@ -82,6 +82,7 @@ fn register(spec: &NodeSpec, highest_term: u64) -> Register {
         agent_version: "fleet-sim".into(),
         // One instance per simulated node, the same on every reconnect.
         instance_id: format!("{:032x}", fnv1a(&spec.id)),
+        ..Register::default()
     }
 }
 

@@ -1,4 +1,4 @@
-//! The one rule for node ids. `agent.yaml`, the certificates `llmgw certs`
+//! The one rule for node ids (and the one for cluster ids). `agent.yaml`, the certificates `llmgw certs`
 //! issues and the registration of an agent all check it, so an id that
 //! passes `llmgw config check` is never refused later.
 
@@ -26,9 +26,37 @@ pub fn check_node_id(id: &str) -> Result<(), String> {
     ))
 }
 
+/// A cluster id (server.yaml `cluster_id`, or made when a cluster is
+/// formed) is 1 to 64 lowercase letters, digits and `-`, not starting with
+/// `-` (which the agent's fencing file reads as "no cluster"): it stands
+/// in a file name, a log line, a request header and a metric label as it
+/// is.
+pub fn check_cluster_id(id: &str) -> Result<(), String> {
+    let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let valid = id.len() <= 64
+        && id.bytes().next().is_some_and(plain)
+        && id.bytes().all(|b| plain(b) || b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "cluster id {id:?} is not valid: use 1 to 64 characters of a-z, 0-9 and -, \
+             starting with a letter or digit"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_node_id;
+    use super::{check_cluster_id, check_node_id};
+
+    #[test]
+    fn cluster_ids_are_plain_lowercase() {
+        assert!(check_cluster_id("prod-eu-1").is_ok());
+        for bad in ["", "-", "-a", "Prod", "a b", "x/y", &"a".repeat(65)] {
+            assert!(check_cluster_id(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn host_names_pass() {

@@ -81,7 +81,6 @@ impl RaftCounters {
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// Adding a peer waits for it to catch up as a learner first.
 const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
-const STATUS_DEADLINE: Duration = Duration::from_millis(800);
 /// One forwarded request's deadline. A paused or cut-off leader is left
 /// sooner, as soon as this peer sees the leader change; this only bounds a
 /// leader that still leads but does not answer. Long enough for a commit on
@@ -159,7 +158,12 @@ impl ControlPlane {
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
         let sync_stats = store.log.sync_stats();
-        let peer_net = Peers::new(id, settings.rpc_timeout, tls);
+        let peer_net = Peers::new(
+            id,
+            settings.rpc_timeout,
+            tls,
+            store.state_machine.cluster_id(),
+        );
         let factory = NetworkFactory {
             peers: peer_net.clone(),
         };
@@ -223,6 +227,11 @@ impl ControlPlane {
 
     pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
         self.inner.raft.metrics().borrow_watched().clone()
+    }
+
+    /// The cluster this peer belongs to, once known.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.inner.peers.cluster_id()
     }
 
     pub(crate) fn applied_state(&self) -> Arc<RwLock<AppliedState>> {
@@ -615,7 +624,7 @@ impl ControlPlane {
         };
         let answer = network::with_deadline(
             deadline,
-            client.forward(network::request(payload, deadline)),
+            client.forward(self.inner.peers.request(payload, deadline)),
         )
         .await
         .and_then(network::decode::<ForwardResponse>);
@@ -860,31 +869,40 @@ impl ControlPlane {
             commit_index: metrics.local_committed.as_ref().map(|id| id.index),
             state_hash: hash.to_string(),
             disk_low: self.inner.disk.check().is_err(),
+            cluster_id: self.cluster_id().map(str::to_owned),
+            epochs: true,
         }
+    }
+
+    /// The members (voters and learners) other than this peer whose status
+    /// does not pass `check`, or that did not answer, each with why.
+    pub async fn members_failing(
+        &self,
+        what: &str,
+        check: impl Fn(&PeerStatus) -> bool,
+    ) -> Vec<String> {
+        let members: Vec<(u64, PeerNode)> = self
+            .metrics()
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != self.inner.id)
+            .map(|(id, node)| (*id, node.clone()))
+            .collect();
+        let mut failing = Vec::new();
+        for (id, node) in members {
+            match self.remote_status(&node).await {
+                Ok(status) if check(&status) => {}
+                Ok(_) => failing.push(format!("peer {id} {what}")),
+                Err(why) => failing.push(format!("peer {id} did not answer ({why})")),
+            }
+        }
+        failing
     }
 
     /// Asks one peer for its status, under a short deadline.
     pub(crate) async fn remote_status(&self, node: &PeerNode) -> Result<PeerStatus, String> {
-        let mut client = self.inner.peers.client(&node.grpc)?;
-        let payload = RaftPayload::default();
-        network::with_deadline(
-            STATUS_DEADLINE,
-            client.status(network::request(payload, STATUS_DEADLINE)),
-        )
-        .await
-        .and_then(network::decode::<PeerStatus>)
-        .inspect_err(|failure| {
-            if let Failure::Unreachable(_) | Failure::Refused(_) = failure {
-                self.inner.peers.forget(&node.grpc);
-            }
-        })
-        .map_err(|failure| match failure {
-            Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
-            Failure::Unreachable(why)
-            | Failure::Refused(why)
-            | Failure::Skipped(why)
-            | Failure::Network(why) => why,
-        })
+        crate::status::ask_status(&self.inner.peers, &node.grpc).await
     }
 
     /// Every member's status as this peer can see it right now.

@@ -30,7 +30,7 @@ pub use llmgw_api::PeerView;
 pub use openraft::async_runtime::WatchReceiver;
 pub use service::{RaftGrpcService, raft_grpc_service};
 pub use settings::RaftSettings;
-pub use status::PeerStatus;
+pub use status::{PeerStatus, probe_peer};
 
 pub use llmgw_store::{PeerNode, TypeConfig};
 

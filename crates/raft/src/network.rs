@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use llmgw_proto::raft::raft_service_client::RaftServiceClient;
@@ -42,17 +42,49 @@ pub(crate) struct Peers {
     tls: Option<Tls>,
     channels: Arc<Mutex<HashMap<String, Channel>>>,
     down_since: Arc<Mutex<HashMap<u64, Instant>>>,
+    /// This peer's cluster id once known, sent with every RPC
+    /// ([`CLUSTER_HEADER`]).
+    cluster_id: Arc<OnceLock<String>>,
 }
 
+/// The request header naming the sender's cluster: a peer that knows its
+/// own refuses RPCs of another (a peer of a second cluster listed by
+/// mistake, a data directory restored into the wrong cluster).
+pub(crate) const CLUSTER_HEADER: &str = "llmgw-cluster";
+
 impl Peers {
-    pub(crate) fn new(self_id: u64, rpc_timeout: Duration, tls: Option<Tls>) -> Self {
+    pub(crate) fn new(
+        self_id: u64,
+        rpc_timeout: Duration,
+        tls: Option<Tls>,
+        cluster_id: Arc<OnceLock<String>>,
+    ) -> Self {
         Self {
             self_id,
             rpc_timeout,
             tls,
             channels: Arc::default(),
             down_since: Arc::default(),
+            cluster_id,
         }
+    }
+
+    pub(crate) fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.get().map(String::as_str)
+    }
+
+    /// A request under `deadline` (also sent to the receiver as
+    /// grpc-timeout), naming this peer's cluster when known.
+    pub(crate) fn request<T>(&self, message: T, deadline: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        if let Some(value) = self
+            .cluster_id()
+            .and_then(|id| tonic::metadata::MetadataValue::try_from(id).ok())
+        {
+            request.metadata_mut().insert(CLUSTER_HEADER, value);
+        }
+        request
     }
 
     /// A client for `addr`; connections are made lazily and reused. With
@@ -167,12 +199,6 @@ where
     }
 }
 
-pub(crate) fn request<T>(message: T, deadline: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(deadline);
-    request
-}
-
 /// Creates one [`PeerClient`] per replication stream.
 pub(crate) struct NetworkFactory {
     pub(crate) peers: Peers,
@@ -262,7 +288,7 @@ impl PeerClient {
                 data: encode(message),
                 error: String::new(),
             };
-            let request = request(payload, deadline);
+            let request = self.peers.request(payload, deadline);
             let answer = with_deadline(deadline, async {
                 match action {
                     RPCTypes::AppendEntries => client.append_entries(request).await,
@@ -335,7 +361,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         );
         let send = async {
             let mut client = self.precheck()?;
-            let request = request(tokio_stream::iter(chunks), deadline);
+            let request = self.peers.request(tokio_stream::iter(chunks), deadline);
             let answer = with_deadline(deadline, client.install_snapshot(request)).await?;
             decode::<SnapshotResponse<TypeConfig>>(answer)
         };

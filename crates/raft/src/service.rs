@@ -23,15 +23,24 @@ type CallerCheck = fn(Request<()>) -> Result<Request<()>, Status>;
 /// certificate get through, so an agent's certificate cannot vote, append
 /// or forward.
 pub fn raft_grpc_service(control: ControlPlane) -> RaftGrpcService {
-    let service = RaftServiceServer::new(RaftGrpc { control })
-        .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
+    let service = RaftServiceServer::new(RaftGrpc {
+        control,
+        foreign_logged: std::sync::Mutex::new(None),
+    })
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(64 << 20);
     InterceptedService::new(service, llmgw_tls::require_peer as CallerCheck)
 }
 
 pub struct RaftGrpc {
     control: ControlPlane,
+    /// When an RPC of another cluster was last logged: a misplaced peer
+    /// calls at heartbeat rate, and one line a minute says it.
+    foreign_logged: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often RPCs of another cluster are logged.
+const FOREIGN_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn parse<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
     serde_json::from_slice(&payload.data)
@@ -40,9 +49,43 @@ fn parse<T: DeserializeOwned>(payload: &RaftPayload) -> Result<T, Status> {
 
 /// A refusal of a malformed RPC, logged with the caller.
 fn refuse<T>(request: &Request<T>, why: String) -> Status {
+    refuse_as(request, Status::invalid_argument(why))
+}
+
+impl RaftGrpc {
+    /// Refuses an RPC from a peer of another cluster. A peer that does not
+    /// know its cluster yet (one still empty, or an older release) is
+    /// answered: it learns the cluster from what it is sent.
+    fn same_cluster<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let theirs = request
+            .metadata()
+            .get(crate::network::CLUSTER_HEADER)
+            .and_then(|value| value.to_str().ok());
+        match (theirs, self.control.cluster_id()) {
+            (Some(theirs), Some(ours)) if theirs != ours => {
+                let status = Status::failed_precondition(format!(
+                    "this peer belongs to cluster {ours}, and the caller to cluster {theirs}: \
+                     check the peer addresses in both clusters' server.yaml"
+                ));
+                let mut logged = self
+                    .foreign_logged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if logged.is_none_or(|at| at.elapsed() >= FOREIGN_LOG_EVERY) {
+                    *logged = Some(std::time::Instant::now());
+                    return Err(refuse_as(request, status));
+                }
+                Err(status)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn refuse_as<T>(request: &Request<T>, status: Status) -> Status {
     let remote = llmgw_tls::remote_addr(request.extensions());
-    tracing::warn!(remote = ?remote, "refused a Raft RPC: {why}");
-    Status::invalid_argument(why)
+    tracing::warn!(remote = ?remote, "refused a Raft RPC: {}", status.message());
+    status
 }
 
 fn answer<T: Serialize, E: std::fmt::Display>(
@@ -66,6 +109,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.same_cluster(&request)?;
         let rpc: AppendEntriesRequest<TypeConfig> = parse(request.get_ref())?;
         inbound::check_append(&rpc).map_err(|why| refuse(&request, why))?;
         let sender = *rpc.vote.leader_id().node_id();
@@ -80,6 +124,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.same_cluster(&request)?;
         let rpc = parse(request.get_ref())?;
         answer(self.control.raft().vote(rpc).await)
     }
@@ -88,6 +133,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.same_cluster(&request)?;
         let rpc = parse(request.get_ref())?;
         answer(self.control.raft().pre_vote(rpc).await)
     }
@@ -96,6 +142,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.same_cluster(&request)?;
         let remote = llmgw_tls::remote_addr(request.extensions());
         let mut stream = request.into_inner();
         let first = stream
@@ -140,6 +187,7 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        self.same_cluster(&request)?;
         let forwarded: ForwardRequest = parse(request.get_ref())?;
         let response = self.control.handle_forwarded(forwarded).await;
         answer(Ok::<_, std::convert::Infallible>(response))

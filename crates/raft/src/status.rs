@@ -1,7 +1,15 @@
 //! What a peer says about itself, and what the cluster view shows per peer.
 
+use std::time::Duration;
+
 use llmgw_api::PeerRole;
+use llmgw_proto::raft::RaftPayload;
 use serde::{Deserialize, Serialize};
+
+use crate::network::{self, Failure, Peers};
+
+/// How long a peer may take to answer the `Status` RPC.
+const STATUS_DEADLINE: Duration = Duration::from_millis(800);
 
 /// One peer's own account, answered by the `Status` RPC.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,4 +29,43 @@ pub struct PeerStatus {
     /// peers that predate it.
     #[serde(default)]
     pub disk_low: bool,
+    /// The cluster this peer belongs to, once known (absent from peers
+    /// that predate cluster ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// The peer applies `BeginEpoch`: a leader begins a cluster's first
+    /// epoch only once every member does, so no peer of an older release
+    /// applies it as a no-op and drifts from the others.
+    #[serde(default)]
+    pub epochs: bool,
+}
+
+/// Asks the peer at `addr` for its status, for a tool that runs without a
+/// control plane of its own (a restore checks that no configured peer is
+/// running). `tls`: this peer's material, as it dials its peers.
+pub async fn probe_peer(addr: &str, tls: Option<llmgw_tls::Tls>) -> Result<PeerStatus, String> {
+    let peers = Peers::new(0, STATUS_DEADLINE, tls, std::sync::Arc::default());
+    ask_status(&peers, addr).await
+}
+
+pub(crate) async fn ask_status(peers: &Peers, addr: &str) -> Result<PeerStatus, String> {
+    let mut client = peers.client(addr)?;
+    network::with_deadline(
+        STATUS_DEADLINE,
+        client.status(peers.request(RaftPayload::default(), STATUS_DEADLINE)),
+    )
+    .await
+    .and_then(network::decode::<PeerStatus>)
+    .inspect_err(|failure| {
+        if let Failure::Unreachable(_) | Failure::Refused(_) = failure {
+            peers.forget(addr);
+        }
+    })
+    .map_err(|failure| match failure {
+        Failure::Timeout => format!("no answer within {STATUS_DEADLINE:?}"),
+        Failure::Unreachable(why)
+        | Failure::Refused(why)
+        | Failure::Skipped(why)
+        | Failure::Network(why) => why,
+    })
 }

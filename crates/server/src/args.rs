@@ -25,6 +25,10 @@ pub struct ServerArgs {
     /// cluster, then start them as usual.
     #[arg(long, value_name = "FILE", conflicts_with = "save_backup")]
     pub restore: Option<PathBuf>,
+    /// With --restore: restore even though a configured peer answers or
+    /// the backup is of another cluster than server.yaml's `cluster_id`.
+    #[arg(long, requires = "restore")]
+    pub force: bool,
     /// Write a backup of this stopped peer's data directory to FILE and
     /// exit: its snapshot and its whole log. Needs no running cluster (for
     /// a cluster that lost its majority); `llmgw ctl snapshot save` is the
@@ -41,7 +45,10 @@ pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
         tracing::warn!("{}: {warning}", args.config.display());
     }
     if let Some(file) = &args.restore {
-        print!("{}", crate::restore::restore(&config, file)?);
+        print!(
+            "{}",
+            crate::restore::restore(&config, file, args.force).await?
+        );
         return Ok(());
     }
     if let Some(file) = &args.save_backup {
@@ -54,6 +61,16 @@ pub async fn run_server(args: ServerArgs) -> Result<(), ServerError> {
     };
     let options = options_from(&config, &args.config)?;
     serve(options, catalog, shutdown_signal()).await
+}
+
+/// server.yaml's mTLS files, `None` with `insecure: true`.
+pub(crate) fn tls_files(config: &ServerConfig) -> Option<TlsFiles> {
+    config.tls.as_ref().map(|tls| TlsFiles {
+        ca: tls.ca.clone(),
+        cert: tls.cert.clone(),
+        key: tls.key.clone(),
+        crl: tls.crl.clone(),
+    })
 }
 
 fn load_catalog(path: &std::path::Path) -> Result<llmgw_catalog::Catalog, ServerError> {
@@ -91,12 +108,7 @@ pub fn options_from(
         )));
     }
     let security = Security {
-        tls: config.tls.as_ref().map(|tls| TlsFiles {
-            ca: tls.ca.clone(),
-            cert: tls.cert.clone(),
-            key: tls.key.clone(),
-            crl: tls.crl.clone(),
-        }),
+        tls: tls_files(config),
         admin: AdminAuth::from_config(&config.admin.tokens)
             .map_err(|e| ServerError::Config(format!("{}: {e}", file.display())))?,
     };
@@ -144,5 +156,6 @@ pub fn options_from(
         placement: PlanSettings::default(),
         router_listen: config.router_listen,
         usage_retention: config.usage_retention,
+        cluster_id: config.cluster_id.clone(),
     })
 }

@@ -15,6 +15,7 @@ mod api;
 mod args;
 mod auth;
 mod autoscale;
+mod epoch;
 mod security;
 
 mod model_spec;

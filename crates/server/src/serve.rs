@@ -35,6 +35,9 @@ pub struct ServerOptions {
     pub router_listen: Option<SocketAddr>,
     /// How long API keys' per-minute usage is kept.
     pub usage_retention: std::time::Duration,
+    /// server.yaml `cluster_id`: the id a cluster formed by these peers
+    /// takes.
+    pub cluster_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +232,12 @@ fn spawn_agent_loops(
     ));
     tokio::spawn(crate::autoscale::run_autoscaler(
         control.clone(),
+        stop_rx.clone(),
+    ));
+    tokio::spawn(crate::epoch::run_epoch_keeper(
+        control.clone(),
+        hub.clone(),
+        options.cluster_id.clone(),
         stop_rx.clone(),
     ));
     AgentStreams {

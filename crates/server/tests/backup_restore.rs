@@ -1,8 +1,9 @@
 //! Backup and restore as an operator does it: `llmgw ctl snapshot save`
-//! while writes go on, every peer stopped and wiped, `llmgw server
-//! --restore FILE` on each, start: same state hash, every write
-//! acknowledged before the save, and the agent reconnects and keeps its
-//! engine.
+//! while writes go on, two elections after it (the agent follows both),
+//! every peer stopped and wiped, `llmgw server --restore FILE` on each,
+//! start: the saved state, every write acknowledged before the save, and
+//! the agent reconnects, keeps its engine and obeys the restored cluster,
+//! whose terms restarted below what the agent had seen.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -48,6 +49,9 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
     writes.stop().await;
     let hash = saved_state_hash(&saved_text);
     the_backup_holds(&file, &acked_before_save);
+    // A rolling upgrade after the backup: the agent obeys two newer
+    // leaders, and keeps the highest it saw.
+    elect_twice_with_the_agent_following(&mut cluster).await;
 
     // Everything stops; every data directory is wiped; each is restored.
     for id in 1..=3 {
@@ -63,7 +67,8 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
         cluster.spawn(id);
     }
     cluster.wait_leader().await;
-    let restored_hash = cluster.wait_converged().await;
+    cluster.wait_converged().await;
+    restored_state_is_the_saved_one(&cluster, &file).await;
     nothing_acknowledged_is_lost(&cluster, &acked_before_save).await;
     // The agent finds the restored cluster and keeps its engine: same
     // pid, still ready, nothing placed again.
@@ -71,11 +76,102 @@ async fn a_backup_saved_under_load_restores_a_new_cluster_with_the_same_state() 
     assert_eq!(after.replica.id, before.replica.id);
     assert_eq!(after.replica.shards[0].pid, engine_pid);
     assert_eq!(agent.engine_pids(), engines);
+    // The restored cluster commands the agent: the model deleted, the
+    // engine stops.
+    the_agent_obeys_a_delete(&cluster, &agent).await;
+    agent.kill();
+}
+
+/// The restored cluster holds exactly the saved state, but for its
+/// epoch: the same cluster id, and an epoch past the saved one, begun by
+/// its first leader.
+async fn restored_state_is_the_saved_one(cluster: &Cluster, saved: &Path) {
+    let leader = cluster.wait_leader().await;
+    cluster
+        .eventually("the restored cluster's epoch", || async {
+            cluster
+                .cluster_view(leader)
+                .await?
+                .epoch
+                .ok_or_else(|| "no epoch yet".to_owned())
+        })
+        .await;
+    let now = saved.with_extension("restored.json");
+    snapshot_save(cluster, leader, &now);
+    let read = |file: &Path| -> llmgw_store::Backup {
+        serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap()
+    };
+    let (saved, now) = (read(saved), read(&now));
+    let before = saved.fleet.cluster.clone().expect("the saved cluster's id");
+    let after = now
+        .fleet
+        .cluster
+        .clone()
+        .expect("the restored cluster's id");
+    assert_eq!(after.id, before.id, "a restore keeps the cluster's id");
+    assert!(
+        after.epoch > before.epoch && !after.new_epoch_due,
+        "a restored cluster begins a later epoch: {before:?} then {after:?}"
+    );
+    let mut restored = now.fleet;
+    restored.cluster = saved.fleet.cluster.clone();
     assert_eq!(
-        restored_hash, hash,
+        restored.hash(),
+        saved.fleet.hash(),
         "the restored cluster holds exactly the saved state"
     );
-    agent.kill();
+}
+
+/// Two elections, each waited out until the agent's stream is open on
+/// the new leader (so it has obeyed it).
+async fn elect_twice_with_the_agent_following(cluster: &mut Cluster) {
+    for _ in 0..2 {
+        let old = cluster.wait_leader().await;
+        cluster.kill(old);
+        let new = cluster
+            .eventually("a new leader", || async {
+                match cluster.wait_leader().await {
+                    leader if leader != old => Ok(leader),
+                    leader => Err(format!("peer {leader} still leads")),
+                }
+            })
+            .await;
+        cluster
+            .eventually("the agent on the new leader", || async {
+                let nodes = cluster.nodes(new).await?;
+                match nodes.first().and_then(|node| node.stream.as_ref()) {
+                    Some(stream) if stream.connected => Ok(()),
+                    other => Err(format!("stream {other:?}")),
+                }
+            })
+            .await;
+        cluster.spawn(old);
+    }
+}
+
+async fn the_agent_obeys_a_delete(cluster: &Cluster, agent: &Agent) {
+    let leader = cluster.wait_leader().await;
+    let (status, body) = cluster
+        .send(leader, reqwest::Method::DELETE, "/api/v1/models/qwen", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 204, "{body}");
+    cluster
+        .eventually("the agent stops the engine", || async {
+            match agent.engine_pids().as_slice() {
+                [] => Ok(()),
+                running => Err(format!(
+                    "engines {running:?} still run; the agent said: {}",
+                    last_lines(&agent.log_text(), 3)
+                )),
+            }
+        })
+        .await;
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 async fn qwen_placed_and_ready(cluster: &Cluster, leader: u64) -> ReplicaView {
@@ -328,7 +424,8 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_the_survivors_data_di
         cluster.spawn(id);
     }
     cluster.wait_leader().await;
-    assert_eq!(cluster.wait_converged().await, hash);
+    cluster.wait_converged().await;
+    restored_state_is_the_saved_one(&cluster, &file).await;
     let names: BTreeSet<String> = cluster
         .model_names(1, true)
         .await
@@ -338,4 +435,93 @@ async fn a_cluster_that_lost_its_majority_is_restored_from_the_survivors_data_di
     for name in &acknowledged {
         assert!(names.contains(name), "{name} lost");
     }
+}
+
+/// A restore beside running peers is refused (it would make the restored
+/// peer forget what it acknowledged to them). Forced, with a backup of
+/// another cluster, the peer starts but the running peers and it refuse
+/// each other's RPCs: it never takes part in their cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_beside_running_peers_is_refused_and_a_foreign_one_is_kept_apart() {
+    let mut cluster = Cluster::start("");
+    let leader = cluster.wait_leader().await;
+    let ours = cluster
+        .eventually("the cluster's epoch", || async {
+            let view = cluster.cluster_view(leader).await?;
+            view.cluster_id
+                .zip(view.epoch)
+                .ok_or_else(|| "no epoch yet".to_owned())
+        })
+        .await
+        .0;
+    let (status, body) = cluster.put_model(leader, "before").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let file = cluster.dir.path().join("ours.json");
+    snapshot_save(&cluster, leader, &file);
+
+    let lost = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.kill(lost);
+    std::fs::remove_dir_all(&cluster.peers[(lost - 1) as usize].layout.data_dir).unwrap();
+    let refused = server_restore(&cluster, lost, &file);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "restored beside running peers");
+    assert!(
+        stderr.contains(&format!("peer {leader} at")) && stderr.contains("is running"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--force"), "{stderr}");
+
+    let foreign = cluster.dir.path().join("foreign.json");
+    write_as_another_cluster(&file, &foreign, "someone-else");
+    let forced = Command::new(llmgw_bin())
+        .args(["server", "--config"])
+        .arg(&cluster.peers[(lost - 1) as usize].layout.config)
+        .arg("--restore")
+        .arg(&foreign)
+        .arg("--force")
+        .output()
+        .unwrap();
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    cluster.spawn(lost);
+    cluster
+        .wait_log(
+            lost,
+            &[&format!(
+                "this peer belongs to cluster someone-else, and the caller to cluster {ours}"
+            )],
+        )
+        .await;
+    // The two peers of our cluster go on; the foreign one names no leader
+    // (it refuses their appends), so only theirs are asked.
+    let (status, body) = cluster.put_model(leader, "after").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    // The other follower applies it; the foreign peer, refusing the
+    // leader's appends, holds only what its own backup held.
+    let other = (1..=3).find(|id| *id != leader && *id != lost).unwrap();
+    cluster
+        .eventually("the other follower applies the write", || async {
+            let names = cluster.model_names(other, false).await?;
+            if names.iter().any(|name| name == "after") {
+                Ok(())
+            } else {
+                Err(format!("{names:?}"))
+            }
+        })
+        .await;
+    let names = cluster.model_names(lost, false).await.unwrap();
+    assert!(names.contains(&"before".to_owned()), "{names:?}");
+    assert!(!names.contains(&"after".to_owned()), "{names:?}");
+}
+
+/// The backup in `from`, as if taken from cluster `id`.
+fn write_as_another_cluster(from: &Path, to: &Path, id: &str) {
+    let mut backup: llmgw_store::Backup =
+        serde_json::from_slice(&std::fs::read(from).unwrap()).unwrap();
+    backup.fleet.cluster.as_mut().expect("an identity").id = id.to_owned();
+    backup.state_hash = backup.fleet.hash().to_string();
+    std::fs::write(to, serde_json::to_vec(&backup).unwrap()).unwrap();
 }

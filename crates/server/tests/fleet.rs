@@ -222,11 +222,16 @@ async fn an_agent_restarted_within_the_ttl_leaves_its_node_ready() {
 async fn commands_from_an_older_term_are_refused_and_the_refusal_is_visible() {
     let cluster = Cluster::start(LIVENESS);
     let leader = cluster.wait_leader().await;
-    // This agent has already obeyed a leader of term 1000 (its fencing file
-    // says so), so everything this cluster's leader sends is stale.
+    // This agent has already obeyed a leader of term 1000 in an epoch far
+    // ahead (its fencing file says so), so everything this cluster's
+    // leader sends is stale.
     let layout = llmgw_dev::AgentLayout::new(cluster.dir.path(), "fenced", L40S_PCIE, "r1");
     std::fs::create_dir_all(&layout.work_dir).unwrap();
-    std::fs::write(layout.work_dir.join("leader-term"), "1000").unwrap();
+    std::fs::write(
+        layout.work_dir.join("leader-term"),
+        "1000 0 99999999999999 -",
+    )
+    .unwrap();
     let agent = Agent::start(&cluster, "fenced", L40S_PCIE, 1);
     let refusal = cluster
         .eventually("the leader shows the refusal", || async {

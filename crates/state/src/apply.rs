@@ -185,6 +185,9 @@ impl FleetState {
                 (demand, *interval_ms),
                 *at_ms,
             ),
+            Command::BeginEpoch {
+                cluster_id, epoch, ..
+            } => self.begin_epoch(cluster_id, *epoch),
             Command::Unknown => Outcome::Applied,
         }
     }

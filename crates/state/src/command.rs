@@ -247,6 +247,14 @@ pub enum Command {
         interval_ms: u64,
         at_ms: u64,
     },
+    /// A leader begins the cluster's epoch: once for a cluster that has
+    /// none, and once after each restore (with an epoch past the backup's).
+    /// Refused under another cluster id, and when no epoch is due.
+    BeginEpoch {
+        cluster_id: String,
+        epoch: u64,
+        at_ms: u64,
+    },
     /// A command from a newer llmgw this build does not know; applied as a
     /// no-op. Never proposed by this build.
     #[serde(other)]
@@ -282,6 +290,7 @@ impl Command {
             Command::RotateApiKey { .. } => "rotate_api_key",
             Command::RevokeApiKey { .. } => "revoke_api_key",
             Command::RecordUsage { .. } => "record_usage",
+            Command::BeginEpoch { .. } => "begin_epoch",
             Command::Unknown => "unknown",
         }
     }
@@ -310,6 +319,9 @@ impl std::fmt::Display for Command {
             | Command::RevokeApiKey { name, .. } => name.clone(),
             Command::CreateApiKey { key, .. } => key.name.clone(),
             Command::RecordUsage { reporter, seq, .. } => format!("{reporter}#{seq}"),
+            Command::BeginEpoch {
+                cluster_id, epoch, ..
+            } => format!("{epoch} of {cluster_id}"),
             Command::SetShardState { replica, rank, .. } => format!("{replica}/{rank}"),
             Command::RetirePeer { peer, .. } => peer.to_string(),
             Command::Batch { commands, .. } => format!("of {}", commands.len()),

@@ -10,6 +10,7 @@ mod apply;
 mod command;
 mod hash;
 mod holders;
+mod identity;
 mod keys;
 mod model_spec;
 mod ports;
@@ -18,7 +19,9 @@ mod usage;
 
 pub use command::{Command, Leadership, Outcome, Rejection, RejectionKind, SeedModel};
 pub use hash::StateHash;
+pub use identity::ClusterIdentity;
 pub use keys::{ApiKeyRecord, KeyLimits, KeySettings, check_key_name};
+pub use llmgw_node_id::check_cluster_id;
 pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;

@@ -36,6 +36,11 @@ pub struct FleetState {
     /// What keys used, per key, model and minute. Left out while empty.
     #[serde(default, skip_serializing_if = "crate::usage::Usage::is_empty")]
     pub usage: crate::usage::Usage,
+    /// Which cluster this is and which epoch of it; `None` until the first
+    /// leader of a cluster formed before identities begins one. Left out
+    /// while `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::identity::ClusterIdentity>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -55,6 +55,18 @@ impl Backup {
         self.last_log_id.leader_id.term
     }
 
+    /// The cluster the backup came from; `None` for a backup taken before
+    /// the cluster had an id.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.fleet.cluster.as_ref().map(|c| c.id.as_str())
+    }
+
+    /// The epoch the cluster was in when the backup was taken (0 before
+    /// epochs).
+    pub fn epoch(&self) -> u64 {
+        self.fleet.cluster.as_ref().map_or(0, |c| c.epoch)
+    }
+
     /// The file is one this release can restore, and its state is the one
     /// it claims (a truncated or edited file fails here).
     pub fn verify(&self) -> Result<(), String> {
@@ -78,11 +90,14 @@ impl Backup {
 
 /// Seeds the empty store in `dir` for peer `id` from `backup`, with
 /// `peers` (every peer being restored, this one included) as the voters.
+/// `cluster_id` names the cluster when the backup predates ids; every
+/// peer restored from one file must be given the same.
 pub fn restore(
     dir: &Path,
     id: u64,
     peers: &BTreeMap<u64, PeerNode>,
     backup: &Backup,
+    cluster_id: &str,
 ) -> Result<(), StoreError> {
     let refuse = |detail: String| StoreError::Restore {
         path: dir.to_owned(),
@@ -109,7 +124,12 @@ pub fn restore(
         last_log_id: Some(backup.last_log_id),
         last_membership: StoredMembership::new(Some(backup.last_log_id), membership),
     };
-    let data = to_json(&backup.fleet).map_err(|e| refuse(e.to_string()))?;
+    // The restored cluster keeps the backup's id and begins a new epoch
+    // under its first leader, which agents take as newer than any
+    // leadership of the cluster the backup came from.
+    let fleet = backup.fleet.clone().restored(cluster_id);
+    let expected_hash = fleet.hash().to_string();
+    let data = to_json(&fleet).map_err(|e| refuse(e.to_string()))?;
     // Voted for itself in the backup's term: elections start above it, so
     // no peer ever appends below the snapshot's log id.
     let vote = Vote::new(backup.term(), id);
@@ -133,11 +153,10 @@ pub fn restore(
     // Open it once more: everything a start will check holds.
     let store = crate::open(dir)?;
     let (index, hash) = store.state_machine.state_hash();
-    if index != Some(backup.index()) || hash.to_string() != backup.state_hash {
+    if index != Some(backup.index()) || hash.to_string() != expected_hash {
         return Err(refuse(format!(
-            "the restored store reads back as index {index:?}, hash {hash}; expected {} and {}",
+            "the restored store reads back as index {index:?}, hash {hash}; expected {} and {expected_hash}",
             backup.index(),
-            backup.state_hash
         )));
     }
     Ok(())

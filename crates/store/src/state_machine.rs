@@ -6,7 +6,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use futures::TryStreamExt;
@@ -87,6 +87,10 @@ pub struct StateMachineStore {
     /// openraft builds in a task of its own and may install a newer
     /// snapshot meanwhile, and the older one must never land last.
     snapshot_lock: SnapshotLock,
+    /// The cluster this store belongs to, once known (a restore seeds it;
+    /// a cluster's first epoch sets it). Set once: the peer transport
+    /// refuses RPCs of any other cluster from then on.
+    cluster_id: Arc<OnceLock<String>>,
 }
 
 pub(crate) fn verify_snapshot(db: &DB) -> Result<(), String> {
@@ -116,12 +120,31 @@ impl StateMachineStore {
             applied.last_applied = stored.meta.last_log_id;
             applied.membership = stored.meta.last_membership;
         }
-        Ok(Self {
+        let store = Self {
             db,
             applied: Arc::new(RwLock::new(applied)),
             stats: Arc::default(),
             snapshot_lock: SnapshotLock::default(),
-        })
+            cluster_id: Arc::default(),
+        };
+        store.note_cluster();
+        Ok(store)
+    }
+
+    /// The cluster id this store belongs to, once known; shared, so the
+    /// transport sees it as soon as it is applied.
+    pub fn cluster_id(&self) -> Arc<OnceLock<String>> {
+        self.cluster_id.clone()
+    }
+
+    fn note_cluster(&self) {
+        if self.cluster_id.get().is_some() {
+            return;
+        }
+        let applied = self.applied.read().expect("state lock poisoned");
+        if let Some(identity) = &applied.fleet.cluster {
+            let _ = self.cluster_id.set(identity.id.clone());
+        }
     }
 
     pub(crate) fn db(&self) -> &DB {
@@ -226,6 +249,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 responder.send(outcome);
             }
         }
+        self.note_cluster();
         let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.stats.entries.fetch_add(count, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
@@ -267,6 +291,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             applied.membership = meta.last_membership.clone();
         }
         drop(held);
+        self.note_cluster();
         self.stats
             .snapshots_installed
             .fetch_add(1, Ordering::Relaxed);

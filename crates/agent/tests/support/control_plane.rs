@@ -63,6 +63,7 @@ impl AgentService for Fake {
                     term: self.term,
                     command_id: 0,
                     leader_id: 0,
+                    epoch: 0,
                     body: Some(Down::Redirect(Redirect {
                         leader_addr: leader.clone(),
                         leader_id: "peer-2".into(),
@@ -86,6 +87,7 @@ impl AgentService for Fake {
                         term,
                         command_id: 0,
                         leader_id: 0,
+                        epoch: 0,
                         body: Some(Down::HeartbeatAck(HeartbeatAck { seq: beat.seq })),
                     }));
                 }
@@ -172,6 +174,7 @@ impl FakePeer {
             term,
             command_id,
             leader_id: 0,
+            epoch: 0,
             body: Some(body),
         }))
         .await

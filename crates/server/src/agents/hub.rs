@@ -71,8 +71,14 @@ impl State {
 
 #[derive(Default)]
 pub struct Hub {
-    /// This peer's id: with the term, the leadership every message carries.
+    /// This peer's id: with the epoch and the term, the leadership every
+    /// message carries.
     peer: u64,
+    /// The cluster's epoch and id ([`Hub::set_cluster`]): they change when
+    /// the cluster's first epoch begins while this peer leads (a restore
+    /// restarts the peer, and with it the hub).
+    epoch: AtomicU64,
+    cluster_id: Mutex<String>,
     state: Mutex<State>,
     next_id: AtomicU64,
     next_command: AtomicU64,
@@ -87,6 +93,22 @@ impl Hub {
             peer,
             ..Hub::default()
         }
+    }
+
+    /// The cluster and epoch every message is sent under from now on. Only
+    /// ever raised: a registration that read the state before the epoch
+    /// began must not set it back, or agents that saw the epoch would take
+    /// this leader for a deposed one.
+    pub fn set_cluster(&self, cluster_id: &str, epoch: u64) {
+        let mut id = self.cluster_id.lock().unwrap_or_else(|p| p.into_inner());
+        if epoch > self.epoch.load(Ordering::Relaxed) || id.is_empty() {
+            self.epoch.fetch_max(epoch, Ordering::Relaxed);
+            cluster_id.clone_into(&mut id);
+        }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -136,11 +158,18 @@ impl Hub {
                 }
             }
         }
+        let cluster_id = self
+            .cluster_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let registered = ControlMessage {
             term,
+            epoch: self.epoch(),
             command_id: self.command_id(),
             leader_id: self.peer,
             body: Some(Body::Registered(Registered {
+                cluster_id,
                 shards,
                 heartbeat_interval_ms: u64::try_from(heartbeat_interval.as_millis()).unwrap_or(0),
                 drains,
@@ -269,6 +298,7 @@ impl Hub {
         // a session when it next has something to say.
         let _ = s.tx.try_send(Ok(ControlMessage {
             term,
+            epoch: self.epoch(),
             command_id: 0,
             leader_id: self.peer,
             body: Some(Body::HeartbeatAck(HeartbeatAck { seq })),
@@ -411,6 +441,7 @@ impl Hub {
         for body in messages {
             let message = ControlMessage {
                 term: session.term,
+                epoch: self.epoch(),
                 command_id: self.command_id(),
                 leader_id: self.peer,
                 body: Some(body),
@@ -553,15 +584,25 @@ mod tests {
     }
 
     #[test]
-    fn every_message_carries_the_session_term() {
+    fn every_message_carries_the_session_term_and_the_cluster_epoch() {
         let hub = Hub::default();
+        hub.set_cluster("prod-a", 1_700);
+        // A registration that read the state before the epoch began.
+        hub.set_cluster("", 0);
         let (tx, mut rx) = mpsc::channel(16);
         hub.open("n1", 42, tx, &[], HashMap::new(), Duration::ZERO)
             .unwrap();
         hub.sync("n1", &[spec("a-r0", 1)]);
+        let mut seen = 0;
         while let Ok(message) = rx.try_recv() {
-            assert_eq!(message.unwrap().term, 42);
+            let message = message.unwrap();
+            assert_eq!((message.epoch, message.term), (1_700, 42));
+            if let Some(Body::Registered(registered)) = &message.body {
+                assert_eq!(registered.cluster_id, "prod-a");
+            }
+            seen += 1;
         }
+        assert_eq!(seen, 2, "Registered and the start");
     }
 
     #[test]

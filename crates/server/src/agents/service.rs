@@ -67,9 +67,12 @@ impl AgentStreams {
             Some((id, _)) if id == self.control.id() => (
                 String::new(),
                 String::new(),
-                self.control
-                    .inactive_leader_reason()
-                    .unwrap_or_else(|| format!("peer {id} is not leading the fleet now")),
+                self.control.inactive_leader_reason().unwrap_or_else(|| {
+                    format!(
+                        "peer {id} is not ready to command agents: its leadership just \
+                             changed, or the cluster is beginning its epoch (new or restored)"
+                    )
+                }),
             ),
             Some((id, peer)) => (
                 id.to_string(),
@@ -85,6 +88,7 @@ impl AgentStreams {
         tracing::debug!(node, leader = %leader_addr, "redirecting an agent to the leader");
         let _ = tx.try_send(Ok(ControlMessage {
             term: 0,
+            epoch: 0,
             command_id: 0,
             leader_id: 0,
             body: Some(Down::Redirect(Redirect {
@@ -93,6 +97,44 @@ impl AgentStreams {
                 reason,
             })),
         }));
+    }
+}
+
+impl AgentStreams {
+    /// The epoch this leader commands agents under: the cluster's, epoch
+    /// 0 while a cluster from before epochs has none yet, `None` while a
+    /// restored cluster has not begun its own (redirect the agent, which
+    /// comes back shortly). An agent that joined another cluster is
+    /// refused, naming both.
+    fn cluster_epoch(
+        &self,
+        node: &str,
+        register: &llmgw_proto::agent::Register,
+        remote: &str,
+    ) -> Result<Option<u64>, Status> {
+        let standing = self.control.read(|fleet| match &fleet.cluster {
+            None => Some((String::new(), 0)),
+            Some(identity) if identity.settled() => Some((identity.id.clone(), identity.epoch)),
+            Some(_) => None,
+        });
+        let Some((cluster_id, epoch)) = standing else {
+            return Ok(None);
+        };
+        if !cluster_id.is_empty()
+            && !register.cluster_id.is_empty()
+            && register.cluster_id != cluster_id
+        {
+            let why = format!(
+                "node {node} joined cluster {}, and this is cluster {cluster_id}: its agent \
+                 obeys no other. Point it at its own cluster's peers, or, if the node really \
+                 moves, stop the agent and remove the leader-term file in its work directory",
+                register.cluster_id
+            );
+            tracing::error!(node, %remote, "refused a registration: {why}");
+            return Err(Status::failed_precondition(why));
+        }
+        self.hub.set_cluster(&cluster_id, epoch);
+        Ok(Some(epoch))
     }
 }
 
@@ -139,12 +181,18 @@ impl AgentService for AgentStreams {
             self.redirect(&node, &tx);
             return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
         };
-        if register.highest_term > term {
+        let Some(epoch) = self.cluster_epoch(&node, &register, &remote)? else {
+            self.redirect(&node, &tx);
+            return Ok(Response::new(Box::pin(ReceiverStream::new(rx))));
+        };
+        if (register.highest_epoch, register.highest_term) > (epoch, term) {
             tracing::warn!(
                 node,
+                agent_epoch = register.highest_epoch,
                 agent_term = register.highest_term,
+                epoch,
                 term,
-                "agent has seen a newer leader term than this leader's; it will refuse our commands"
+                "agent has seen a newer leadership than this leader's; it will refuse our commands"
             );
         }
         // Before anything is written: a second machine with this node id

@@ -10,7 +10,15 @@ use super::{ApiError, ApiState};
 pub async fn cluster(State(state): State<ApiState>) -> Json<ClusterView> {
     let metrics = state.control.metrics();
     let peers = state.control.cluster_view().await;
+    let (cluster_id, epoch) = state.control.read(|fleet| {
+        fleet
+            .settled_epoch()
+            .map(|(id, epoch)| (id.to_owned(), epoch))
+            .unzip()
+    });
     Json(ClusterView {
+        cluster_id,
+        epoch,
         id: state.control.id(),
         leader_id: metrics.current_leader,
         leader_heard_ms_ago: state
