@@ -123,16 +123,10 @@ impl LaunchSpec {
     pub fn from_proto(spec: &ShardSpec) -> Result<Self, SpecError> {
         let shard = spec.shard_id.clone();
         check_shard_id(&shard)?;
-        let engine = match spec.engine.as_str() {
-            "vllm" => Engine::Vllm,
-            "sglang" => Engine::Sglang,
-            other => {
-                return Err(SpecError::UnknownEngine {
-                    shard,
-                    engine: other.to_string(),
-                });
-            }
-        };
+        let engine: Engine = spec.engine.parse().map_err(|_| SpecError::UnknownEngine {
+            shard: shard.clone(),
+            engine: spec.engine.clone(),
+        })?;
         let launch_mode = match spec.launch_mode.as_str() {
             "" => None,
             "mp" => Some(LaunchMode::Mp),

@@ -438,24 +438,6 @@ impl Decode for RolloutPolicy {
     }
 }
 
-impl Decode for Engine {
-    fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
-        let text = String::decode(node, path, cx)?;
-        match text.as_str() {
-            "vllm" => Some(Engine::Vllm),
-            "sglang" => Some(Engine::Sglang),
-            _ => {
-                cx.report(
-                    node.pos,
-                    path,
-                    format!("unknown engine {text:?}; expected `vllm` or `sglang`"),
-                );
-                None
-            }
-        }
-    }
-}
-
 impl Decode for LaunchMode {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         let text = String::decode(node, path, cx)?;

@@ -10,7 +10,7 @@ use crate::model::Engine;
 /// The release a profile's `engine_version` names, or why it cannot be
 /// used (the message lists the releases llmgw has option data for).
 pub fn resolve_engine_version(engine: Engine, text: &str) -> Result<Version, String> {
-    let known = options::versions(engine.into());
+    let known = options::versions(engine);
     let listed: Vec<String> = known.iter().map(Version::to_string).collect();
     let version = Version::parse(text).ok_or_else(|| {
         format!(
@@ -31,7 +31,6 @@ pub fn resolve_engine_version(engine: Engine, text: &str) -> Result<Version, Str
 /// release, else the newest one not newer than the engine's default
 /// (`None` when llmgw has none that old).
 pub fn options_for(engine: Engine, version: Option<Version>) -> Option<&'static EngineOptions> {
-    let engine: options::Engine = engine.into();
     match version {
         Some(v) => options::options(engine, v),
         None => options::newest_up_to(engine, engine.default_version()).map(|(_, data)| data),
@@ -44,7 +43,7 @@ pub fn options_up_to(
     engine: Engine,
     version: Version,
 ) -> Option<(Version, &'static EngineOptions)> {
-    options::newest_up_to(engine.into(), version)
+    options::newest_up_to(engine, version)
 }
 
 /// Every problem of `engine_args` for the release, with the item it is in.

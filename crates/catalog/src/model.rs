@@ -2,7 +2,6 @@
 //! live in `decode.rs`, so a `Model` that exists has passed every rule.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -154,38 +153,8 @@ impl Default for RolloutPolicy {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Engine {
-    Vllm,
-    Sglang,
-}
-
-impl Engine {
-    pub const ALL: [Engine; 2] = [Engine::Vllm, Engine::Sglang];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Engine::Vllm => "vllm",
-            Engine::Sglang => "sglang",
-        }
-    }
-}
-
-impl From<Engine> for llmgw_engine_options::Engine {
-    fn from(engine: Engine) -> Self {
-        match engine {
-            Engine::Vllm => llmgw_engine_options::Engine::Vllm,
-            Engine::Sglang => llmgw_engine_options::Engine::Sglang,
-        }
-    }
-}
-
-impl fmt::Display for Engine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// The engine family, one type from the catalog to the simulator.
+pub use llmgw_engine_options::Engine;
 
 /// How the shards of a multi-node vLLM replica find each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

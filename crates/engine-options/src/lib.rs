@@ -26,7 +26,7 @@ mod vllm_argv;
 pub use argparse::{ParseError, Parsed, Parser};
 pub use data::EngineOptions;
 pub use registry::{
-    DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, Engine, Version, embedded_files, newest_up_to,
-    options, versions,
+    DEFAULT_SGLANG_VERSION, DEFAULT_VLLM_VERSION, Engine, UnknownEngine, Version, embedded_files,
+    newest_up_to, options, versions,
 };
 pub use validate::{ArgProblem, check_engine_args};

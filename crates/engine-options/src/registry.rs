@@ -4,18 +4,23 @@
 use std::fmt;
 use std::sync::OnceLock;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::data::EngineOptions;
 
-/// The engine family a data file describes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// An engine family: the one engine vocabulary of llmgw, from a catalog
+/// profile through option data and launch plans to the simulator's
+/// persona. Written as `vllm` or `sglang` everywhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Engine {
     Vllm,
     Sglang,
 }
 
 impl Engine {
+    pub const ALL: [Engine; 2] = [Engine::Vllm, Engine::Sglang];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Engine::Vllm => "vllm",
@@ -37,6 +42,48 @@ impl Engine {
 impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// The name is not an engine llmgw runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownEngine(pub String);
+
+impl fmt::Display for UnknownEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown engine {:?}; expected one of {}",
+            self.0,
+            Engine::ALL.map(Engine::as_str).join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownEngine {}
+
+/// As a catalog (`engine:`) or agent.yaml names it.
+impl llmgw_yaml::Decode for Engine {
+    fn decode(
+        node: &llmgw_yaml::Node,
+        path: &llmgw_yaml::Path,
+        cx: &mut llmgw_yaml::Cx,
+    ) -> Option<Self> {
+        let text = String::decode(node, path, cx)?;
+        text.parse()
+            .map_err(|unknown: UnknownEngine| cx.report(node.pos, path, unknown.to_string()))
+            .ok()
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = UnknownEngine;
+
+    fn from_str(name: &str) -> Result<Self, UnknownEngine> {
+        Engine::ALL
+            .into_iter()
+            .find(|engine| engine.as_str() == name)
+            .ok_or_else(|| UnknownEngine(name.to_owned()))
     }
 }
 

@@ -5,12 +5,8 @@
 
 use std::fmt;
 
-/// The engine family.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Vllm,
-    Sglang,
-}
+/// The engine family, llmgw's one engine type.
+pub use llmgw_engine_options::Engine;
 
 /// A persona such as `vllm=0.11.0` or `sglang=0.5.10`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,11 +42,7 @@ impl Persona {
             Some((e, v)) => (e.trim(), Some(v.trim())),
             None => (text.trim(), None),
         };
-        let engine = match engine {
-            "vllm" => Engine::Vllm,
-            "sglang" => Engine::Sglang,
-            _ => return Err(err()),
-        };
+        let engine: Engine = engine.parse().map_err(|_| err())?;
         let mut persona = Self::current(engine);
         if let Some(v) = version.filter(|v| *v != "current" && !v.is_empty()) {
             // `0.5.10.post1` and `0.11.1rc2` keep their numeric head.
