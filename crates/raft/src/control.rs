@@ -107,6 +107,12 @@ struct Inner {
     settings: RaftSettings,
     configured: BTreeMap<u64, PeerNode>,
     pristine_at_start: bool,
+    /// The term this peer had voted in and the last log index it held
+    /// when it started: a leadership it resumes in that term after a
+    /// restart (openraft restores a leader in its term) acts only once it
+    /// has applied that far, since the committed index it restarted from
+    /// may be older than what it had committed.
+    log_at_start: Option<(u64, u64)>,
     disk: DiskGuard,
     membership_lock: tokio::sync::Mutex<()>,
     counters: Arc<RaftCounters>,
@@ -155,6 +161,16 @@ impl ControlPlane {
             min_free: settings.min_free_disk_bytes,
         };
         let pristine_at_start = store.is_pristine();
+        let log_at_start = {
+            use openraft::RaftLogReader;
+            use openraft::storage::RaftLogStorage;
+            let mut log = store.log.clone();
+            let read = |e: std::io::Error| StartError::Raft(format!("reading the log: {e}"));
+            let last = log.get_log_state().await.map_err(read)?.last_log_id;
+            let vote = log.read_vote().await.map_err(read)?;
+            vote.zip(last)
+                .map(|(vote, last)| (vote.leader_id().term, last.index))
+        };
         let applied = store.state_machine.applied();
         let stats = store.state_machine.stats();
         let sync_stats = store.log.sync_stats();
@@ -189,6 +205,7 @@ impl ControlPlane {
                 settings,
                 configured,
                 pristine_at_start,
+                log_at_start,
                 disk,
                 membership_lock: tokio::sync::Mutex::new(()),
                 counters,
@@ -285,7 +302,12 @@ impl ControlPlane {
     }
 
     fn inactive(&self, metrics: &RaftMetrics<TypeConfig>) -> Option<InactiveLeader> {
-        InactiveLeader::of(self.inner.id, metrics, self.inner.settings.leader_lease())
+        InactiveLeader::of(
+            self.inner.id,
+            metrics,
+            self.inner.settings.leader_lease(),
+            self.inner.log_at_start,
+        )
     }
 
     /// Notes that `leader` just appended to this peer (entries or a

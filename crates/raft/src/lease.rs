@@ -1,6 +1,7 @@
 //! When a peer that Raft calls leader may act on the fleet: a majority
 //! answered it within the leader lease, and it has applied its own first
-//! entry (so everything earlier leaders committed).
+//! entry (so everything earlier leaders committed) and everything its log
+//! held when the peer started (a leadership resumed after a restart).
 
 use std::time::Duration;
 
@@ -41,11 +42,13 @@ pub(crate) enum InactiveLeader {
         lease: Duration,
     },
     /// It has not applied its own first entry, so not everything earlier
-    /// leaders committed either.
+    /// leaders committed either; or, resumed after a restart, not yet
+    /// everything its log held then (`up_to`).
     CatchingUp {
         peer: u64,
         term: u64,
         applied: Option<u64>,
+        up_to: Option<u64>,
     },
 }
 
@@ -56,6 +59,7 @@ impl InactiveLeader {
         peer: u64,
         metrics: &RaftMetrics<TypeConfig>,
         lease: Duration,
+        log_at_start: Option<(u64, u64)>,
     ) -> Option<InactiveLeader> {
         let term = metrics.current_term;
         if let Some(lapse) = lease_lapse(metrics, lease) {
@@ -70,15 +74,27 @@ impl InactiveLeader {
             });
         }
         // The first entry of a term is the new leader's own; once it is
-        // applied, so is everything committed before the term.
+        // applied, so is everything committed before the term. A leader
+        // openraft restores in its own term after a restart appends no new
+        // first entry, and restarts from a committed index a power cut may
+        // have set back (it is written without sync): its applied entry is
+        // its own, yet entries it had committed since are not applied
+        // again until it learns they committed. What its log held at start
+        // bounds them.
+        // Only in that term: a later term's first entry comes after all of
+        // them, and a log truncated since may never grow that long again.
+        let up_to = log_at_start
+            .filter(|(started_in, _)| *started_in == term)
+            .map(|(_, held)| held);
         let caught_up = metrics.last_applied.as_ref().is_some_and(|applied| {
             let by = applied.committed_leader_id();
-            by.term == term && by.node_id == peer
+            by.term == term && by.node_id == peer && up_to.is_none_or(|held| applied.index >= held)
         });
         (!caught_up).then(|| InactiveLeader::CatchingUp {
             peer,
             term,
             applied: metrics.last_applied.as_ref().map(|l| l.index),
+            up_to,
         })
     }
 
@@ -114,11 +130,74 @@ impl std::fmt::Display for InactiveLeader {
                 peer,
                 term,
                 applied,
-            } => write!(
-                f,
-                "peer {peer} leads term {term} but is still applying what earlier leaders \
-                 committed (applied up to {applied:?})"
-            ),
+                up_to,
+            } => {
+                write!(
+                    f,
+                    "peer {peer} leads term {term} but is still applying what earlier leaders \
+                     committed (applied up to {applied:?}"
+                )?;
+                match up_to {
+                    Some(held) => write!(f, "; its log held entry {held} when it started)"),
+                    None => f.write_str(")"),
+                }
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llmgw_store::LogId;
+
+    fn by(term: u64, node_id: u64, index: u64) -> LogId {
+        LogId::new(
+            openraft::impls::leader_id_adv::LeaderId { term, node_id },
+            index,
+        )
+    }
+
+    /// A single-voter view (no lease to check) of peer 1 leading term 5,
+    /// having applied `applied`.
+    fn leading(applied: LogId) -> RaftMetrics<TypeConfig> {
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.current_term = 5;
+        metrics.last_applied = Some(applied);
+        metrics
+    }
+
+    #[test]
+    fn a_leader_resumed_after_a_restart_waits_until_it_applied_what_its_log_held() {
+        let lease = Duration::from_millis(450);
+        const STARTED: Option<(u64, u64)> = Some((5, 120));
+        // Its own entry applied, but the committed index it restarted from
+        // was set back: entries 111..=120, committed before, not yet.
+        let behind = leading(by(5, 1, 110));
+        let inactive = InactiveLeader::of(1, &behind, lease, STARTED);
+        assert!(
+            matches!(
+                inactive,
+                Some(InactiveLeader::CatchingUp {
+                    up_to: Some(120),
+                    ..
+                })
+            ),
+            "acts on a view missing committed entries"
+        );
+        assert!(
+            inactive
+                .unwrap()
+                .to_string()
+                .contains("entry 120 when it started")
+        );
+        assert!(InactiveLeader::of(1, &leading(by(5, 1, 120)), lease, STARTED).is_none());
+        // Applied past what it held at start.
+        assert!(InactiveLeader::of(1, &leading(by(5, 1, 121)), lease, STARTED).is_none());
+        // Not its own entry: earlier leaders' entries may be unapplied.
+        assert!(InactiveLeader::of(1, &leading(by(4, 2, 130)), lease, STARTED).is_some());
+        // Elected in a later term after starting with a longer log that
+        // was truncated since: its own first entry is enough.
+        assert!(InactiveLeader::of(1, &leading(by(5, 1, 110)), lease, Some((3, 120))).is_none());
     }
 }
