@@ -87,7 +87,13 @@ async fn a_torn_last_record_is_dropped_and_the_store_opens() {
         .set_len(torn)
         .unwrap();
 
-    let mut store = llmgw_store::open(dir.path())
+    opens_with_what_was_acknowledged_and_keeps_working(dir.path()).await;
+}
+
+/// The store opens with the vote and the 50 acknowledged entries, none of
+/// the torn batch, and goes on appending.
+async fn opens_with_what_was_acknowledged_and_keeps_working(dir: &Path) {
+    let mut store = llmgw_store::open(dir)
         .unwrap_or_else(|e| panic!("a torn unacknowledged tail must not stop the peer: {e}"));
     assert_eq!(
         store.log.read_vote().await.unwrap(),
@@ -99,14 +105,13 @@ async fn a_torn_last_record_is_dropped_and_the_store_opens() {
         50,
         "every acknowledged entry, and none of the torn batch"
     );
-    // The store keeps working after the repair.
     store
         .log
         .append([entry(50)], IOFlushed::noop())
         .await
         .unwrap();
     drop(store);
-    let mut store = llmgw_store::open(dir.path()).unwrap();
+    let mut store = llmgw_store::open(dir).unwrap();
     let entries = store.log.try_get_log_entries(0..1000).await.unwrap();
     assert_eq!(entries.len(), 51);
 }
@@ -217,29 +222,7 @@ async fn a_torn_last_record_of_full_length_is_dropped_and_nothing_acknowledged_i
     assert!(matches!(refused, StoreError::Corrupt { .. }), "{refused}");
     std::fs::write(&record, &kept).unwrap();
 
-    let mut store = llmgw_store::open(dir.path())
-        .unwrap_or_else(|e| panic!("a torn full-length tail must not stop the peer: {e}"));
-    assert_eq!(
-        store.log.read_vote().await.unwrap(),
-        Some(Vote::new_committed(1, 1))
-    );
-    let entries = store.log.try_get_log_entries(0..1000).await.unwrap();
-    assert_eq!(
-        entries.len(),
-        50,
-        "every acknowledged entry, none of the torn batch"
-    );
-    store
-        .log
-        .append([entry(50)], IOFlushed::noop())
-        .await
-        .unwrap();
-    drop(store);
-    let mut store = llmgw_store::open(dir.path()).unwrap();
-    assert_eq!(
-        store.log.try_get_log_entries(0..1000).await.unwrap().len(),
-        51
-    );
+    opens_with_what_was_acknowledged_and_keeps_working(dir.path()).await;
 }
 
 #[tokio::test]
