@@ -16,8 +16,11 @@ pub enum SpecError {
         "shard id {0:?} is not usable: use 1-128 characters from letters, digits, `.`, `_` and `-`"
     )]
     BadShardId(String),
-    #[error("shard {shard}: unknown engine {engine:?} (expected `vllm` or `sglang`)")]
-    UnknownEngine { shard: String, engine: String },
+    #[error("shard {shard}: {source}")]
+    UnknownEngine {
+        shard: String,
+        source: llmgw_catalog::UnknownEngine,
+    },
     #[error("shard {shard}: unknown launch_mode {mode:?} (expected `mp`, `ray` or empty)")]
     UnknownLaunchMode { shard: String, mode: String },
     #[error("shard {shard}: {field} {value} is not a TCP port")]
@@ -123,10 +126,13 @@ impl LaunchSpec {
     pub fn from_proto(spec: &ShardSpec) -> Result<Self, SpecError> {
         let shard = spec.shard_id.clone();
         check_shard_id(&shard)?;
-        let engine: Engine = spec.engine.parse().map_err(|_| SpecError::UnknownEngine {
-            shard: shard.clone(),
-            engine: spec.engine.clone(),
-        })?;
+        let engine: Engine = spec
+            .engine
+            .parse()
+            .map_err(|source| SpecError::UnknownEngine {
+                shard: shard.clone(),
+                source,
+            })?;
         let launch_mode = match spec.launch_mode.as_str() {
             "" => None,
             "mp" => Some(LaunchMode::Mp),

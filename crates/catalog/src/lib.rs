@@ -18,8 +18,8 @@ pub use decode::{
     parse_catalog, parse_model,
 };
 pub use engine_args::{check_engine_args, options_for, options_up_to, resolve_engine_version};
-pub use llmgw_engine_options::ArgProblem;
 pub use llmgw_engine_options::Version as EngineRelease;
+pub use llmgw_engine_options::{ArgProblem, UnknownEngine};
 pub use managed_flags::{MANAGED_ENV, managed_flag};
 pub use model::{
     Autoscale, Catalog, Engine, LaunchMode, Managed, Model, Profile, RolloutPolicy, Serving,

@@ -214,6 +214,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_engine_is_written_read_and_decoded_by_its_one_name() {
+        for engine in Engine::ALL {
+            let json = serde_json::to_string(&engine).unwrap();
+            assert_eq!(json, format!("\"{}\"", engine.as_str()), "stored as before");
+            assert_eq!(serde_json::from_str::<Engine>(&json).unwrap(), engine);
+            assert_eq!(engine.as_str().parse::<Engine>(), Ok(engine));
+        }
+        let unknown = "trt".parse::<Engine>().unwrap_err().to_string();
+        assert_eq!(
+            unknown,
+            "unknown engine \"trt\"; expected one of vllm, sglang"
+        );
+    }
+
+    #[test]
     fn versions_parse_with_suffixes() {
         assert_eq!(Version::parse("0.5.10"), Some(Version::new(0, 5, 10)));
         assert_eq!(Version::parse("0.11"), Some(Version::new(0, 11, 0)));

@@ -9,16 +9,13 @@ use std::collections::HashMap;
 
 use llmgw_engine_options::{EngineOptions, ParseError, Parsed, Parser, newest_up_to, versions};
 
-use crate::persona::{Engine, Persona};
+use crate::persona::Persona;
 
 /// The option data for a persona: its release, or the newest older one
 /// with data (options are added far more often than removed), or the
 /// oldest known when the persona predates them all.
 pub fn options_for(persona: Persona) -> &'static EngineOptions {
-    let engine = match persona.engine {
-        Engine::Vllm => llmgw_engine_options::Engine::Vllm,
-        Engine::Sglang => llmgw_engine_options::Engine::Sglang,
-    };
+    let engine = persona.engine;
     let (major, minor, patch) = persona.version;
     let version = llmgw_engine_options::Version::new(major, minor, patch);
     let (_, data) = newest_up_to(engine, version)

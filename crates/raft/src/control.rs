@@ -167,7 +167,13 @@ impl ControlPlane {
             let mut log = store.log.clone();
             let read = |e: std::io::Error| StartError::Raft(format!("reading the log: {e}"));
             let last = log.get_log_state().await.map_err(read)?.last_log_id;
-            let vote = log.read_vote().await.map_err(read)?;
+            // Only a leadership openraft restores: a committed vote for
+            // this peer.
+            let vote = log
+                .read_vote()
+                .await
+                .map_err(read)?
+                .filter(|vote| vote.is_committed() && vote.leader_id().node_id == id);
             vote.zip(last)
                 .map(|(vote, last)| (vote.leader_id().term, last.index))
         };

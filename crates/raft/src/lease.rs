@@ -196,8 +196,8 @@ mod tests {
         assert!(InactiveLeader::of(1, &leading(by(5, 1, 121)), lease, STARTED).is_none());
         // Not its own entry: earlier leaders' entries may be unapplied.
         assert!(InactiveLeader::of(1, &leading(by(4, 2, 130)), lease, STARTED).is_some());
-        // Elected in a later term after starting with a longer log that
-        // was truncated since: its own first entry is enough.
+        // Leading a later term than the one it resumed: its own first
+        // entry of that term is enough.
         assert!(InactiveLeader::of(1, &leading(by(5, 1, 110)), lease, Some((3, 120))).is_none());
     }
 }
