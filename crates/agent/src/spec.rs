@@ -21,8 +21,8 @@ pub enum SpecError {
         shard: String,
         source: llmgw_catalog::UnknownEngine,
     },
-    #[error("shard {shard}: unknown launch_mode {mode:?} (expected `mp`, `ray` or empty)")]
-    UnknownLaunchMode { shard: String, mode: String },
+    #[error("shard {shard}: {why} (or empty)")]
+    UnknownLaunchMode { shard: String, why: String },
     #[error("shard {shard}: {field} {value} is not a TCP port")]
     BadPort {
         shard: String,
@@ -133,17 +133,16 @@ impl LaunchSpec {
                 shard: shard.clone(),
                 source,
             })?;
-        let launch_mode = match spec.launch_mode.as_str() {
-            "" => None,
-            "mp" => Some(LaunchMode::Mp),
-            "ray" => Some(LaunchMode::Ray),
-            other => {
-                return Err(SpecError::UnknownLaunchMode {
-                    shard,
-                    mode: other.to_string(),
-                });
-            }
-        };
+        let launch_mode =
+            match spec.launch_mode.as_str() {
+                "" => None,
+                mode => Some(mode.parse::<LaunchMode>().map_err(|why| {
+                    SpecError::UnknownLaunchMode {
+                        shard: shard.clone(),
+                        why,
+                    }
+                })?),
+            };
         for (field, value) in [
             ("nodes", spec.nodes),
             ("tensor_parallel", spec.tensor_parallel),

@@ -441,18 +441,9 @@ impl Decode for RolloutPolicy {
 impl Decode for LaunchMode {
     fn decode(node: &Node, path: &Path, cx: &mut Cx) -> Option<Self> {
         let text = String::decode(node, path, cx)?;
-        match text.as_str() {
-            "mp" => Some(LaunchMode::Mp),
-            "ray" => Some(LaunchMode::Ray),
-            _ => {
-                cx.report(
-                    node.pos,
-                    path,
-                    format!("unknown launch mode {text:?}; expected `mp` or `ray`"),
-                );
-                None
-            }
-        }
+        text.parse()
+            .map_err(|why: String| cx.report(node.pos, path, why))
+            .ok()
     }
 }
 

@@ -167,11 +167,25 @@ pub enum LaunchMode {
 }
 
 impl LaunchMode {
+    pub const ALL: [LaunchMode; 2] = [LaunchMode::Mp, LaunchMode::Ray];
+
     pub fn as_str(self) -> &'static str {
         match self {
             LaunchMode::Mp => "mp",
             LaunchMode::Ray => "ray",
         }
+    }
+}
+
+impl std::str::FromStr for LaunchMode {
+    type Err = String;
+
+    /// `mp` or `ray`; anything else is refused with the modes there are.
+    fn from_str(name: &str) -> Result<Self, String> {
+        LaunchMode::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == name)
+            .ok_or_else(|| format!("unknown launch mode {name:?}; expected `mp` or `ray`"))
     }
 }
 
