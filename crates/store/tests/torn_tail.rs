@@ -63,23 +63,46 @@ async fn write_acknowledged(store: &mut llmgw_store::Store) {
     }
 }
 
-#[tokio::test]
-async fn a_torn_last_record_is_dropped_and_the_store_opens() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = llmgw_store::open(dir.path()).unwrap();
+/// Where a large batch (entries 50..400, more than one 32 KiB WAL block)
+/// sits in the WAL, written after the 50 acknowledged entries.
+struct Batch {
+    wal: PathBuf,
+    /// The WAL's length before and after the batch.
+    from: u64,
+    to: u64,
+    /// The acknowledged record as it was before the batch.
+    record_before: Vec<u8>,
+}
+
+/// Writes the acknowledged entries, then the batch; closes the store.
+async fn a_batch_after_the_acknowledged(dir: &Path) -> Batch {
+    let mut store = llmgw_store::open(dir).unwrap();
     write_acknowledged(&mut store).await;
-    let wal = current_wal(dir.path());
-    let acknowledged = len(&wal);
-    // The append in flight when the power went: a large batch, so it spans
-    // more than one 32 KiB WAL block and the cut lands inside it.
+    let wal = current_wal(dir);
+    let from = len(&wal);
+    let record_before = std::fs::read(dir.join("LLMGW-ACKNOWLEDGED")).unwrap();
     store
         .log
         .append((50..400).map(entry), IOFlushed::noop())
         .await
         .unwrap();
-    let in_flight = len(&wal);
+    let to = len(&wal);
     drop(store);
-    let torn = acknowledged + (in_flight - acknowledged) / 2;
+    Batch {
+        wal,
+        from,
+        to,
+        record_before,
+    }
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_dropped_and_the_store_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    // The append in flight when the power went: a large batch, so the cut
+    // lands inside it.
+    let Batch { wal, from, to, .. } = a_batch_after_the_acknowledged(dir.path()).await;
+    let torn = from + (to - from) / 2;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&wal)
@@ -193,24 +216,13 @@ fn zero_a_block_inside(wal: &Path, from: u64, to: u64) {
 #[tokio::test]
 async fn a_torn_last_record_of_full_length_is_dropped_and_nothing_acknowledged_is_lost() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = llmgw_store::open(dir.path()).unwrap();
-    write_acknowledged(&mut store).await;
-    let wal = current_wal(dir.path());
-    let acknowledged = len(&wal);
-    let record = dir.path().join("LLMGW-ACKNOWLEDGED");
-    let record_before_batch = std::fs::read(&record).unwrap();
-    store
-        .log
-        .append((50..400).map(entry), IOFlushed::noop())
-        .await
-        .unwrap();
-    let in_flight = len(&wal);
-    drop(store);
+    let batch = a_batch_after_the_acknowledged(dir.path()).await;
     // The power went while the batch was being written: the record (written
     // only after the WAL's sync) still names entry 49, and the batch's
     // record in the WAL has a page that never reached the disk.
-    std::fs::write(&record, &record_before_batch).unwrap();
-    zero_a_block_inside(&wal, acknowledged, in_flight);
+    let record = dir.path().join("LLMGW-ACKNOWLEDGED");
+    std::fs::write(&record, &batch.record_before).unwrap();
+    zero_a_block_inside(&batch.wal, batch.from, batch.to);
 
     // Without the record nothing proves the damaged record unacknowledged:
     // refused, as before the record existed.
@@ -228,19 +240,9 @@ async fn a_torn_last_record_of_full_length_is_dropped_and_nothing_acknowledged_i
 #[tokio::test]
 async fn a_damaged_last_record_that_was_acknowledged_is_refused_and_named() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = llmgw_store::open(dir.path()).unwrap();
-    write_acknowledged(&mut store).await;
-    let wal = current_wal(dir.path());
-    let before = len(&wal);
-    // The last write, synced and acknowledged: a large batch.
-    store
-        .log
-        .append((50..400).map(entry), IOFlushed::noop())
-        .await
-        .unwrap();
-    let after = len(&wal);
-    drop(store);
-    zero_a_block_inside(&wal, before, after);
+    // The last write, synced and acknowledged: the batch.
+    let Batch { wal, from, to, .. } = a_batch_after_the_acknowledged(dir.path()).await;
+    zero_a_block_inside(&wal, from, to);
     let error = llmgw_store::open(dir.path())
         .err()
         .expect("an acknowledged record damaged must be refused");
