@@ -45,6 +45,8 @@ pub(crate) struct Peers {
     /// This peer's cluster id once known, sent with every RPC
     /// ([`CLUSTER_HEADER`]).
     cluster_id: Arc<OnceLock<String>>,
+    /// That id as a header value, made once.
+    cluster_header: Arc<OnceLock<tonic::metadata::AsciiMetadataValue>>,
 }
 
 /// The request header naming the sender's cluster: a peer that knows its
@@ -66,6 +68,7 @@ impl Peers {
             channels: Arc::default(),
             down_since: Arc::default(),
             cluster_id,
+            cluster_header: Arc::default(),
         }
     }
 
@@ -78,11 +81,17 @@ impl Peers {
     pub(crate) fn request<T>(&self, message: T, deadline: Duration) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         request.set_timeout(deadline);
-        if let Some(value) = self
-            .cluster_id()
-            .and_then(|id| tonic::metadata::MetadataValue::try_from(id).ok())
-        {
-            request.metadata_mut().insert(CLUSTER_HEADER, value);
+        let header = match self.cluster_header.get() {
+            Some(header) => Some(header),
+            None => self
+                .cluster_id()
+                .and_then(|id| tonic::metadata::MetadataValue::try_from(id).ok())
+                .map(|header| self.cluster_header.get_or_init(|| header)),
+        };
+        if let Some(header) = header {
+            request
+                .metadata_mut()
+                .insert(CLUSTER_HEADER, header.clone());
         }
         request
     }
