@@ -17,6 +17,7 @@ use llmgw_tls::{Identity, TlsFiles};
 use serde::de::DeserializeOwned;
 
 use crate::netns::{Net, NetError};
+use crate::slow_links::SlowLinks;
 
 const GRPC_PORT: u16 = 7070;
 const ADMIN_PORT: u16 = 7080;
@@ -47,6 +48,9 @@ pub enum ClusterError {
     /// A lazy disk (power-cut runs) could not be mounted.
     #[error("{0}")]
     Disk(String),
+    /// A delaying proxy (slow-link runs) could not start.
+    #[error("{0}")]
+    Proxy(String),
     #[error("certificates: {0}")]
     Certs(#[from] llmgw_tls::TlsError),
 }
@@ -94,6 +98,8 @@ pub struct Cluster {
     /// Small tmpfs disks under the peers' data directories (disk-full runs
     /// only); unmounted when the cluster is dropped.
     pub small_disks: BTreeMap<u64, llmgw_test_kit::Tmpfs>,
+    /// Delaying proxies in front of every peer (slow-link runs only).
+    pub(crate) slow_links: Option<SlowLinks>,
 }
 
 impl Cluster {
@@ -124,6 +130,7 @@ impl Cluster {
             access,
             disks: BTreeMap::new(),
             small_disks: BTreeMap::new(),
+            slow_links: None,
         };
         let ids: Vec<u64> = (1..=count).collect();
         for &id in &ids {
@@ -197,8 +204,18 @@ impl Cluster {
 
     /// server.yaml of one peer, with the router turned on when the run
     /// has a fleet.
+    /// Peers behind delaying proxies are named by their proxies.
     fn yaml(&self, layout: &PeerLayout, all: &[PeerLayout]) -> String {
-        let yaml = server_yaml_tls(layout, all, &self.peer_tls(layout.id), &self.extra_yaml);
+        let advertised: Vec<PeerLayout> = match self.slow_links {
+            Some(_) => all.iter().map(SlowLinks::advertised).collect(),
+            None => all.to_vec(),
+        };
+        let yaml = server_yaml_tls(
+            layout,
+            &advertised,
+            &self.peer_tls(layout.id),
+            &self.extra_yaml,
+        );
         if self.router {
             yaml.replace(
                 "router_listen: null",
@@ -213,7 +230,7 @@ impl Cluster {
     }
 
     /// Writes server.yaml for `ids`, each listing `ids` as the peers.
-    fn write_configs(&self, ids: &[u64]) -> Result<(), ClusterError> {
+    pub(crate) fn write_configs(&self, ids: &[u64]) -> Result<(), ClusterError> {
         let all: Vec<PeerLayout> = ids.iter().map(|id| self.peers[id].layout.clone()).collect();
         for layout in &all {
             let yaml = self.yaml(layout, &all);
@@ -229,6 +246,7 @@ impl Cluster {
     /// that is not a member yet; start it with `spawn`.
     pub fn prepare_new_peer(&mut self, id: u64, listed: &[u64]) -> Result<(), ClusterError> {
         self.add_peer_layout(id)?;
+        self.start_proxy(id)?;
         let mut all: Vec<PeerLayout> = listed
             .iter()
             .map(|id| self.peers[id].layout.clone())
@@ -488,6 +506,7 @@ impl Cluster {
             self.resume(id);
             self.kill(id);
         }
+        self.stop_proxies();
         let mut left = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -229,6 +229,16 @@ impl Fleet {
         Ok(())
     }
 
+    /// SIGKILLs the agent of `node` (its engines, in process groups of
+    /// their own, keep running) and waits for it to be gone.
+    pub fn kill_agent(&mut self, node: &str) {
+        let agent = self.agents.get_mut(node).expect("known node");
+        if let Some(mut child) = agent.child.take() {
+            signal_group(to_pid(child.id()), libc::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+
     /// Node id to its agent's work directory.
     pub fn work_dirs(&self) -> Vec<(String, PathBuf)> {
         self.agents

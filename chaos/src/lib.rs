@@ -15,6 +15,7 @@ pub mod load;
 pub mod netns;
 pub mod powercut;
 pub mod scenario;
+pub mod slow_links;
 pub mod small_disks;
 
 use std::path::PathBuf;

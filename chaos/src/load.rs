@@ -117,6 +117,7 @@ pub async fn perform(http: &reqwest::Client, base: &str, key: &str, op: &RegOp) 
 }
 
 /// Runs `worker` until `stop`; each worker has its own seeded choices.
+/// While `quiet` is set it sends nothing: a schedule idles the cluster.
 #[allow(clippy::too_many_arguments)]
 pub async fn worker(
     http: reqwest::Client,
@@ -126,13 +127,14 @@ pub async fn worker(
     members: Members,
     history: History,
     stop: Arc<AtomicBool>,
+    quiet: Arc<AtomicBool>,
     pause: Duration,
 ) {
     let mut rng = StdRng::seed_from_u64(seed ^ (0x9e37_79b9 * (worker as u64 + 1)));
     let mut seq = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let peers: Vec<(u64, String)> = snapshot(&members);
-        if peers.is_empty() {
+        if peers.is_empty() || quiet.load(Ordering::Relaxed) {
             tokio::time::sleep(pause).await;
             continue;
         }

@@ -202,6 +202,49 @@ fn a_leader_whose_disk_fills_hands_over_and_costs_the_fleet_nothing() {
     assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
 }
 
+/// Every peer's data disk fills up under a fleet: no peer has room to
+/// lead, so leadership stays, writes are refused, and a node whose agent
+/// was killed still goes unreachable, then lost.
+#[test]
+fn with_every_disk_full_leadership_stays_and_dead_nodes_are_still_found() {
+    let Some(report) = run("every-disk-full-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        "full-peer-refused-writes",
+        "all-full-killed-agent-node-lost",
+        "all-full-leadership-kept",
+        "full-peer-writes-again",
+        invariants::ROUTER_HEALTHY_SERVED,
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+}
+
+/// Peers 60 ms apart each way for a minute under a fleet, idle then under
+/// load: with the round trip declared, one leadership holds and writes
+/// are taken throughout.
+#[test]
+fn peers_far_apart_keep_one_leader_and_take_writes_idle_or_loaded() {
+    let Some(report) = run("slow-peer-links-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        "slow-links-delay-in-effect",
+        "slow-links-one-leadership",
+        "slow-links-write-after-idle",
+        "slow-links-writes-under-load",
+        invariants::ROUTER_HEALTHY_SERVED,
+        invariants::LINEARIZABLE,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+}
+
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
 /// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
 #[test]

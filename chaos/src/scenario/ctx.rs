@@ -43,6 +43,9 @@ pub struct Ctx {
     /// evidence (every peer's leader samples, every log), run after the
     /// load has stopped.
     pub(super) later: Vec<LaterCheck>,
+    /// While set, the admin load sends nothing (the runner's heal clears
+    /// it).
+    pub(super) load_quiet: Arc<AtomicBool>,
 }
 
 /// A check that runs on the run's [`Evidence`] once it is collected.
@@ -226,6 +229,7 @@ impl Ctx {
                 targets.clone(),
                 self.history.clone(),
                 self.burst_stop.clone(),
+                self.load_quiet.clone(),
                 Duration::ZERO,
             )));
         }
@@ -233,6 +237,18 @@ impl Ctx {
             Some(peer) => self.fault(format!("start a burst of {n} writers, none to peer {peer}")),
             None => self.fault(format!("start a burst of {n} writers")),
         }
+    }
+
+    /// Stops the admin load from sending, so the cluster idles: only
+    /// heartbeats keep its leader's lease.
+    pub(super) fn quiet_load(&mut self) {
+        self.load_quiet.store(true, Ordering::Relaxed);
+        self.fault("the admin load pauses: the cluster idles");
+    }
+
+    pub(super) fn resume_load(&mut self) {
+        self.load_quiet.store(false, Ordering::Relaxed);
+        self.fault("the admin load resumes");
     }
 
     pub(super) async fn stop_burst(&mut self) {

@@ -19,7 +19,8 @@
 //! * `silent_peers.rs`: peers that go silent (paused, cut off, partitioned
 //!   one way, restarted) under a fleet;
 //! * `power_cut.rs`: power cuts of peers on lazy disks;
-//! * `disk_full.rs`: a peer's data disk filling up under a fleet.
+//! * `disk_full.rs`: data disks filling up under a fleet;
+//! * `slow_links.rs`: peers far apart, idle and under load.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -35,6 +36,7 @@ mod record;
 mod run;
 mod setup;
 mod silent_peers;
+mod slow_links;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -69,6 +71,16 @@ pub enum Disks {
     Small,
 }
 
+/// How the peers reach each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Straight across the run's bridge.
+    Direct,
+    /// Through a delaying proxy in front of every peer
+    /// (`crate::slow_links`), with no delay until a schedule sets one.
+    Delayed,
+}
+
 /// One entry of the catalogue.
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {
@@ -80,6 +92,8 @@ pub struct Scenario {
     pub fleet: bool,
     /// What the peers' data directories sit on.
     pub disks: Disks,
+    /// How the peers reach each other.
+    pub links: Links,
     /// The faults, injected once the load runs; the runner heals whatever
     /// the schedule leaves behind.
     pub schedule: Schedule,
@@ -94,6 +108,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::leader_sigkill(ctx)),
     },
     Scenario {
@@ -102,6 +117,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::follower_kill_restart(ctx)),
     },
     Scenario {
@@ -110,6 +126,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::leader_isolated_minority(ctx)),
     },
     Scenario {
@@ -118,6 +135,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::one_way_partition(ctx)),
     },
     Scenario {
@@ -126,6 +144,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::lossy_links(ctx)),
     },
     Scenario {
@@ -134,6 +153,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::leader_sigstop(ctx)),
     },
     Scenario {
@@ -142,6 +162,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::write_burst_crash(ctx)),
     },
     Scenario {
@@ -150,6 +171,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::whole_cluster_restart(ctx)),
     },
     Scenario {
@@ -158,6 +180,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: SMALL_SNAPSHOTS,
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::follower_lag_snapshot(ctx)),
     },
     Scenario {
@@ -166,6 +189,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_below_ttl(ctx)),
     },
     Scenario {
@@ -174,6 +198,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(fleet_faults::agent_cut_past_lost(ctx)),
     },
     Scenario {
@@ -182,6 +207,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(fleet_faults::failover_during_drain(ctx)),
     },
     Scenario {
@@ -190,6 +216,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(fleet_faults::engine_crash_loop(ctx)),
     },
     Scenario {
@@ -198,6 +225,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(control_plane::peer_replacement(ctx)),
     },
     Scenario {
@@ -206,6 +234,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_10s(ctx)),
     },
     Scenario {
@@ -214,6 +243,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::leader_sigstop_30s(ctx)),
     },
     Scenario {
@@ -222,6 +252,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::follower_sigstop_10s(ctx)),
     },
     Scenario {
@@ -230,6 +261,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::leader_cut_from_peers(ctx)),
     },
     Scenario {
@@ -238,6 +270,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::one_way_leader_to_peers(ctx)),
     },
     Scenario {
@@ -246,6 +279,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::one_way_peers_to_leader(ctx)),
     },
     Scenario {
@@ -254,6 +288,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::partition_60s(ctx)),
     },
     Scenario {
@@ -262,7 +297,26 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: disk_full::YAML,
         fleet: true,
         disks: Disks::Small,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(disk_full::leader_disk_full(ctx)),
+    },
+    Scenario {
+        name: "slow-peer-links-fleet",
+        about: "every peer link 60 ms + up to 10 ms each way for a minute under a fleet, idle then under load: one leadership, writes taken",
+        extra_yaml: slow_links::YAML,
+        fleet: true,
+        disks: Disks::Host,
+        links: Links::Delayed,
+        schedule: |ctx| Box::pin(slow_links::peers_far_apart(ctx)),
+    },
+    Scenario {
+        name: "every-disk-full-fleet",
+        about: "fill every peer's data disk below raft.min_free_disk_mb under a fleet and kill an agent: writes refused, at most one leadership change, the node still goes unreachable then lost",
+        extra_yaml: disk_full::YAML,
+        fleet: true,
+        disks: Disks::Small,
+        links: Links::Direct,
+        schedule: |ctx| Box::pin(disk_full::every_disk_full(ctx)),
     },
     Scenario {
         name: "rolling-restart-fleet",
@@ -270,6 +324,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(silent_peers::rolling_restart(ctx)),
     },
     Scenario {
@@ -278,6 +333,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(leadership::deposed_leader_during_drain(ctx)),
     },
     Scenario {
@@ -286,6 +342,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(leadership::reconnect_during_drain(ctx)),
     },
     Scenario {
@@ -294,6 +351,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: fleet::LIVENESS_YAML,
         fleet: true,
         disks: Disks::Host,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(leadership::leader_kill_after_placement(ctx)),
     },
     Scenario {
@@ -302,6 +360,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Lazy,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(power_cut::one_peer(ctx)),
     },
     Scenario {
@@ -310,6 +369,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: "",
         fleet: false,
         disks: Disks::Lazy,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(power_cut::all_peers(ctx)),
     },
     Scenario {
@@ -318,6 +378,7 @@ pub const CATALOGUE: &[Scenario] = &[
         extra_yaml: SMALL_SNAPSHOTS,
         fleet: false,
         disks: Disks::Lazy,
+        links: Links::Direct,
         schedule: |ctx| Box::pin(power_cut::during_snapshot_install(ctx)),
     },
 ];

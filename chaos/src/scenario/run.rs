@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use super::ctx::Evidence;
 use super::record::{forge, forge_gpu, write_fleet_history, write_history};
 use super::setup::{Catalog, catalogs, final_reads, setup_fleet, wait_converged};
-use super::{Ctx, Disks, RunOptions, RunReport, Scenario, ScenarioError};
+use super::{Ctx, Disks, Links, RunOptions, RunReport, Scenario, ScenarioError};
 use crate::cluster::{Cluster, Members};
 use crate::fleet::{self, FleetLog, FleetSample, RouterLog};
 use crate::history::{History, OpRecord, Outcome};
@@ -104,6 +104,10 @@ async fn set_up(
         Disks::Lazy => cluster.mount_lazy_disks()?,
         Disks::Small => cluster.mount_small_disks()?,
     }
+    match scenario.links {
+        Links::Direct => {}
+        Links::Delayed => cluster.put_peers_behind_proxies()?,
+    }
     for id in 1..=3 {
         cluster.spawn(id)?;
     }
@@ -124,6 +128,7 @@ async fn set_up(
         windows: Vec::new(),
         desired: BTreeMap::new(),
         later: Vec::new(),
+        load_quiet: Arc::new(AtomicBool::new(false)),
     };
     if options.verbose {
         println!(
@@ -188,6 +193,7 @@ fn start_load(ctx: &Ctx, scenario: &Scenario, seed: u64, options: &RunOptions) -
                 ctx.cluster.members.clone(),
                 history.clone(),
                 stop_load.clone(),
+                ctx.load_quiet.clone(),
                 Duration::from_millis(30),
             ))
         })
@@ -244,6 +250,8 @@ impl Load {
 /// and closes every fault window. Returns when that was.
 fn heal(ctx: &mut Ctx) -> Result<Instant, ScenarioError> {
     let _ = ctx.cluster.net.heal();
+    ctx.cluster.clear_link_delay();
+    ctx.load_quiet.store(false, Ordering::Relaxed);
     for id in ctx.cluster.member_ids() {
         if ctx.cluster.peers[&id].stopped {
             ctx.cluster.resume(id);

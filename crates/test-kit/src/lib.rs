@@ -31,7 +31,7 @@ mod wait;
 pub use bins::{engine_sim_bin, llmgw_bin};
 pub use chat::{chat, stream_chat};
 pub use cluster::{Cluster, Peer, one_cluster_at_a_time};
-pub use delay_proxy::DelayProxy;
+pub use delay_proxy::{DelayProxy, LinkDelay};
 pub use http::{admin_client, decode, get_json};
 pub use llmgw_prometheus::metric;
 pub use skip::skipped;
