@@ -245,6 +245,26 @@ fn peers_far_apart_keep_one_leader_and_take_writes_idle_or_loaded() {
     assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
 }
 
+/// A burst of registrations at and past the registration bound, with a
+/// follower paused: each is answered by its size, writes keep flowing,
+/// and every peer converges afterwards.
+#[test]
+fn a_burst_of_maximum_size_registrations_is_answered_by_size_and_writes_flow() {
+    let Some(report) = run("max-size-reports-burst-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        "burst-reports-answered-by-size",
+        "burst-writes-kept-flowing",
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+        invariants::LINEARIZABLE,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+}
+
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
 /// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
 #[test]

@@ -205,6 +205,12 @@ impl Ctx {
 
     /// Like `start_burst`, with workers that never send to `avoid`.
     pub(super) fn start_burst_avoiding(&mut self, n: usize, avoid: Option<u64>) {
+        self.start_writers_avoiding(n, avoid, Duration::ZERO);
+    }
+
+    /// `n` extra workers that never send to `avoid`, `pause` between
+    /// requests; stopped with the burst.
+    pub(super) fn start_writers_avoiding(&mut self, n: usize, avoid: Option<u64>, pause: Duration) {
         let targets = crate::cluster::Members::default();
         {
             let members = self
@@ -230,12 +236,19 @@ impl Ctx {
                 self.history.clone(),
                 self.burst_stop.clone(),
                 self.load_quiet.clone(),
-                Duration::ZERO,
+                pause,
             )));
         }
+        let paced = if pause.is_zero() {
+            String::new()
+        } else {
+            format!(" ({pause:?} apart)")
+        };
         match avoid {
-            Some(peer) => self.fault(format!("start a burst of {n} writers, none to peer {peer}")),
-            None => self.fault(format!("start a burst of {n} writers")),
+            Some(peer) => self.fault(format!(
+                "start a burst of {n} writers{paced}, none to peer {peer}"
+            )),
+            None => self.fault(format!("start a burst of {n} writers{paced}")),
         }
     }
 

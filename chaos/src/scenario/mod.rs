@@ -20,7 +20,8 @@
 //!   one way, restarted) under a fleet;
 //! * `power_cut.rs`: power cuts of peers on lazy disks;
 //! * `disk_full.rs`: data disks filling up under a fleet;
-//! * `slow_links.rs`: peers far apart, idle and under load.
+//! * `slow_links.rs`: peers far apart, idle and under load;
+//! * `report_burst.rs`: a burst of maximum-size agent registrations.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -33,6 +34,7 @@ mod fleet_faults;
 mod leadership;
 mod power_cut;
 mod record;
+mod report_burst;
 mod run;
 mod setup;
 mod silent_peers;
@@ -317,6 +319,15 @@ pub const CATALOGUE: &[Scenario] = &[
         disks: Disks::Small,
         links: Links::Direct,
         schedule: |ctx| Box::pin(disk_full::every_disk_full(ctx)),
+    },
+    Scenario {
+        name: "max-size-reports-burst-fleet",
+        about: "pause a follower; 24 registrations just under the 256 KiB bound and 24 at the 4 MiB message cap at once to the leader under a fleet: each answered by its size, writes keep flowing, the follower catches up",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        disks: Disks::Host,
+        links: Links::Direct,
+        schedule: |ctx| Box::pin(report_burst::max_size_reports(ctx)),
     },
     Scenario {
         name: "rolling-restart-fleet",
