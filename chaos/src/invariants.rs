@@ -61,30 +61,29 @@ impl Checked {
 /// one leader, one after another, the higher id winning. "One leader per
 /// term" is not what that mode promises; leaderships that only move
 /// forward, on every peer, are.
+///
+/// Leaderships are ordered within the cluster's epoch first: a restore
+/// begins a later epoch whose terms start again from the backup's.
 pub fn leaderships_move_forward(samples: &[LeaderSample]) -> Checked {
-    let mut newest: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
-    let mut ordered: Vec<&LeaderSample> = samples.iter().collect();
-    ordered.sort_by_key(|s| (s.at_us, s.peer));
+    let mut newest: BTreeMap<u64, (Leadership, u64)> = BTreeMap::new();
     let mut violations = Vec::new();
     let mut leaderships = BTreeSet::new();
-    for sample in ordered {
-        let Some(leader) = sample.leader else {
-            continue;
-        };
-        leaderships.insert((sample.term, leader));
+    for (sample, now) in with_leaderships(samples) {
+        leaderships.insert(now);
         match newest.get(&sample.peer) {
-            Some(&(term, seen, at_us)) if (sample.term, leader) < (term, seen) => {
+            Some(&(seen, at_us)) if now < seen => {
                 violations.push(format!(
-                    "peer {} named term {} (leader {leader}) at {:.1}s after term {term} (leader {seen}) at {:.1}s: its leadership went back",
+                    "peer {} named {} at {:.1}s after {} at {:.1}s: its leadership went back",
                     sample.peer,
-                    sample.term,
+                    now.describe(&seen),
                     sample.at_us as f64 / 1e6,
+                    seen.describe(&now),
                     at_us as f64 / 1e6
                 ));
             }
-            Some(&(term, seen, _)) if (sample.term, leader) == (term, seen) => {}
+            Some(&(seen, _)) if now == seen => {}
             _ => {
-                newest.insert(sample.peer, (sample.term, leader, sample.at_us));
+                newest.insert(sample.peer, (now, sample.at_us));
             }
         }
     }
@@ -97,6 +96,81 @@ pub fn leaderships_move_forward(samples: &[LeaderSample]) -> Checked {
         ),
         violations,
     )
+}
+
+/// A leadership as the fleet orders it: epoch, then term, then leader id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Leadership {
+    epoch: u64,
+    term: u64,
+    leader: u64,
+}
+
+impl Leadership {
+    /// Commands from before the cluster's first epoch began carry epoch 0:
+    /// they belong to that first epoch (its sitting leader begins it).
+    fn of(first_epoch: u64, epoch: u64, term: u64, leader: u64) -> Leadership {
+        Leadership {
+            epoch: if epoch == 0 { first_epoch } else { epoch },
+            term,
+            leader,
+        }
+    }
+
+    /// `term T (leader L)`, with the epoch when it differs from `other`'s.
+    fn describe(&self, other: &Leadership) -> String {
+        if self.epoch == other.epoch {
+            format!("term {} (leader {})", self.term, self.leader)
+        } else {
+            format!(
+                "epoch {} term {} (leader {})",
+                self.epoch, self.term, self.leader
+            )
+        }
+    }
+}
+
+/// The first epoch a run saw (0 when none had begun).
+fn first_epoch(epochs: impl Iterator<Item = u64>) -> u64 {
+    epochs.filter(|epoch| *epoch > 0).min().unwrap_or(0)
+}
+
+/// The samples that name a leader, in time order, each with its
+/// leadership. A peer names no epoch (0) while one is due: before the
+/// cluster's first began, and in a restored cluster until it begins its
+/// own. Such a sample belongs to the epoch its cluster is about to begin:
+/// the first one later than every epoch named before it (epochs only
+/// grow), or, when no later one is ever named, the last named before it.
+fn with_leaderships(samples: &[LeaderSample]) -> Vec<(&LeaderSample, Leadership)> {
+    let mut ordered: Vec<&LeaderSample> = samples.iter().collect();
+    ordered.sort_by_key(|s| (s.at_us, s.peer));
+    let named: BTreeSet<u64> = samples
+        .iter()
+        .map(|s| s.epoch)
+        .filter(|epoch| *epoch > 0)
+        .collect();
+    let mut newest_named = 0;
+    let mut out = Vec::with_capacity(ordered.len());
+    for sample in ordered {
+        newest_named = newest_named.max(sample.epoch);
+        let epoch = match sample.epoch {
+            0 => named
+                .range(newest_named + 1..)
+                .next()
+                .copied()
+                .unwrap_or(newest_named),
+            epoch => epoch,
+        };
+        if let Some(leader) = sample.leader {
+            let leadership = Leadership {
+                epoch,
+                term: sample.term,
+                leader,
+            };
+            out.push((sample, leadership));
+        }
+    }
+    out
 }
 
 /// Every acknowledged write of a key written once is in every peer's
@@ -472,6 +546,9 @@ pub fn router_healthy(ops: &[RouterOp], samples: &[FleetSample], windows: &[Wind
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
 pub struct WitnessLine {
     pub at_unix_ms: u64,
+    /// 0 from agents before epochs, and before the cluster's first began.
+    #[serde(default)]
+    pub epoch: u64,
     pub term: u64,
     pub leader: u64,
     pub kind: String,
@@ -502,13 +579,20 @@ pub fn no_deposed_command(
     witnesses: &[(String, Vec<WitnessLine>)],
     wall_zero_us: u64,
 ) -> Checked {
+    let first = first_epoch(
+        samples.iter().map(|s| s.epoch).chain(
+            witnesses
+                .iter()
+                .flat_map(|(_, lines)| lines.iter().map(|l| l.epoch)),
+        ),
+    );
     // The newest leadership any peer had named by each answer time.
-    let mut named: Vec<(u64, (u64, u64))> = samples
-        .iter()
-        .filter_map(|s| s.leader.map(|leader| (s.answered_us, (s.term, leader))))
+    let mut named: Vec<(u64, Leadership)> = with_leaderships(samples)
+        .into_iter()
+        .map(|(sample, leadership)| (sample.answered_us, leadership))
         .collect();
     named.sort();
-    let mut newest_by: Vec<(u64, (u64, u64))> = Vec::with_capacity(named.len());
+    let mut newest_by: Vec<(u64, Leadership)> = Vec::with_capacity(named.len());
     for (at, leadership) in named {
         let newest = newest_by
             .last()
@@ -530,17 +614,15 @@ pub fn no_deposed_command(
             let Some((_, newest)) = known.checked_sub(1).map(|i| newest_by[i]) else {
                 continue;
             };
-            if (line.term, line.leader) < newest {
+            let from = Leadership::of(first, line.epoch, line.term, line.leader);
+            if from < newest {
                 violations.push(format!(
-                    "node {node} executed {} {} at {:.2}s from term {} (leader {}), \
-                     after a peer had named term {} (leader {})",
+                    "node {node} executed {} {} at {:.2}s from {}, after a peer had named {}",
                     line.kind,
                     line.shard,
                     at_us as f64 / 1e6,
-                    line.term,
-                    line.leader,
-                    newest.0,
-                    newest.1
+                    from.describe(&newest),
+                    newest.describe(&from)
                 ));
             }
         }
@@ -924,6 +1006,7 @@ mod tests {
             at_us,
             answered_us: at_us,
             peer,
+            epoch: 0,
             term,
             leader,
         }
@@ -1058,6 +1141,7 @@ mod tests {
             at_us: answered_us,
             answered_us,
             peer,
+            epoch: 0,
             term,
             leader: Some(leader),
         };
@@ -1066,6 +1150,7 @@ mod tests {
         let wall_zero_us = 1_700_000_000_000_000;
         let line = |at_s: f64, term, leader, executed| WitnessLine {
             at_unix_ms: (wall_zero_us + (at_s * 1e6) as u64) / 1000,
+            epoch: 0,
             term,
             leader,
             kind: "stop".into(),
@@ -1094,6 +1179,69 @@ mod tests {
             checked.scope
         );
         assert!(checked.scope.contains("1 refused"), "{}", checked.scope);
+    }
+
+    /// A restore begins a later epoch whose terms start again from the
+    /// backup's: its leaderships are newer than every one before it, and
+    /// commands of the restored leader are not from a deposed one; a
+    /// command of the old epoch after it is.
+    #[test]
+    fn after_a_restore_the_later_epoch_outranks_any_term_of_the_one_before() {
+        let sample = |at_us, peer, epoch, term, leader| LeaderSample {
+            at_us,
+            answered_us: at_us,
+            peer,
+            epoch,
+            term,
+            leader: Some(leader),
+        };
+        // Before the first epoch began (0), in it (100), then restored
+        // from a backup of term 2 (no epoch named while the new one is
+        // due) into epoch 200 after elections to term 4.
+        let samples = vec![
+            sample(1_000_000, 1, 0, 1, 1),
+            sample(2_000_000, 1, 100, 1, 1),
+            sample(3_000_000, 1, 100, 4, 3),
+            sample(8_000_000, 1, 0, 2, 1),
+            sample(9_000_000, 1, 200, 2, 1),
+        ];
+        let forward = leaderships_move_forward(&samples);
+        assert!(forward.violations.is_empty(), "{:?}", forward.violations);
+        let back =
+            leaderships_move_forward(&[samples[4].clone(), sample(10_000_000, 1, 100, 5, 2)]);
+        assert_eq!(
+            back.violations,
+            [
+                "peer 1 named epoch 100 term 5 (leader 2) at 10.0s after epoch 200 term 2 (leader 1) at 9.0s: its leadership went back"
+            ]
+        );
+
+        let wall_zero_us = 1_700_000_000_000_000;
+        let line = |at_s: f64, epoch, term, leader| WitnessLine {
+            at_unix_ms: (wall_zero_us + (at_s * 1e6) as u64) / 1000,
+            epoch,
+            term,
+            leader,
+            kind: "stop".into(),
+            shard: "r1-r0".into(),
+            executed: true,
+        };
+        let witnesses = vec![(
+            "n1".to_owned(),
+            vec![
+                line(1.5, 0, 1, 1),   // before the first epoch began
+                line(2.5, 100, 1, 1), // the same leadership, in it
+                line(9.5, 200, 2, 1), // the restored cluster
+                line(9.8, 100, 4, 3), // the old epoch, after the restore
+            ],
+        )];
+        let checked = no_deposed_command(&samples, &witnesses, wall_zero_us);
+        assert_eq!(
+            checked.violations,
+            [
+                "node n1 executed stop r1-r0 at 9.80s from epoch 100 term 4 (leader 3), after a peer had named epoch 200 term 2 (leader 1)"
+            ]
+        );
     }
 
     #[test]

@@ -183,6 +183,9 @@ pub struct LeaderSample {
     pub answered_us: u64,
     /// The peer that answered.
     pub peer: u64,
+    /// The cluster's epoch (0 before its first began): a restore begins a
+    /// new one, whose terms start again from the backup's.
+    pub epoch: u64,
     pub term: u64,
     pub leader: Option<u64>,
 }
@@ -221,6 +224,7 @@ pub async fn sampler(
                             at_us,
                             answered_us: history.now_us(),
                             peer: id,
+                            epoch: view.epoch.unwrap_or(0),
                             term: view.term,
                             leader: view.leader_id,
                         });

@@ -265,6 +265,27 @@ fn a_burst_of_maximum_size_registrations_is_answered_by_size_and_writes_flow() {
     assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
 }
 
+/// Every peer restored from a backup after two elections: the restored
+/// cluster begins a later epoch and its agents obey it, although its
+/// terms are below the ones they obeyed.
+#[test]
+fn agents_obey_a_cluster_restored_after_two_elections() {
+    let Some(report) = run("restore-after-elections-fleet", 1, false) else {
+        return;
+    };
+    for name in [
+        "restored-cluster-begins-a-later-epoch",
+        "agents-obey-the-restored-cluster",
+        invariants::LEADERSHIPS_FORWARD,
+        invariants::NO_DEPOSED_COMMAND,
+        invariants::STATE_HASHES,
+        invariants::ACKED_WRITES,
+    ] {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+}
+
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
 /// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
 #[test]

@@ -342,6 +342,7 @@ mod tests {
             at_us,
             answered_us: at_us + 1_000,
             peer,
+            epoch: 0,
             term: 1,
             leader: Some(leader),
         }

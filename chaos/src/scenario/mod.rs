@@ -21,7 +21,8 @@
 //! * `power_cut.rs`: power cuts of peers on lazy disks;
 //! * `disk_full.rs`: data disks filling up under a fleet;
 //! * `slow_links.rs`: peers far apart, idle and under load;
-//! * `report_burst.rs`: a burst of maximum-size agent registrations.
+//! * `report_burst.rs`: a burst of maximum-size agent registrations;
+//! * `restore.rs`: every peer restored from a backup after elections.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -35,6 +36,7 @@ mod leadership;
 mod power_cut;
 mod record;
 mod report_burst;
+mod restore;
 mod run;
 mod setup;
 mod silent_peers;
@@ -328,6 +330,15 @@ pub const CATALOGUE: &[Scenario] = &[
         disks: Disks::Host,
         links: Links::Direct,
         schedule: |ctx| Box::pin(report_burst::max_size_reports(ctx)),
+    },
+    Scenario {
+        name: "restore-after-elections-fleet",
+        about: "save a backup, elect twice (the agents obey both), stop every peer, restore each from the backup, start them: a later epoch, and the agents obey the restored cluster",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        disks: Disks::Host,
+        links: Links::Direct,
+        schedule: |ctx| Box::pin(restore::restore_after_elections(ctx)),
     },
     Scenario {
         name: "rolling-restart-fleet",

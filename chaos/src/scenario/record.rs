@@ -77,6 +77,7 @@ pub(super) fn forge(samples: &mut Vec<LeaderSample>) {
         at_us: real.at_us + 1,
         answered_us: real.answered_us + 1,
         peer: real.peer,
+        epoch: real.epoch,
         term: real.term.saturating_sub(1),
         leader: real.leader,
     });

@@ -263,6 +263,7 @@ mod tests {
             at_us,
             answered_us: at_us + 1_000,
             peer,
+            epoch: 0,
             term,
             leader,
         }
