@@ -239,6 +239,21 @@ impl Fleet {
         }
     }
 
+    /// Starts again every agent a schedule killed and left down; their
+    /// nodes.
+    pub fn restart_killed(&mut self, cluster: &Cluster) -> Result<Vec<String>, ClusterError> {
+        let down: Vec<String> = self
+            .agents
+            .iter()
+            .filter(|(_, agent)| agent.child.is_none())
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in &down {
+            self.spawn(cluster, node)?;
+        }
+        Ok(down)
+    }
+
     /// Node id to its agent's work directory.
     pub fn work_dirs(&self) -> Vec<(String, PathBuf)> {
         self.agents

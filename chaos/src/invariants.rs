@@ -137,10 +137,12 @@ fn first_epoch(epochs: impl Iterator<Item = u64>) -> u64 {
 
 /// The samples that name a leader, in time order, each with its
 /// leadership. A peer names no epoch (0) while one is due: before the
-/// cluster's first began, and in a restored cluster until it begins its
-/// own. Such a sample belongs to the epoch its cluster is about to begin:
-/// the first one later than every epoch named before it (epochs only
-/// grow), or, when no later one is ever named, the last named before it.
+/// cluster's first began (or while it lags behind the entry that began
+/// it), and in a restored cluster until it begins its own. Such a sample
+/// belongs to the newest epoch named before it, unless no epoch was named
+/// yet or its term is below the highest term named under that epoch: only
+/// a restore takes terms back, so it then belongs to the epoch its cluster
+/// is about to begin, the next one named (epochs only grow).
 fn with_leaderships(samples: &[LeaderSample]) -> Vec<(&LeaderSample, Leadership)> {
     let mut ordered: Vec<&LeaderSample> = samples.iter().collect();
     ordered.sort_by_key(|s| (s.at_us, s.peer));
@@ -149,18 +151,25 @@ fn with_leaderships(samples: &[LeaderSample]) -> Vec<(&LeaderSample, Leadership)
         .map(|s| s.epoch)
         .filter(|epoch| *epoch > 0)
         .collect();
-    let mut newest_named = 0;
+    // The newest epoch named so far and the highest term named under it.
+    let mut newest: Option<(u64, u64)> = None;
     let mut out = Vec::with_capacity(ordered.len());
     for sample in ordered {
-        newest_named = newest_named.max(sample.epoch);
-        let epoch = match sample.epoch {
-            0 => named
-                .range(newest_named + 1..)
-                .next()
-                .copied()
-                .unwrap_or(newest_named),
-            epoch => epoch,
+        let epoch = match (sample.epoch, newest) {
+            (0, Some((epoch, term))) if sample.term >= term => epoch,
+            (0, newest) => {
+                let after = newest.map_or(0, |(epoch, _)| epoch);
+                named.range(after + 1..).next().copied().unwrap_or(after)
+            }
+            (epoch, _) => epoch,
         };
+        if sample.epoch > 0 {
+            newest = match newest {
+                Some((e, term)) if e == sample.epoch => Some((e, term.max(sample.term))),
+                Some((e, _)) if e > sample.epoch => newest,
+                _ => Some((sample.epoch, sample.term)),
+            };
+        }
         if let Some(leader) = sample.leader {
             let leadership = Leadership {
                 epoch,
@@ -569,7 +578,8 @@ pub fn parse_witness(text: &str) -> Vec<WitnessLine> {
 const WITNESS_CLOCK_SLACK_US: u64 = 50_000;
 
 /// No agent executed a command (start, stop, drain, or the orders of a
-/// `Registered`) from a leadership that had already been superseded: the
+/// `Registered`) from a leadership (epoch, term, leader id) that had
+/// already been superseded: the
 /// witness each agent keeps is held against the leadership history sampled
 /// from every peer, not against the agent's own view. A leadership is
 /// superseded once any peer has answered naming a newer one (term, leader
@@ -1207,6 +1217,17 @@ mod tests {
         ];
         let forward = leaderships_move_forward(&samples);
         assert!(forward.violations.is_empty(), "{:?}", forward.violations);
+        // A peer lagging behind the entry that began epoch 100, naming no
+        // epoch in term 4, is in epoch 100, not in the restore's 200: its
+        // next sample, in 100, does not go back.
+        let lagging = vec![
+            sample(2_000_000, 1, 100, 4, 3),
+            sample(2_500_000, 2, 0, 4, 3),
+            sample(3_000_000, 2, 100, 4, 3),
+            sample(9_000_000, 1, 200, 2, 1),
+        ];
+        let lagged = leaderships_move_forward(&lagging);
+        assert!(lagged.violations.is_empty(), "{:?}", lagged.violations);
         let back =
             leaderships_move_forward(&[samples[4].clone(), sample(10_000_000, 1, 100, 5, 2)]);
         assert_eq!(

@@ -2,8 +2,9 @@
 //! a delaying TCP proxy ([`llmgw_test_kit::DelayProxy`]) that listens on
 //! the peer's own address, inside its namespace, on [`PROXY_PORT`]. Every
 //! peer's server.yaml names the others (and itself) by their proxy, so all
-//! Raft traffic, forwarded writes and agent streams cross a link with the
-//! delay of the moment ([`LinkDelay`]), which a schedule raises and the
+//! Raft traffic, forwarded writes, and agent streams once redirected to
+//! the leader (agents first dial the peers' own ports) cross a link with
+//! the delay of the moment ([`LinkDelay`]), which a schedule raises and the
 //! runner's heal sets back to zero. A proxy on the peer's own address keeps
 //! its certificate valid and its partition rules (by source address)
 //! working. This kernel has no netem, so the delay is a proxy's.

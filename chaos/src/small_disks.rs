@@ -25,6 +25,16 @@ impl Cluster {
         Ok(())
     }
 
+    /// Frees every small disk a schedule filled (healing): a disk with
+    /// nothing to free is left as it is.
+    pub fn free_small_disks(&self) -> Vec<u64> {
+        self.small_disks
+            .iter()
+            .filter(|(_, disk)| disk.free().is_ok())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Peer `id`'s small disk (small-disk runs only).
     pub fn small_disk(&self, id: u64) -> Result<&Tmpfs, String> {
         self.small_disks

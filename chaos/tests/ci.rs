@@ -53,6 +53,18 @@ fn run_with(name: &str, seed: u64, options: RunOptions) -> Option<RunReport> {
     Some(report)
 }
 
+/// Runs `scenario` with seed 1: every check in `checks` ran, and none was
+/// violated.
+fn runs_clean(scenario: &str, checks: &[&str]) {
+    let Some(report) = run(scenario, 1, false) else {
+        return;
+    };
+    for name in checks {
+        checked(&report, name);
+    }
+    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+}
+
 fn checked<'a>(report: &'a RunReport, name: &str) -> &'a invariants::Checked {
     report
         .checked
@@ -184,22 +196,19 @@ fn a_leader_cut_off_from_its_peers_costs_the_fleet_nothing() {
 /// takes writes again once space returns.
 #[test]
 fn a_leader_whose_disk_fills_hands_over_and_costs_the_fleet_nothing() {
-    let Some(report) = run("leader-disk-full-fleet", 1, false) else {
-        return;
-    };
-    for name in [
-        "full-peer-refused-writes",
-        "full-peer-gave-up-leadership",
-        "full-peer-writes-again",
-        invariants::NO_UNREACHABLE_WHILE_HEALTHY,
-        invariants::NO_RETIREMENT_WHILE_REACHABLE,
-        invariants::ROUTER_HEALTHY_SERVED,
-        invariants::STATE_HASHES,
-        invariants::ACKED_WRITES,
-    ] {
-        checked(&report, name);
-    }
-    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    runs_clean(
+        "leader-disk-full-fleet",
+        &[
+            "full-peer-refused-writes",
+            "full-peer-gave-up-leadership",
+            "full-peer-writes-again",
+            invariants::NO_UNREACHABLE_WHILE_HEALTHY,
+            invariants::NO_RETIREMENT_WHILE_REACHABLE,
+            invariants::ROUTER_HEALTHY_SERVED,
+            invariants::STATE_HASHES,
+            invariants::ACKED_WRITES,
+        ],
+    );
 }
 
 /// Every peer's data disk fills up under a fleet: no peer has room to
@@ -207,21 +216,18 @@ fn a_leader_whose_disk_fills_hands_over_and_costs_the_fleet_nothing() {
 /// was killed still goes unreachable, then lost.
 #[test]
 fn with_every_disk_full_leadership_stays_and_dead_nodes_are_still_found() {
-    let Some(report) = run("every-disk-full-fleet", 1, false) else {
-        return;
-    };
-    for name in [
-        "full-peer-refused-writes",
-        "all-full-killed-agent-node-lost",
-        "all-full-leadership-kept",
-        "full-peer-writes-again",
-        invariants::ROUTER_HEALTHY_SERVED,
-        invariants::STATE_HASHES,
-        invariants::ACKED_WRITES,
-    ] {
-        checked(&report, name);
-    }
-    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    runs_clean(
+        "every-disk-full-fleet",
+        &[
+            "full-peer-refused-writes",
+            "all-full-killed-agent-node-lost",
+            "all-full-leadership-kept",
+            "full-peer-writes-again",
+            invariants::ROUTER_HEALTHY_SERVED,
+            invariants::STATE_HASHES,
+            invariants::ACKED_WRITES,
+        ],
+    );
 }
 
 /// Peers 60 ms apart each way for a minute under a fleet, idle then under
@@ -229,20 +235,17 @@ fn with_every_disk_full_leadership_stays_and_dead_nodes_are_still_found() {
 /// are taken throughout.
 #[test]
 fn peers_far_apart_keep_one_leader_and_take_writes_idle_or_loaded() {
-    let Some(report) = run("slow-peer-links-fleet", 1, false) else {
-        return;
-    };
-    for name in [
-        "slow-links-delay-in-effect",
-        "slow-links-one-leadership",
-        "slow-links-write-after-idle",
-        "slow-links-writes-under-load",
-        invariants::ROUTER_HEALTHY_SERVED,
-        invariants::LINEARIZABLE,
-    ] {
-        checked(&report, name);
-    }
-    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    runs_clean(
+        "slow-peer-links-fleet",
+        &[
+            "slow-links-delay-in-effect",
+            "slow-links-one-leadership",
+            "slow-links-write-after-idle",
+            "slow-links-writes-under-load",
+            invariants::ROUTER_HEALTHY_SERVED,
+            invariants::LINEARIZABLE,
+        ],
+    );
 }
 
 /// A burst of registrations at and past the registration bound, with a
@@ -250,19 +253,16 @@ fn peers_far_apart_keep_one_leader_and_take_writes_idle_or_loaded() {
 /// and every peer converges afterwards.
 #[test]
 fn a_burst_of_maximum_size_registrations_is_answered_by_size_and_writes_flow() {
-    let Some(report) = run("max-size-reports-burst-fleet", 1, false) else {
-        return;
-    };
-    for name in [
-        "burst-reports-answered-by-size",
-        "burst-writes-kept-flowing",
-        invariants::STATE_HASHES,
-        invariants::ACKED_WRITES,
-        invariants::LINEARIZABLE,
-    ] {
-        checked(&report, name);
-    }
-    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    runs_clean(
+        "max-size-reports-burst-fleet",
+        &[
+            "burst-reports-answered-by-size",
+            "burst-writes-kept-flowing",
+            invariants::STATE_HASHES,
+            invariants::ACKED_WRITES,
+            invariants::LINEARIZABLE,
+        ],
+    );
 }
 
 /// Every peer restored from a backup after two elections: the restored
@@ -270,20 +270,17 @@ fn a_burst_of_maximum_size_registrations_is_answered_by_size_and_writes_flow() {
 /// terms are below the ones they obeyed.
 #[test]
 fn agents_obey_a_cluster_restored_after_two_elections() {
-    let Some(report) = run("restore-after-elections-fleet", 1, false) else {
-        return;
-    };
-    for name in [
-        "restored-cluster-begins-a-later-epoch",
-        "agents-obey-the-restored-cluster",
-        invariants::LEADERSHIPS_FORWARD,
-        invariants::NO_DEPOSED_COMMAND,
-        invariants::STATE_HASHES,
-        invariants::ACKED_WRITES,
-    ] {
-        checked(&report, name);
-    }
-    assert_eq!(report.violations(), 0, "{}", llmgw_chaos::details(&report));
+    runs_clean(
+        "restore-after-elections-fleet",
+        &[
+            "restored-cluster-begins-a-later-epoch",
+            "agents-obey-the-restored-cluster",
+            invariants::LEADERSHIPS_FORWARD,
+            invariants::NO_DEPOSED_COMMAND,
+            invariants::STATE_HASHES,
+            invariants::ACKED_WRITES,
+        ],
+    );
 }
 
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test

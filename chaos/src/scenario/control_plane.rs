@@ -146,10 +146,13 @@ pub(super) async fn follower_lag_snapshot(ctx: &mut Ctx) -> Result<(), ScenarioE
     ctx.cluster.net.isolate(&[lagging])?;
     ctx.fault(format!("isolate follower {lagging}"));
     ctx.start_burst_avoiding(3, Some(lagging));
-    // Until the leader's snapshot is well past what the follower holds
-    // (the log behind it purged), bounded.
+    // Until the leader has purged its log well past what the follower
+    // holds, bounded. A snapshot alone is not enough: the leader purges
+    // only once no replication is reading those entries, and the isolated
+    // follower's append stays in flight until it times out; healed
+    // earlier, the follower catches up from the log and needs no snapshot.
     let deadline = Instant::now() + Duration::from_secs(45);
-    let mut snapshot = 0.0;
+    let (mut snapshot, mut purged) = (0.0, 0.0);
     while Instant::now() < deadline {
         let leader = ctx.cluster.wait_leader_among(&followers).await;
         if let Some(leader) = leader {
@@ -158,14 +161,19 @@ pub(super) async fn follower_lag_snapshot(ctx: &mut Ctx) -> Result<(), ScenarioE
                 .metric(leader, "llmgw_raft_snapshot_index")
                 .await
                 .unwrap_or(0.0);
-            if snapshot >= (applied_before + 40) as f64 {
+            purged = ctx
+                .cluster
+                .metric(leader, "llmgw_raft_purged_index")
+                .await
+                .unwrap_or(0.0);
+            if purged >= (applied_before + 40) as f64 {
                 break;
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     ctx.fault(format!(
-        "leader snapshot at index {snapshot}, follower {lagging} applied {applied_before}"
+        "leader snapshot at index {snapshot}, log purged to {purged}, follower {lagging} applied {applied_before}"
     ));
     ctx.stop_burst().await;
     ctx.heal()?;

@@ -15,8 +15,9 @@ use tokio::task::JoinHandle;
 use super::ScenarioError;
 use crate::cluster::Cluster;
 use crate::fleet::{self, Fleet, FleetLog, FleetSample, RouterOp, Subject, Window};
-use crate::history::History;
+use crate::history::{History, Outcome};
 use crate::invariants::Checked;
+use crate::linearizability::RegOp;
 use crate::load::{self, LeaderSample};
 /// The fault-injection side of a run: the cluster, the seeded schedule,
 /// and the log of what was done.
@@ -270,6 +271,53 @@ impl Ctx {
             let _ = handle.await;
         }
     }
+}
+
+/// A write through `peer`, tried every 500 ms until one is taken or
+/// `within` passes: how long it took, or why none was taken (the last
+/// answer). Keys start with `key_prefix`.
+pub(super) async fn write_through(
+    ctx: &Ctx,
+    peer: u64,
+    key_prefix: &str,
+    within: Duration,
+) -> Result<Duration, String> {
+    let started = std::time::Instant::now();
+    let base = ctx.cluster.admin(peer);
+    let mut last = String::new();
+    let mut tries = 0;
+    while started.elapsed() < within {
+        tries += 1;
+        let key = format!("{key_prefix}-{tries}");
+        let write = RegOp::Write("1".into());
+        match load::perform(&ctx.cluster.http, &base, &key, &write).await {
+            Outcome::Ok(_) => return Ok(started.elapsed()),
+            other => last = format!("{other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(format!(
+        "no write through peer {peer} succeeded within {within:?} ({tries} tries); the last: {last}"
+    ))
+}
+
+/// Scales the small model up by one replica through the leader, and makes
+/// that the desired count; the new count.
+pub(super) async fn scale_small_up(ctx: &mut Ctx) -> Result<u64, String> {
+    let want = ctx.desired.get(fleet::SMALL).copied().unwrap_or(0) + 1;
+    let model = fleet::small_model(u32::try_from(want).expect("a handful of replicas"));
+    fleet::send_to_leader(
+        &ctx.cluster,
+        reqwest::Method::PUT,
+        &llmgw_api::paths::model(fleet::SMALL),
+        Some(&model),
+        Duration::from_secs(30),
+    )
+    .await
+    .map_err(|why| format!("scale {} up: {why}", fleet::SMALL))?;
+    ctx.desired.insert(fleet::SMALL.to_owned(), want);
+    ctx.fault(format!("scale {} to {want} replicas", fleet::SMALL));
+    Ok(want)
 }
 
 /// A check of this scenario's own promise.

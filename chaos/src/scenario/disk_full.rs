@@ -14,13 +14,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::ctx::{pick_small_node, promise};
+use super::ctx::{pick_small_node, promise, write_through};
 use super::silent_peers::hold_watching_majority;
 use super::{Ctx, ScenarioError};
 use crate::fleet::{self, Subject};
-use crate::history::Outcome;
 use crate::invariants::Checked;
-use crate::linearizability::RegOp;
 use crate::load::{self, LeaderSample};
 
 pub const FULL_PEER_REFUSED_WRITES: &str = "full-peer-refused-writes";
@@ -300,35 +298,17 @@ fn gave_up_leadership(samples: &[LeaderSample], full: u64, full_us: u64, freed_u
 /// Once space returned, a write through the full peer succeeds within
 /// `WRITES_AGAIN_WITHIN`, with no restart.
 async fn writes_again(ctx: &mut Ctx, full: u64) -> Checked {
-    let started = Instant::now();
-    let base = ctx.cluster.admin(full);
-    let mut last = String::new();
-    let mut tries = 0;
-    while started.elapsed() < WRITES_AGAIN_WITHIN {
-        tries += 1;
-        let key = format!("chaos-disk-full-again-{tries}");
-        match load::perform(&ctx.cluster.http, &base, &key, &RegOp::Write("1".into())).await {
-            Outcome::Ok(_) => {
-                ctx.fault(format!(
-                    "peer {full} took a write again {:.1}s after space returned",
-                    started.elapsed().as_secs_f64()
-                ));
-                return Checked::new(
-                    FULL_PEER_WRITES_AGAIN,
-                    format!("writes through peer {full} after space returned"),
-                    Vec::new(),
-                );
-            }
-            other => last = format!("{other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = write_through(ctx, full, "chaos-disk-full-again", WRITES_AGAIN_WITHIN).await;
+    if let Ok(took) = &taken {
+        ctx.fault(format!(
+            "peer {full} took a write again {:.1}s after space returned",
+            took.as_secs_f64()
+        ));
     }
     Checked::new(
         FULL_PEER_WRITES_AGAIN,
         format!("writes through peer {full} after space returned"),
-        vec![format!(
-            "no write through peer {full} succeeded within {WRITES_AGAIN_WITHIN:?} ({tries} tries); the last: {last}"
-        )],
+        taken.err().into_iter().collect(),
     )
 }
 

@@ -12,7 +12,7 @@ use llmgw_api::{ReplicaState, ReplicaView, paths};
 use rand::Rng;
 use serde_json::Value;
 
-use super::ctx::{latest, node_addr, pick_small_node, promise};
+use super::ctx::{latest, node_addr, pick_small_node, promise, scale_small_up};
 use super::fleet_faults::{
     drain_completes, drain_node, drain_small_node, small_replicas_on, wait_successor,
 };
@@ -216,21 +216,9 @@ pub(super) async fn leader_kill_after_placement(ctx: &mut Ctx) -> Result<(), Sce
         .filter(|r| r.model == fleet::SMALL)
         .map(|r| r.id.clone())
         .collect();
-    let want = ctx.desired.get(fleet::SMALL).copied().unwrap_or(0) + 1;
-    let model = fleet::small_model(u32::try_from(want).expect("a handful of replicas"));
     let leader = ctx.leader().await?;
     let followers = ctx.followers(leader);
-    fleet::send_to_leader(
-        &ctx.cluster,
-        reqwest::Method::PUT,
-        &paths::model(fleet::SMALL),
-        Some(&model),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|why| ScenarioError::Setup(format!("scale {} up: {why}", fleet::SMALL)))?;
-    ctx.desired.insert(fleet::SMALL.to_owned(), want);
-    ctx.fault(format!("scale {} to {want} replicas", fleet::SMALL));
+    scale_small_up(ctx).await.map_err(ScenarioError::Setup)?;
     let started = Instant::now();
     let placed = loop {
         let all = replicas(ctx).await.unwrap_or_default();

@@ -18,13 +18,12 @@ use llmgw_proto::agent::{AgentMessage, Register};
 use llmgw_tls::{Identity, Tls};
 use tokio_stream::StreamExt;
 
-use super::ctx::promise;
+use super::ctx::{promise, write_through};
 use super::{Ctx, ScenarioError};
 use crate::fleet::Subject;
 use crate::history::Outcome;
 use crate::invariants::Checked;
 use crate::linearizability::RegOp;
-use crate::load;
 
 pub const BURST_REPORTS_ANSWERED: &str = "burst-reports-answered-by-size";
 pub const BURST_WRITES_FLOWED: &str = "burst-writes-kept-flowing";
@@ -174,9 +173,10 @@ async fn register(
             ..Register::default()
         })),
     };
+    // Not `unavailable`: a leader that cannot be reached defers nothing.
     let channel = llmgw_tls::connect(endpoint, Some(tls))
         .await
-        .map_err(|e| tonic::Status::unavailable(format!("cannot connect: {e}")))?;
+        .map_err(|e| tonic::Status::unknown(format!("cannot connect: {e}")))?;
     let mut answers = AgentServiceClient::new(channel)
         .max_encoding_message_size(8 << 20)
         .connect(tokio_stream::iter([register]).chain(tokio_stream::pending()))
@@ -223,6 +223,15 @@ fn answered_by_size(
             }
         }
     }
+    let registered = answers
+        .iter()
+        .filter(|(_, bytes, answer)| {
+            *bytes != OVERSIZED_LABEL_BYTES && matches!(answer, Ok(Down::Registered(_)))
+        })
+        .count();
+    if registered == 0 {
+        wrong.push("no registration under the bound was registered".to_owned());
+    }
     let unanswered = ACCEPTED + OVERSIZED - answers.len();
     if unanswered > 0 {
         wrong.push(format!(
@@ -243,28 +252,14 @@ fn answered_by_size(
 /// A write through the leader after the burst is taken within
 /// `WRITE_WITHIN`; `Err` holds the last answer.
 async fn write_after_burst(ctx: &mut Ctx, leader: u64) -> Result<Duration, String> {
-    let started = Instant::now();
-    let base = ctx.cluster.admin(leader);
-    let mut last = String::new();
-    let mut tries = 0;
-    while started.elapsed() < WRITE_WITHIN {
-        tries += 1;
-        let key = format!("chaos-after-burst-{tries}");
-        match load::perform(&ctx.cluster.http, &base, &key, &RegOp::Write("1".into())).await {
-            Outcome::Ok(_) => {
-                ctx.fault(format!(
-                    "a write after the burst taken in {:.2}s",
-                    started.elapsed().as_secs_f64()
-                ));
-                return Ok(started.elapsed());
-            }
-            other => last = format!("{other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = write_through(ctx, leader, "chaos-after-burst", WRITE_WITHIN).await;
+    if let Ok(took) = &taken {
+        ctx.fault(format!(
+            "a write after the burst taken in {:.2}s",
+            took.as_secs_f64()
+        ));
     }
-    Err(format!(
-        "no write through peer {leader} succeeded within {WRITE_WITHIN:?} of the burst ({tries} tries); the last: {last}"
-    ))
+    taken
 }
 
 fn writes_flowed(
@@ -358,6 +353,24 @@ mod tests {
         ));
         answers[ACCEPTED].2 = registered();
         answers.pop();
+        let all_deferred: Vec<_> = answers
+            .iter()
+            .map(|(node, bytes, answer)| {
+                let deferred = || Err(tonic::Status::unavailable("peer 1 no longer leads term 1"));
+                let kept = if *bytes == ACCEPTED_LABEL_BYTES {
+                    deferred()
+                } else {
+                    answer.clone()
+                };
+                (node.clone(), *bytes, kept)
+            })
+            .collect();
+        assert!(
+            answered_by_size(&all_deferred)
+                .unwrap_err()
+                .contains("no registration under the bound was registered")
+        );
+
         let wrong = answered_by_size(&answers).unwrap_err();
         assert!(wrong.contains("burst-max-0: InvalidArgument"), "{wrong}");
         assert!(

@@ -16,21 +16,25 @@ use std::time::{Duration, Instant};
 
 use llmgw_api::{ClusterView, paths};
 
-use super::ctx::{latest, promise};
+use super::ctx::{latest, promise, scale_small_up};
 use super::fleet_faults::wait_successor;
 use super::{Ctx, ScenarioError};
 use crate::cluster::get_view;
 use crate::fleet::{self, FleetSample};
+use crate::load::CLIENT_TIMEOUT;
 
 pub const RESTORED_EPOCH_LATER: &str = "restored-cluster-begins-a-later-epoch";
 pub const RESTORED_CLUSTER_OBEYED: &str = "agents-obey-the-restored-cluster";
 
-/// How long in-flight admin requests get to finish once the load pauses.
-const LOAD_DRAINS: Duration = Duration::from_secs(2);
+/// How long in-flight admin requests get to finish once the load pauses:
+/// past the client timeout, every one has its outcome.
+const LOAD_DRAINS: Duration = Duration::from_secs(13);
 /// How long the restored cluster has to begin its epoch.
 const EPOCH_WITHIN: Duration = Duration::from_secs(60);
 /// How long an agent has to start the replica of the scale-up.
 const OBEYED_WITHIN: Duration = Duration::from_secs(90);
+
+const _: () = assert!(LOAD_DRAINS.as_secs() > CLIENT_TIMEOUT.as_secs());
 
 pub(super) async fn restore_after_elections(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     ctx.quiet_load();
@@ -177,19 +181,7 @@ async fn later_epoch(ctx: &Ctx, before: u64) -> Result<u64, String> {
 /// agent must start the new replica (a fenced-out agent refuses every
 /// command), so every desired replica is ready, the new one included.
 async fn obeys_a_scale_up(ctx: &mut Ctx) -> Result<(), String> {
-    let want = ctx.desired.get(fleet::SMALL).copied().unwrap_or(0) + 1;
-    let model = fleet::small_model(u32::try_from(want).expect("a handful of replicas"));
-    fleet::send_to_leader(
-        &ctx.cluster,
-        reqwest::Method::PUT,
-        &paths::model(fleet::SMALL),
-        Some(&model),
-        Duration::from_secs(30),
-    )
-    .await
-    .map_err(|why| format!("scale {} up: {why}", fleet::SMALL))?;
-    ctx.desired.insert(fleet::SMALL.to_owned(), want);
-    ctx.fault(format!("scale {} up to {want} replicas", fleet::SMALL));
+    scale_small_up(ctx).await?;
     let desired = ctx.desired.clone();
     let started = Instant::now();
     let done = ctx

@@ -5,8 +5,9 @@
 //! 2. **start load**: the leader sampler, the fleet sampler, the admin
 //!    load and the router load;
 //! 3. **inject**: the scenario's own schedule;
-//! 4. **heal**: network rules flushed, paused peers continued, killed
-//!    peers restarted, every fault window closed;
+//! 4. **heal**: network rules flushed, link delays and the load's pause
+//!    lifted, filled disks freed, paused peers continued, killed peers and
+//!    agents restarted, every fault window closed;
 //! 5. **settle**: the load runs on, the fleet must be ready again, the
 //!    load stops;
 //! 6. **close**: a leader, converged state hashes, final reads, catalogs;
@@ -252,6 +253,16 @@ fn heal(ctx: &mut Ctx) -> Result<Instant, ScenarioError> {
     let _ = ctx.cluster.net.heal();
     ctx.cluster.clear_link_delay();
     ctx.load_quiet.store(false, Ordering::Relaxed);
+    for id in ctx.cluster.free_small_disks() {
+        ctx.fault(format!("peer {id}'s data disk freed (healing)"));
+    }
+    let restarted = match ctx.fleet.as_mut() {
+        Some(fleet) => fleet.restart_killed(&ctx.cluster)?,
+        None => Vec::new(),
+    };
+    for node in restarted {
+        ctx.fault(format!("restart the agent of node {node} (healing)"));
+    }
     for id in ctx.cluster.member_ids() {
         if ctx.cluster.peers[&id].stopped {
             ctx.cluster.resume(id);

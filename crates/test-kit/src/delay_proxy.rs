@@ -115,7 +115,7 @@ impl DelayProxy {
                     loop {
                         if let Ok((client, _)) = listener.accept().await {
                             connections += 1;
-                            let seed = connections ^ (u64::from(listen.port()) << 32);
+                            let seed = connections ^ seed_of(target);
                             tokio::spawn(relay(client, target, delay.clone(), seed));
                         }
                     }
@@ -135,6 +135,15 @@ impl DelayProxy {
             thread: Some(thread),
         })
     }
+}
+
+/// A jitter seed per target, so that proxies on one port differ.
+fn seed_of(target: SocketAddr) -> u64 {
+    let ip = match target.ip() {
+        std::net::IpAddr::V4(ip) => u64::from(u32::from(ip)),
+        std::net::IpAddr::V6(ip) => u128::from(ip) as u64,
+    };
+    (ip << 16 | u64::from(target.port())) << 16
 }
 
 fn bind(listen: SocketAddr) -> std::io::Result<std::net::TcpListener> {
@@ -190,17 +199,20 @@ async fn relay(client: TcpStream, target: SocketAddr, delay: Arc<LinkDelay>, see
 }
 
 /// Copies `from` to `to`, each chunk written its sampled delay after it
-/// was read, and never before the chunk read ahead of it.
+/// was read, and never before the chunk read ahead of it. The end of the
+/// stream is delayed the same way (an empty chunk), so a close takes as
+/// long to cross as a byte.
 async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Arc<LinkDelay>, seed: u64) {
     let (held, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let read = async move {
         let mut random = SplitMix(seed);
         let mut last_due = Instant::now();
         let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = from.read(&mut buf).await {
+        loop {
+            let n = from.read(&mut buf).await.unwrap_or(0);
             let at = (Instant::now() + delay.sample(random.next())).max(last_due);
             last_due = at;
-            if n == 0 || held.send((at, buf[..n].to_vec())).is_err() {
+            if held.send((at, buf[..n].to_vec())).is_err() || n == 0 {
                 break;
             }
         }
@@ -208,7 +220,7 @@ async fn pipe(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, delay: Arc<LinkDe
     let write = async move {
         while let Some((at, bytes)) = due.recv().await {
             tokio::time::sleep_until(at).await;
-            if to.write_all(&bytes).await.is_err() {
+            if bytes.is_empty() || to.write_all(&bytes).await.is_err() {
                 break;
             }
         }
