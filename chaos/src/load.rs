@@ -190,6 +190,23 @@ pub struct LeaderSample {
     pub leader: Option<u64>,
 }
 
+#[cfg(test)]
+impl LeaderSample {
+    /// A sample asked `at_s` seconds into a run and answered 1 ms later,
+    /// before the cluster's first epoch (tests of the checks).
+    pub(crate) fn at_seconds(at_s: f64, peer: u64, term: u64, leader: Option<u64>) -> Self {
+        let at_us = (at_s * 1e6) as u64;
+        LeaderSample {
+            at_us,
+            answered_us: at_us + 1_000,
+            peer,
+            epoch: 0,
+            term,
+            leader,
+        }
+    }
+}
+
 /// Asks every member `GET /api/v1/cluster` every `every` until `stop`,
 /// each member on its own: a peer whose answer is slow (paused, or waiting
 /// on a peer it cannot reach: the view includes every peer's status) gets

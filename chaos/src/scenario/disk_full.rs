@@ -317,15 +317,7 @@ mod tests {
     use super::*;
 
     fn sample(at_s: f64, peer: u64, leader: u64) -> LeaderSample {
-        let at_us = (at_s * 1e6) as u64;
-        LeaderSample {
-            at_us,
-            answered_us: at_us + 1_000,
-            peer,
-            epoch: 0,
-            term: 1,
-            leader: Some(leader),
-        }
+        LeaderSample::at_seconds(at_s, peer, 1, Some(leader))
     }
 
     #[test]

@@ -250,15 +250,7 @@ mod tests {
     use crate::linearizability::RegRet;
 
     fn sample(at_s: f64, peer: u64, term: u64, leader: Option<u64>) -> LeaderSample {
-        let at_us = (at_s * 1e6) as u64;
-        LeaderSample {
-            at_us,
-            answered_us: at_us + 1_000,
-            peer,
-            epoch: 0,
-            term,
-            leader,
-        }
+        LeaderSample::at_seconds(at_s, peer, term, leader)
     }
 
     fn steady(from_s: f64, count: usize) -> Vec<LeaderSample> {
