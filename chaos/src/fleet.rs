@@ -81,13 +81,48 @@ pub fn catalog() -> Vec<(Model, u64)> {
 
 /// The single-node model with `replicas` replicas.
 pub fn small_model(replicas: u32) -> Model {
-    entry(json!({
+    small_entry(replicas, json!({}), None)
+}
+
+/// The single-node model with `revision` in its engines' environment:
+/// another launch spec than [`small_model`]'s, which rolls out. Its
+/// engines load for 4 s, so a rollout has replacements loading for a
+/// while.
+pub fn small_model_revised(replicas: u32, revision: &str) -> Model {
+    small_entry(
+        replicas,
+        json!({ "LLMGW_CHAOS_REVISION": revision, "LLMGW_SIM_LOAD_TIME": "4s" }),
+        None,
+    )
+}
+
+/// The single-node model, its launch spec unchanged, autoscaled from
+/// `min` to `max` replicas sized for `target` requests each: it grows
+/// after 2 s of wanting to and never shrinks within a run.
+pub fn small_model_autoscaled(min: u32, max: u32, target: u32) -> Model {
+    small_entry(
+        min,
+        json!({}),
+        Some(json!({
+            "min_replicas": min, "max_replicas": max, "target_requests_per_replica": target,
+            "scale_up_window": "2s", "scale_down_window": "1h"
+        })),
+    )
+}
+
+fn small_entry(replicas: u32, env: Value, autoscale: Option<Value>) -> Model {
+    let mut entry_json = json!({
         "name": SMALL,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
         "replicas": replicas,
         "profiles": [{"name": "tp1", "engine": "vllm", "nodes": 1, "gpus_per_node": 1,
-                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16}]
-    }))
+                      "tensor_parallel": 1, "pipeline_parallel": 1, "min_gpu_memory_gb": 16,
+                      "env": env}]
+    });
+    if let Some(autoscale) = autoscale {
+        entry_json["autoscale"] = autoscale;
+    }
+    entry(entry_json)
 }
 
 /// A model whose engine fails every start with the KV-cache error.

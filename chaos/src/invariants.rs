@@ -672,14 +672,18 @@ struct ReplicaTrack {
     ordered_away_us: Option<u64>,
     /// The first agent sample after its last shard state file vanished.
     files_gone_us: Option<(String, u64)>,
+    /// The first sample that showed a replica replacing it ready.
+    replacement_ready_us: Option<u64>,
 }
 
 /// No replica of `models` was retired (removed, stopped, drained away, or
 /// its engine stopped on its node) while every node it ran on was
 /// reachable from a majority of peers. A node is unreachable from the
 /// majority only inside a fault window on that node (its stream cut from
-/// every peer); a failed engine and an operator's drain are the other
-/// reasons a replica may go. Evidence: the sampled `GET /api/v1/replicas`
+/// every peer); a failed engine, an operator's drain and, for the models
+/// in `rolled_out` (whose launch spec the run changed), a replacement
+/// that is ready (make-before-break) are the other reasons a replica may
+/// go. Evidence: the sampled `GET /api/v1/replicas`
 /// (the replica disappears for good, or is ordered away) and, from outside
 /// the control plane, every agent's shard state files (the file of a
 /// shard vanishes for good).
@@ -687,6 +691,7 @@ pub fn no_retirement_while_reachable(
     samples: &[FleetSample],
     windows: &[Window],
     models: &[&str],
+    rolled_out: &[&str],
 ) -> Checked {
     let mut tracks = replicas_listed(samples, models);
     add_vanished_state_files(&mut tracks, samples);
@@ -707,13 +712,16 @@ pub fn no_retirement_while_reachable(
         if track.failed {
             continue;
         }
-        let excused = track.nodes.iter().any(|node| {
-            node_fault_at(windows, node, at)
-                || draining_since.get(node).is_some_and(|since| *since <= at)
-        });
+        let replaced = rolled_out.contains(&track.model.as_str())
+            && track.replacement_ready_us.is_some_and(|ready| ready <= at);
+        let excused = replaced
+            || track.nodes.iter().any(|node| {
+                node_fault_at(windows, node, at)
+                    || draining_since.get(node).is_some_and(|since| *since <= at)
+            });
         if !excused {
             violations.push(format!(
-                "replica {id} of {} on {:?} retired at {:.1}s while every one of its nodes was reachable from a majority of peers (no fault on them, no drain, no engine failure): {}",
+                "replica {id} of {} on {:?} retired at {:.1}s while every one of its nodes was reachable from a majority of peers (no fault on them, no drain, no engine failure, no ready replacement): {}",
                 track.model,
                 track.nodes,
                 at as f64 / 1e6,
@@ -771,6 +779,15 @@ fn replicas_listed(samples: &[FleetSample], models: &[&str]) -> BTreeMap<String,
             track.failed |= r.state == "failed" || r.shards.iter().any(|s| s.state == "failed");
             if matches!(r.state.as_str(), "draining" | "stopping" | "stopped") {
                 track.ordered_away_us.get_or_insert(sample.at_us);
+            }
+        }
+        for old in replicas
+            .iter()
+            .filter(|r| r.state == "ready")
+            .filter_map(|r| r.replaces.as_ref())
+        {
+            if let Some(track) = tracks.get_mut(old) {
+                track.replacement_ready_us.get_or_insert(sample.at_us);
             }
         }
     }
@@ -1400,7 +1417,7 @@ mod tests {
             ),
         ];
         let windows = vec![window(Subject::Node("n2".into()), 2_000_000, 6_000_000)];
-        let checked = no_retirement_while_reachable(&samples, &windows, &["qwen"]);
+        let checked = no_retirement_while_reachable(&samples, &windows, &["qwen"], &[]);
         assert_eq!(checked.violations.len(), 1, "{checked:?}");
         let v = &checked.violations[0];
         assert!(
@@ -1428,7 +1445,7 @@ mod tests {
                 vec![("n1", vec![])],
             ),
         ];
-        let checked = no_retirement_while_reachable(&samples, &[], &["qwen"]);
+        let checked = no_retirement_while_reachable(&samples, &[], &["qwen"], &[]);
         assert_eq!(checked.violations.len(), 1, "{checked:?}");
         // A failed engine or another model is not a retirement to report.
         let samples = vec![
@@ -1440,15 +1457,66 @@ mod tests {
             fleet(2_000_000, vec![], vec![]),
         ];
         assert!(
-            no_retirement_while_reachable(&samples, &[], &["qwen"])
+            no_retirement_while_reachable(&samples, &[], &["qwen"], &[])
                 .violations
                 .is_empty()
         );
         assert!(
-            no_retirement_while_reachable(&samples, &[], &["other"])
+            no_retirement_while_reachable(&samples, &[], &["other"], &[])
                 .violations
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn a_replica_may_go_once_its_replacement_is_ready_and_not_before() {
+        let replacing = |id: &str, old: &str, gpu: u32, state: &str| {
+            let mut r = replica(id, "n1", &[gpu], state);
+            r.replaces = Some(old.into());
+            r
+        };
+        // q-1 drains only once q-2, its replacement, is ready; q-3 drains
+        // while q-4, its replacement, is still loading.
+        let samples = vec![
+            fleet(
+                1_000_000,
+                vec![
+                    replica("q-1", "n1", &[0], "ready"),
+                    replica("q-3", "n1", &[2], "ready"),
+                    replacing("q-2", "q-1", 1, "loading"),
+                    replacing("q-4", "q-3", 3, "loading"),
+                ],
+                vec![],
+            ),
+            fleet(
+                2_000_000,
+                vec![
+                    replica("q-1", "n1", &[0], "draining"),
+                    replica("q-3", "n1", &[2], "draining"),
+                    replacing("q-2", "q-1", 1, "ready"),
+                    replacing("q-4", "q-3", 3, "loading"),
+                ],
+                vec![],
+            ),
+            fleet(
+                3_000_000,
+                vec![
+                    replacing("q-2", "q-1", 1, "ready"),
+                    replacing("q-4", "q-3", 3, "ready"),
+                ],
+                vec![],
+            ),
+        ];
+        let checked = no_retirement_while_reachable(&samples, &[], &["qwen"], &["qwen"]);
+        assert_eq!(checked.violations.len(), 1, "{checked:?}");
+        assert!(
+            checked.violations[0].starts_with("replica q-3 of qwen on {\"n1\"} retired at 2.0s"),
+            "{checked:?}"
+        );
+        // Unless the run changed the model's spec, a replacement excuses
+        // nothing: nothing else replaces a replica on a reachable node.
+        let checked = no_retirement_while_reachable(&samples, &[], &["qwen"], &[]);
+        assert_eq!(checked.violations.len(), 2, "{checked:?}");
     }
 
     #[test]

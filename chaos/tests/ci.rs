@@ -283,6 +283,41 @@ fn agents_obey_a_cluster_restored_after_two_elections() {
     );
 }
 
+/// A model's rolling update whose leader is killed with a replacement in
+/// flight: the new leader finishes it make-before-break, and no request
+/// for the model fails.
+#[test]
+fn a_rollout_survives_its_leaders_death() {
+    runs_clean(
+        "leader-failover-during-rollout-fleet",
+        &[
+            "rollout-completed",
+            "exactly-one-replacement",
+            "ready-never-below-desired",
+            invariants::ROUTER_HEALTHY_SERVED,
+            invariants::NO_RETIREMENT_WHILE_REACHABLE,
+            invariants::NO_GPU_TWICE,
+        ],
+    );
+}
+
+/// An autoscaled scale-up whose leader is killed right after it placed
+/// the new replica: that replica serves, no second one is placed, and the
+/// load that asked for it is answered.
+#[test]
+fn a_scale_up_survives_its_leaders_death() {
+    runs_clean(
+        "leader-failover-during-scale-up-fleet",
+        &[
+            "scale-up-carried-on",
+            "one-replica-added",
+            "long-chats-answered",
+            invariants::ROUTER_HEALTHY_SERVED,
+            invariants::NO_GPU_TWICE,
+        ],
+    );
+}
+
 /// A developer's entry point: `CHAOS_SCENARIO=name CHAOS_SEED=n cargo test
 /// -p llmgw-chaos --test ci -- --ignored --nocapture one_named_scenario`.
 #[test]

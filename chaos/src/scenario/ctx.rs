@@ -2,7 +2,7 @@
 //! faults, the fault windows, and checks of the scenario's own promises,
 //! including those that need the whole run's evidence.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +40,9 @@ pub struct Ctx {
     pub(super) windows: Vec<Window>,
     /// Fleet models and their desired replica counts.
     pub(super) desired: BTreeMap<String, u64>,
+    /// Models whose launch spec the schedule changed: their replicas are
+    /// replaced make-before-break (a rolling update).
+    pub(super) rolled_out: BTreeSet<String>,
     /// Checks of this scenario's promises that need the whole run's
     /// evidence (every peer's leader samples, every log), run after the
     /// load has stopped.

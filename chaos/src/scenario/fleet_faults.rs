@@ -366,37 +366,7 @@ pub(super) async fn drain_completes(ctx: &mut Ctx, node: &str, drained: &BTreeSe
         done.map(|_| ())
             .map_err(|why| format!("within 60s of the restart: {why}")),
     );
-    let log = ctx
-        .fleet_log
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    let mut replacements: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for r in log.iter().flat_map(|s| s.replicas.iter().flatten()) {
-        if let Some(old) = &r.replaces
-            && drained.contains(old)
-        {
-            replacements
-                .entry(old.clone())
-                .or_default()
-                .insert(r.id.clone());
-        }
-    }
-    let wrong: Vec<String> = drained
-        .iter()
-        .filter(|old| replacements.get(*old).map_or(0, BTreeSet::len) != 1)
-        .map(|old| format!("{old} replaced by {:?}", replacements.get(old)))
-        .collect();
-    promise(
-        ctx,
-        "exactly-one-replacement",
-        format!("{} drained replicas", drained.len()),
-        if wrong.is_empty() {
-            Ok(())
-        } else {
-            Err(wrong.join("; "))
-        },
-    );
+    one_replacement_each(ctx, "drained", drained);
     // Leave the node usable for the checks after healing.
     let _ = fleet::send_to_leader(
         &ctx.cluster,
@@ -407,6 +377,42 @@ pub(super) async fn drain_completes(ctx: &mut Ctx, node: &str, drained: &BTreeSe
     )
     .await;
     ctx.fault(format!("uncordon node {node}"));
+}
+
+/// Over every sample, each replica of `old` had exactly one replacement
+/// (a replica naming it in `replaces`): none is left behind, none doubled.
+pub(super) fn one_replacement_each(ctx: &mut Ctx, how: &str, old: &BTreeSet<String>) {
+    let log = ctx
+        .fleet_log
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let mut replacements: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in log.iter().flat_map(|s| s.replicas.iter().flatten()) {
+        if let Some(replaced) = &r.replaces
+            && old.contains(replaced)
+        {
+            replacements
+                .entry(replaced.clone())
+                .or_default()
+                .insert(r.id.clone());
+        }
+    }
+    let wrong: Vec<String> = old
+        .iter()
+        .filter(|o| replacements.get(*o).map_or(0, BTreeSet::len) != 1)
+        .map(|o| format!("{o} replaced by {:?}", replacements.get(o)))
+        .collect();
+    promise(
+        ctx,
+        "exactly-one-replacement",
+        format!("{} replicas {how}", old.len()),
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        },
+    );
 }
 
 /// When each replica of the crashing model was first sampled between

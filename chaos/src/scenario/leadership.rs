@@ -132,10 +132,10 @@ pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), Scenario
 
 /// Tokens of the long request: a few seconds at the simulator's 1 ms per
 /// token, so the drain lasts through the cut.
-const LONG_REQUEST_TOKENS: u64 = 6000;
+pub(super) const LONG_REQUEST_TOKENS: u64 = 6000;
 
 /// A chat completion of exactly `tokens` tokens, straight to an engine.
-async fn long_request(endpoint: String, tokens: u64) -> Result<(), String> {
+pub(super) async fn long_request(endpoint: String, tokens: u64) -> Result<(), String> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()

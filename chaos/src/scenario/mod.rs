@@ -22,7 +22,9 @@
 //! * `disk_full.rs`: data disks filling up under a fleet;
 //! * `slow_links.rs`: peers far apart, idle and under load;
 //! * `report_burst.rs`: a burst of maximum-size agent registrations;
-//! * `restore.rs`: every peer restored from a backup after elections.
+//! * `restore.rs`: every peer restored from a backup after elections;
+//! * `lifecycle.rs`: a model's rolling update, and its autoscaled
+//!   scale-up, across a leader failover.
 //!
 //! Adding a scenario is one entry in [`CATALOGUE`] plus its schedule: an
 //! `async fn(&mut Ctx) -> Result<(), ScenarioError>` in the module of its
@@ -33,6 +35,7 @@ mod ctx;
 mod disk_full;
 mod fleet_faults;
 mod leadership;
+mod lifecycle;
 mod power_cut;
 mod record;
 mod report_burst;
@@ -375,6 +378,24 @@ pub const CATALOGUE: &[Scenario] = &[
         disks: Disks::Host,
         links: Links::Direct,
         schedule: |ctx| Box::pin(leadership::leader_kill_after_placement(ctx)),
+    },
+    Scenario {
+        name: "leader-failover-during-rollout-fleet",
+        about: "change a model's engine environment, SIGKILL the leader with a replacement in flight, restart it: the rollout completes, one replacement per old replica, never fewer ready than wanted",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        disks: Disks::Host,
+        links: Links::Direct,
+        schedule: |ctx| Box::pin(lifecycle::failover_during_rollout(ctx)),
+    },
+    Scenario {
+        name: "leader-failover-during-scale-up-fleet",
+        about: "autoscale a model, load it past its target, SIGKILL the leader right after it places the new replica, restart it: that replica becomes ready, no second one is placed, every long chat is answered",
+        extra_yaml: fleet::LIVENESS_YAML,
+        fleet: true,
+        disks: Disks::Host,
+        links: Links::Direct,
+        schedule: |ctx| Box::pin(lifecycle::failover_during_scale_up(ctx)),
     },
     Scenario {
         name: "power-cut-one-peer",

@@ -18,7 +18,7 @@
 //!    that nothing was left behind;
 //! 10. **report**: counts, and the history files when the run is kept.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -128,6 +128,7 @@ async fn set_up(
         fleet_log: FleetLog::default(),
         windows: Vec::new(),
         desired: BTreeMap::new(),
+        rolled_out: BTreeSet::new(),
         later: Vec::new(),
         load_quiet: Arc::new(AtomicBool::new(false)),
     };
@@ -455,10 +456,12 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             evidence.wall_zero_us,
         ));
         let models: Vec<&str> = ctx.desired.keys().map(String::as_str).collect();
+        let rolled_out: Vec<&str> = ctx.rolled_out.iter().map(String::as_str).collect();
         checked.push(invariants::no_retirement_while_reachable(
             &evidence.fleet_samples,
             &evidence.windows,
             &models,
+            &rolled_out,
         ));
     }
     checked.append(&mut ctx.extra_checks);
