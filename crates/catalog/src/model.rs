@@ -76,6 +76,16 @@ pub struct Autoscale {
     /// How long fewer replicas must be enough before one is drained.
     #[serde(with = "duration_text")]
     pub scale_down_window: Duration,
+    /// The time to first token the model should keep its 90th percentile
+    /// under. Above it for a whole `scale_up_window`, the model grows by
+    /// a replica though its request count does not ask for one; above it,
+    /// it never shrinks.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_duration_text"
+    )]
+    pub ttft_p90_slo: Option<Duration>,
 }
 
 impl Autoscale {
@@ -85,8 +95,14 @@ impl Autoscale {
 
     /// The policy as an operator reads it.
     pub fn describe(&self) -> String {
+        let slo = self.ttft_p90_slo.map_or(String::new(), |slo| {
+            format!(
+                ", and to keep the time to first token (p90) under {}",
+                llmgw_yaml::format_duration(slo)
+            )
+        });
         format!(
-            "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica; \
+            "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica{slo}; \
              a change must be wanted for {} to grow, {} to shrink",
             self.min_replicas,
             self.max_replicas,
@@ -100,6 +116,26 @@ impl Autoscale {
     /// the bounds be reversed: never a panic on an entry being checked).
     pub fn clamp(&self, replicas: u32) -> u32 {
         replicas.max(self.min_replicas).min(self.max_replicas)
+    }
+}
+
+/// An optional duration stored as the text an operator writes.
+mod optional_duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::duration_text::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| llmgw_yaml::parse_duration(&text).map_err(serde::de::Error::custom))
+            .transpose()
     }
 }
 

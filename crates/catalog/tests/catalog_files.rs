@@ -79,6 +79,33 @@ fn an_autoscaled_model_starts_at_its_minimum_and_round_trips() {
 }
 
 #[test]
+fn a_time_to_first_token_target_round_trips_and_must_be_more_than_zero() {
+    let src = "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 1, max_replicas: 3, ttft_p90_slo: 500ms}\n    profiles: [{name: p, engine: vllm}]\n";
+    let catalog = parse_catalog("models.yaml", src).unwrap();
+    let autoscale = catalog.models[0].managed().unwrap().autoscale.unwrap();
+    assert_eq!(
+        autoscale.ttft_p90_slo,
+        Some(std::time::Duration::from_millis(500))
+    );
+    let json = serde_json::to_value(&catalog).unwrap();
+    assert_eq!(json["models"][0]["autoscale"]["ttft_p90_slo"], "500ms");
+    assert_eq!(
+        parse_catalog("models.json", &json.to_string()).unwrap(),
+        catalog
+    );
+    // Without a target, nothing is written for it.
+    let plain = src.replace(", ttft_p90_slo: 500ms", "");
+    let json = serde_json::to_value(parse_catalog("models.yaml", &plain).unwrap()).unwrap();
+    assert!(json["models"][0]["autoscale"].get("ttft_p90_slo").is_none());
+    let zero = src.replace("500ms", "0s");
+    let err = parse_catalog("models.yaml", &zero).unwrap_err().to_string();
+    assert!(
+        err.contains("models[0].autoscale.ttft_p90_slo: must be more than 0"),
+        "{err}"
+    );
+}
+
+#[test]
 fn data_parallel_ranks_split_the_gpus_and_stay_out_of_entries_without_them() {
     let yaml = "models:\n  - name: a\n    source: x\n    profiles:\n      - {name: dp4, engine: vllm, gpus_per_node: 8, data_parallel: 4}\n      - {name: tp8, engine: vllm, gpus_per_node: 8}\n";
     let catalog = parse_catalog("models.yaml", yaml).unwrap();

@@ -5,7 +5,9 @@
 //! with no request failing. A model scaled to zero holds its first request
 //! while a replica starts, and goes back to zero when idle. A model with
 //! no room takes the GPUs of a lower-priority one, drained first.
-//! `explain` says why a model has the replicas it has.
+//! A model whose first tokens come later than its target grows though its
+//! requests do not ask for it. `explain` says why a model has the
+//! replicas it has.
 
 use std::time::Duration;
 
@@ -207,6 +209,75 @@ async fn replicas_follow_the_load_up_and_back_down() {
     );
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
+}
+
+/// Two clients keep two requests on an engine sized for a hundred, but
+/// every first token takes 700 ms against a 300 ms target: the model
+/// grows by a replica, and `explain` says the time to first token did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_tokens_slower_than_the_target_add_a_replica() {
+    const SLOW: &str = "qwen-slow";
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let entry = json!({
+        "name": SLOW,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
+                      "env": {"LLMGW_SIM_TTFT": "700ms", "LLMGW_SIM_ITL": "10ms",
+                              "LLMGW_SIM_OUTPUT_TOKENS": "5"}}],
+        "autoscale": {"min_replicas": 1, "max_replicas": 2,
+                      "target_requests_per_replica": 100,
+                      "scale_up_window": "3s", "scale_down_window": "1h",
+                      "ttft_p90_slo": "300ms"},
+    });
+    put(&admin, &entry).await;
+    eventually("one ready replica", DEADLINE, || {
+        ready_replicas_of(&admin, SLOW, 1)
+    })
+    .await;
+    eventually("the model routed", DEADLINE, || {
+        stream_chat(&http, &router, SLOW)
+    })
+    .await;
+    let scaling = explain_of(&admin, SLOW)
+        .await
+        .scaling
+        .expect("an autoscaled model says how it scales");
+    assert!(
+        scaling.contains("keep the time to first token (p90) under 300ms"),
+        "{scaling}"
+    );
+
+    let load = ChatLoad::with_workers(&http, &router, SLOW, 2);
+    eventually("a second replica, ready", DEADLINE, || {
+        ready_replicas_of(&admin, SLOW, 2)
+    })
+    .await;
+    load.stop_without_failures("while the model grew for its first tokens")
+        .await;
+    let grown = explain_of(&admin, SLOW).await;
+    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
+    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
+    let ttft = decision.ttft.expect("the time to first token decided it");
+    // vLLM's bucket that holds 700 ms ends at 0.75 s (a loaded host may
+    // push some past it).
+    assert_eq!(ttft.slo_ms, 300, "{decision:?}");
+    assert!(ttft.p90_low_ms >= 750, "{decision:?}");
+    assert!(decision.requests_high < 100, "{decision:?}");
+    assert!(
+        grown
+            .scaling
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the time to first token (p90) was"),
+        "{:?}",
+        grown.scaling
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

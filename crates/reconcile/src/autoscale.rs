@@ -11,11 +11,16 @@
 //! whenever the load cannot be read: a burst, a lull or a blind spot never
 //! moves GPUs. A new leader starts with no history, so it waits a whole
 //! window before it acts on what it sees.
+//!
+//! A model with a time-to-first-token target (`ttft_p90_slo`) also grows
+//! by one replica once every sample of a whole window saw its engines'
+//! p90 above the target, and never shrinks while it is above: queueing
+//! shows there first, before the request count reaches the target.
 
 use std::collections::{HashMap, VecDeque};
 
 use llmgw_catalog::Autoscale;
-use llmgw_state::ScaleDecision;
+use llmgw_state::{ScaleDecision, TtftSeen};
 
 /// The load of one model at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,11 +29,35 @@ pub struct LoadSample {
     /// Requests running or waiting on the model's ready engines.
     pub requests: u32,
     pub ready_replicas: u32,
+    /// The 90th percentile of the time to first token of the requests
+    /// that got their first token since the sample before; none when no
+    /// request did.
+    pub ttft_p90_ms: Option<u32>,
 }
 
 /// Replicas that hold `requests` at the policy's target, within its bounds.
 pub fn wanted_replicas(policy: &Autoscale, requests: u32) -> u32 {
     policy.clamp(requests.div_ceil(policy.target_requests_per_replica.max(1)))
+}
+
+/// Whether the sample's time to first token is above the policy's target.
+fn too_slow(policy: &Autoscale, sample: &LoadSample) -> bool {
+    policy
+        .ttft_p90_slo
+        .zip(sample.ttft_p90_ms)
+        .is_some_and(|(slo, p90)| u128::from(p90) > slo.as_millis())
+}
+
+/// Replicas the sample asks for when the model has `desired`: what its
+/// requests want, and one more than it has while its first tokens come
+/// later than the target.
+fn wanted_by(policy: &Autoscale, desired: u32, sample: &LoadSample) -> u32 {
+    let by_requests = wanted_replicas(policy, sample.requests);
+    if too_slow(policy, sample) {
+        policy.clamp(by_requests.max(desired.saturating_add(1)))
+    } else {
+        by_requests
+    }
 }
 
 /// Each model's recent samples, while this peer leads.
@@ -64,7 +93,7 @@ impl ScaleMemory {
         while history.get(1).is_some_and(|next| next.at_ms <= horizon) {
             history.pop_front();
         }
-        let wanted_now = wanted_replicas(policy, sample.requests);
+        let wanted_now = wanted_by(policy, desired, &sample);
         let (window, growing) = match wanted_now.cmp(&desired) {
             std::cmp::Ordering::Greater => (policy.scale_up_window, true),
             std::cmp::Ordering::Less => (policy.scale_down_window, false),
@@ -79,7 +108,7 @@ impl ScaleMemory {
         let in_window: Vec<&LoadSample> = history.iter().filter(|s| s.at_ms >= start).collect();
         let wanted: Vec<u32> = in_window
             .iter()
-            .map(|s| wanted_replicas(policy, s.requests))
+            .map(|s| wanted_by(policy, desired, s))
             .collect();
         let to = if growing {
             let least = wanted.iter().copied().min()?;
@@ -88,6 +117,15 @@ impl ScaleMemory {
             let most = wanted.iter().copied().max()?;
             (most < desired).then_some(most)?
         };
+        // Growing further than the requests alone asked for: the time to
+        // first token decided it.
+        let by_requests = in_window
+            .iter()
+            .map(|s| wanted_replicas(policy, s.requests))
+            .min()?;
+        let ttft = (growing && to > by_requests)
+            .then(|| ttft_seen(policy, &in_window))
+            .flatten();
         let decision = ScaleDecision {
             from: desired,
             to,
@@ -99,6 +137,7 @@ impl ScaleMemory {
             at_ms: sample.at_ms,
             woken_by_request: false,
             yielded_to: None,
+            ttft,
         };
         history.clear();
         Some(decision)
@@ -108,6 +147,17 @@ impl ScaleMemory {
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.samples.retain(|model, _| keep(model));
     }
+}
+
+/// The window's time to first token against the policy's target.
+fn ttft_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<TtftSeen> {
+    let slo = policy.ttft_p90_slo?;
+    let p90s = window.iter().filter_map(|s| s.ttft_p90_ms);
+    Some(TtftSeen {
+        p90_low_ms: p90s.clone().min()?,
+        p90_high_ms: p90s.max()?,
+        slo_ms: u32::try_from(slo.as_millis()).unwrap_or(u32::MAX),
+    })
 }
 
 #[cfg(test)]
@@ -123,15 +173,77 @@ mod tests {
             target_requests_per_replica: 8,
             scale_up_window: Duration::from_secs(10),
             scale_down_window: Duration::from_secs(60),
+            ttft_p90_slo: None,
         }
     }
 
     fn sample(second: u64, requests: u32) -> Option<LoadSample> {
+        timed(second, requests, None)
+    }
+
+    fn timed(second: u64, requests: u32, ttft_p90_ms: Option<u32>) -> Option<LoadSample> {
         Some(LoadSample {
             at_ms: second * 1000,
             requests,
             ready_replicas: 1,
+            ttft_p90_ms,
         })
+    }
+
+    #[test]
+    fn first_tokens_later_than_the_target_for_a_whole_window_add_one_replica() {
+        let policy = Autoscale {
+            ttft_p90_slo: Some(Duration::from_millis(300)),
+            ..policy()
+        };
+        let mut memory = ScaleMemory::default();
+        // Two requests want one replica; their first tokens come late,
+        // except at second 5 (and at 7 no request got one).
+        let p90 = |second: u64| match second {
+            5 => Some(250),
+            7 => None,
+            _ => Some(800 + second as u32),
+        };
+        let decision = (0..40).find_map(|second| {
+            memory
+                .observe("m", &policy, 1, timed(second, 2, p90(second)))
+                .map(|d| (second, d))
+        });
+        let (at, decision) = decision.expect("a scale-up");
+        assert_eq!(at, 18, "a whole window of late first tokens after second 7");
+        assert_eq!((decision.from, decision.to), (1, 2));
+        assert_eq!(
+            decision.ttft,
+            Some(TtftSeen {
+                p90_low_ms: 808,
+                p90_high_ms: 818,
+                slo_ms: 300
+            })
+        );
+        assert!(
+            decision.reason().contains(
+                "the time to first token (p90) was 808 to 818 ms, above the 300 ms target"
+            ),
+            "{}",
+            decision.reason()
+        );
+        // Slow first tokens at the most replicas: no change, and no shrink
+        // though the requests alone would want one replica.
+        let mut memory = ScaleMemory::default();
+        let none = (0..200)
+            .find_map(|second| memory.observe("m", &policy, 4, timed(second, 0, Some(900))));
+        assert_eq!(none, None);
+        // Requests that ask for more than the time to first token: theirs
+        // is the reason.
+        let mut memory = ScaleMemory::default();
+        let (_, decision) = (0..40)
+            .find_map(|second| {
+                memory
+                    .observe("m", &policy, 1, timed(second, 30, Some(900)))
+                    .map(|d| (second, d))
+            })
+            .expect("a scale-up");
+        assert_eq!((decision.to, decision.ttft), (4, None));
     }
 
     /// Feeds one sample a second from `from` to `to` (exclusive), returning

@@ -1,6 +1,7 @@
 //! The leader's autoscaler loop: once a second it reads the load of every
 //! autoscaled model from its ready engines' `/metrics` (running and waiting
-//! requests, as the router reads them), asks the pure
+//! requests, as the router reads them, and the time to first token since
+//! the last read), asks the pure
 //! `llmgw_reconcile::autoscale` whether a change is due, and commits it
 //! with what it saw. The reconciler then places or drains replicas as for
 //! any other change of the replica count.
@@ -14,6 +15,7 @@ use llmgw_state::{Command, FleetState, ReplicaState};
 use tokio::sync::watch;
 
 use crate::propose::{Author, propose_all};
+use crate::ttft::TtftWatch;
 
 /// How often the load is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -40,6 +42,7 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
         }
     };
     let mut memory = ScaleMemory::default();
+    let mut ttft = TtftWatch::default();
     let mut led_term = None;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -55,13 +58,19 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
         if led_term != Some(term) {
             // What an earlier term saw is not this leader's evidence.
             memory = ScaleMemory::default();
+            ttft = TtftWatch::default();
             led_term = Some(term);
         }
         let models = control.read(autoscaled_models);
         memory.retain(|name| models.iter().any(|m| m.name == name));
+        ttft.retain(|endpoint| {
+            models
+                .iter()
+                .any(|m| m.endpoints.iter().any(|e| e == endpoint))
+        });
         let mut decisions = Vec::new();
         for model in models {
-            let sample = sample_load(&client, &model.endpoints).await;
+            let sample = sample_load(&client, &model.endpoints, &mut ttft).await;
             if let Some(decision) =
                 memory.observe(&model.name, &model.policy, model.desired, sample)
             {
@@ -102,9 +111,14 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
         .collect()
 }
 
-/// The requests the engines hold now; none when there is no ready engine
-/// or one of them cannot say (a decision needs the whole picture).
-async fn sample_load(client: &reqwest::Client, endpoints: &[String]) -> Option<LoadSample> {
+/// The requests the engines hold now, and their time to first token since
+/// the last sample; none when there is no ready engine or one of them
+/// cannot say (a decision needs the whole picture).
+async fn sample_load(
+    client: &reqwest::Client,
+    endpoints: &[String],
+    ttft: &mut TtftWatch,
+) -> Option<LoadSample> {
     if endpoints.is_empty() {
         return None;
     }
@@ -117,13 +131,17 @@ async fn sample_load(client: &reqwest::Client, endpoints: &[String]) -> Option<L
     }))
     .await;
     let mut requests = 0.0;
-    for page in pages {
-        let load = llmgw_router::parse_engine_load(&page?)?;
+    let mut first_tokens = Vec::with_capacity(pages.len());
+    for (endpoint, page) in endpoints.iter().zip(pages) {
+        let page = page?;
+        let load = llmgw_router::parse_engine_load(&page)?;
         requests += load.running? + load.waiting.unwrap_or(0.0);
+        first_tokens.push((endpoint.clone(), crate::ttft::buckets(&page)));
     }
     Some(LoadSample {
         at_ms: now_ms(),
         requests: requests.round() as u32,
         ready_replicas: endpoints.len() as u32,
+        ttft_p90_ms: ttft.p90_since_last(first_tokens),
     })
 }

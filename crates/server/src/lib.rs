@@ -25,6 +25,7 @@ mod restore;
 pub mod routes;
 mod seed;
 mod serve;
+mod ttft;
 mod usage;
 mod wake;
 

@@ -28,7 +28,7 @@ pub use ports::mgmt_host;
 pub use types::{
     Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, KvEventPorts, ModelRecord,
     NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout,
-    ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
+    ScaleDecision, Shard, ShardFailure, ShardState, StopOrder, TtftSeen,
 };
 pub use usage::{
     Demand, KeySpend, LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals, civil_from_days,

@@ -200,6 +200,20 @@ pub struct ScaleDecision {
     /// which could not place a replica it wanted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yielded_to: Option<String>,
+    /// The time to first token that made the model grow, when it was
+    /// that and not its request count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft: Option<TtftSeen>,
+}
+
+/// The 90th percentile of the time to first token over an autoscaling
+/// window, against the model's target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TtftSeen {
+    /// The lowest and the highest p90 of the window's samples.
+    pub p90_low_ms: u32,
+    pub p90_high_ms: u32,
+    pub slo_ms: u32,
 }
 
 impl ScaleDecision {
@@ -222,6 +236,19 @@ impl ScaleDecision {
         } else {
             format!("{} to {}", self.requests_low, self.requests_high)
         };
+        if let Some(ttft) = &self.ttft {
+            return format!(
+                "{} -> {} replicas: the time to first token (p90) was {} to {} ms, above the {} ms target, for {}s (the engines held {held} requests on {} ready replica(s), sized for {} a replica)",
+                self.from,
+                self.to,
+                ttft.p90_low_ms,
+                ttft.p90_high_ms,
+                ttft.slo_ms,
+                self.window_ms / 1000,
+                self.ready_replicas,
+                self.target_per_replica
+            );
+        }
         format!(
             "{} -> {} replicas: the engines held {held} requests (running and waiting) on {} ready replica(s) for {}s, sized for {} a replica",
             self.from,
