@@ -487,6 +487,12 @@ fn field(line: &str, key: &str) -> Option<String> {
     Some(value.trim_end_matches(',').to_owned())
 }
 
+/// How far the sampled API view may trail the agents' files: the sampler
+/// reads the first member that answers, and a peer just restarted answers
+/// from the state it had until it has caught up (a replacement seen
+/// `loading` there may already be ready, its predecessor's engine gone).
+const API_LAG_US: u64 = 5_000_000;
+
 /// How long after a failed request a fault still excuses it: a restarted
 /// peer's router needs its state, a re-placed replica its engine.
 const EXCUSE_AFTER_US: u64 = 5_000_000;
@@ -713,7 +719,9 @@ pub fn no_retirement_while_reachable(
             continue;
         }
         let replaced = rolled_out.contains(&track.model.as_str())
-            && track.replacement_ready_us.is_some_and(|ready| ready <= at);
+            && track
+                .replacement_ready_us
+                .is_some_and(|ready| ready <= at.saturating_add(API_LAG_US));
         let excused = replaced
             || track.nodes.iter().any(|node| {
                 node_fault_at(windows, node, at)
@@ -1476,7 +1484,8 @@ mod tests {
             r
         };
         // q-1 drains only once q-2, its replacement, is ready; q-3 drains
-        // while q-4, its replacement, is still loading.
+        // while q-4, its replacement, is loading, and q-4 is only ready
+        // well past the lag the API's view may have.
         let samples = vec![
             fleet(
                 1_000_000,
@@ -1500,6 +1509,14 @@ mod tests {
             ),
             fleet(
                 3_000_000,
+                vec![
+                    replacing("q-2", "q-1", 1, "ready"),
+                    replacing("q-4", "q-3", 3, "loading"),
+                ],
+                vec![],
+            ),
+            fleet(
+                2_000_000 + API_LAG_US + 1,
                 vec![
                     replacing("q-2", "q-1", 1, "ready"),
                     replacing("q-4", "q-3", 3, "ready"),
