@@ -331,6 +331,7 @@ impl Decode for Autoscale {
                 "scale_up_window",
                 "scale_down_window",
                 "ttft_p90_slo",
+                "queue_p90_slo",
             ],
         )?;
         let min_replicas: u32 = f.required(cx, "min_replicas")?;
@@ -350,13 +351,15 @@ impl Decode for Autoscale {
                 Autoscale::DEFAULT_SCALE_DOWN_WINDOW,
             ),
             ttft_p90_slo: f.optional(cx, "ttft_p90_slo"),
+            queue_p90_slo: f.optional(cx, "queue_p90_slo"),
         };
-        if autoscale.ttft_p90_slo.is_some_and(|slo| slo.is_zero()) {
-            f.report(
-                cx,
-                "ttft_p90_slo",
-                "must be more than 0: no engine answers in no time",
-            );
+        for (key, slo) in [
+            ("ttft_p90_slo", autoscale.ttft_p90_slo),
+            ("queue_p90_slo", autoscale.queue_p90_slo),
+        ] {
+            if slo.is_some_and(|slo| slo.is_zero()) {
+                f.report(cx, key, "must be more than 0: no engine answers in no time");
+            }
         }
         if max_replicas == 0 {
             f.report(

@@ -86,6 +86,14 @@ pub struct Autoscale {
         with = "optional_duration_text"
     )]
     pub ttft_p90_slo: Option<Duration>,
+    /// The same for the time a request waits in the engine's queue before
+    /// it is scheduled.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_duration_text"
+    )]
+    pub queue_p90_slo: Option<Duration>,
 }
 
 impl Autoscale {
@@ -95,12 +103,23 @@ impl Autoscale {
 
     /// The policy as an operator reads it.
     pub fn describe(&self) -> String {
-        let slo = self.ttft_p90_slo.map_or(String::new(), |slo| {
-            format!(
-                ", and to keep the time to first token (p90) under {}",
-                llmgw_yaml::format_duration(slo)
-            )
-        });
+        let targets: Vec<String> = [
+            ("time to first token", self.ttft_p90_slo),
+            ("queue wait", self.queue_p90_slo),
+        ]
+        .into_iter()
+        .filter_map(|(what, slo)| {
+            Some(format!(
+                "the {what} (p90) under {}",
+                llmgw_yaml::format_duration(slo?)
+            ))
+        })
+        .collect();
+        let slo = if targets.is_empty() {
+            String::new()
+        } else {
+            format!(", and to keep {}", targets.join(" and "))
+        };
         format!(
             "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica{slo}; \
              a change must be wanted for {} to grow, {} to shrink",

@@ -79,7 +79,7 @@ fn an_autoscaled_model_starts_at_its_minimum_and_round_trips() {
 }
 
 #[test]
-fn a_time_to_first_token_target_round_trips_and_must_be_more_than_zero() {
+fn latency_targets_round_trip_and_must_be_more_than_zero() {
     let src = "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 1, max_replicas: 3, ttft_p90_slo: 500ms}\n    profiles: [{name: p, engine: vllm}]\n";
     let catalog = parse_catalog("models.yaml", src).unwrap();
     let autoscale = catalog.models[0].managed().unwrap().autoscale.unwrap();
@@ -102,6 +102,23 @@ fn a_time_to_first_token_target_round_trips_and_must_be_more_than_zero() {
     assert!(
         err.contains("models[0].autoscale.ttft_p90_slo: must be more than 0"),
         "{err}"
+    );
+    let queue = src.replace("ttft_p90_slo: 500ms", "queue_p90_slo: 200ms");
+    let autoscale = parse_catalog("models.yaml", &queue).unwrap().models[0]
+        .managed()
+        .unwrap()
+        .autoscale
+        .unwrap();
+    assert_eq!(
+        (autoscale.ttft_p90_slo, autoscale.queue_p90_slo),
+        (None, Some(std::time::Duration::from_millis(200)))
+    );
+    assert!(
+        autoscale
+            .describe()
+            .contains("to keep the queue wait (p90) under 200ms"),
+        "{}",
+        autoscale.describe()
     );
 }
 

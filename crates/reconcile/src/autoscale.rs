@@ -12,15 +12,16 @@
 //! moves GPUs. A new leader starts with no history, so it waits a whole
 //! window before it acts on what it sees.
 //!
-//! A model with a time-to-first-token target (`ttft_p90_slo`) also grows
-//! by one replica once every sample of a whole window saw its engines'
-//! p90 above the target, and never shrinks while it is above: queueing
-//! shows there first, before the request count reaches the target.
+//! A model with a latency target (`ttft_p90_slo` for the time to first
+//! token, `queue_p90_slo` for the queue wait) also grows by one replica
+//! once every sample of a whole window saw its engines' p90 above a
+//! target, and never shrinks while one is above: queueing shows there
+//! first, before the request count reaches the target.
 
 use std::collections::{HashMap, VecDeque};
 
 use llmgw_catalog::Autoscale;
-use llmgw_state::{ScaleDecision, TtftSeen};
+use llmgw_state::{LatencySeen, LatencySignal, ScaleDecision};
 
 /// The load of one model at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,9 @@ pub struct LoadSample {
     /// that got their first token since the sample before; none when no
     /// request did.
     pub ttft_p90_ms: Option<u32>,
+    /// The same for the time requests waited in the queue, of those
+    /// scheduled since the sample before.
+    pub queue_p90_ms: Option<u32>,
 }
 
 /// Replicas that hold `requests` at the policy's target, within its bounds.
@@ -40,20 +44,44 @@ pub fn wanted_replicas(policy: &Autoscale, requests: u32) -> u32 {
     policy.clamp(requests.div_ceil(policy.target_requests_per_replica.max(1)))
 }
 
-/// Whether the sample's time to first token is above the policy's target.
-fn too_slow(policy: &Autoscale, sample: &LoadSample) -> bool {
-    policy
-        .ttft_p90_slo
-        .zip(sample.ttft_p90_ms)
-        .is_some_and(|(slo, p90)| u128::from(p90) > slo.as_millis())
+/// Each latency the policy may set a target for: the target, and the
+/// sample's p90 of it.
+fn targets(
+    policy: &Autoscale,
+    sample: &LoadSample,
+) -> [(LatencySignal, Option<u32>, Option<u32>); 2] {
+    let ms = |slo: Option<std::time::Duration>| {
+        slo.map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX))
+    };
+    [
+        (
+            LatencySignal::TimeToFirstToken,
+            ms(policy.ttft_p90_slo),
+            sample.ttft_p90_ms,
+        ),
+        (
+            LatencySignal::QueueWait,
+            ms(policy.queue_p90_slo),
+            sample.queue_p90_ms,
+        ),
+    ]
+}
+
+/// The latencies of the sample above the policy's targets.
+fn too_slow(policy: &Autoscale, sample: &LoadSample) -> Vec<LatencySignal> {
+    targets(policy, sample)
+        .into_iter()
+        .filter(|(_, slo, p90)| slo.zip(*p90).is_some_and(|(slo, p90)| p90 > slo))
+        .map(|(signal, _, _)| signal)
+        .collect()
 }
 
 /// Replicas the sample asks for when the model has `desired`: what its
-/// requests want, and one more than it has while its first tokens come
-/// later than the target.
+/// requests want, and one more than it has while a latency is above its
+/// target.
 fn wanted_by(policy: &Autoscale, desired: u32, sample: &LoadSample) -> u32 {
     let by_requests = wanted_replicas(policy, sample.requests);
-    if too_slow(policy, sample) {
+    if !too_slow(policy, sample).is_empty() {
         policy.clamp(by_requests.max(desired.saturating_add(1)))
     } else {
         by_requests
@@ -117,14 +145,14 @@ impl ScaleMemory {
             let most = wanted.iter().copied().max()?;
             (most < desired).then_some(most)?
         };
-        // Growing further than the requests alone asked for: the time to
-        // first token decided it.
+        // Growing further than the requests alone asked for: a latency
+        // decided it.
         let by_requests = in_window
             .iter()
             .map(|s| wanted_replicas(policy, s.requests))
             .min()?;
-        let ttft = (growing && to > by_requests)
-            .then(|| ttft_seen(policy, &in_window))
+        let latency = (growing && to > by_requests)
+            .then(|| latency_seen(policy, &in_window))
             .flatten();
         let decision = ScaleDecision {
             from: desired,
@@ -137,7 +165,7 @@ impl ScaleMemory {
             at_ms: sample.at_ms,
             woken_by_request: false,
             yielded_to: None,
-            ttft,
+            latency,
         };
         history.clear();
         Some(decision)
@@ -149,15 +177,34 @@ impl ScaleMemory {
     }
 }
 
-/// The window's time to first token against the policy's target.
-fn ttft_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<TtftSeen> {
-    let slo = policy.ttft_p90_slo?;
-    let p90s = window.iter().filter_map(|s| s.ttft_p90_ms);
-    Some(TtftSeen {
-        p90_low_ms: p90s.clone().min()?,
-        p90_high_ms: p90s.max()?,
-        slo_ms: u32::try_from(slo.as_millis()).unwrap_or(u32::MAX),
-    })
+/// The latency that kept the window above its target: the one above it
+/// in the most samples (every sample was above one target or another).
+fn latency_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<LatencySeen> {
+    let first = window.first()?;
+    targets(policy, first)
+        .into_iter()
+        .filter_map(|(signal, slo, _)| {
+            let slo = slo?;
+            let p90s: Vec<u32> = window
+                .iter()
+                .filter_map(|s| {
+                    targets(policy, s)
+                        .into_iter()
+                        .find(|(this, _, _)| *this == signal)?
+                        .2
+                })
+                .collect();
+            let above = p90s.iter().filter(|p90| **p90 > slo).count();
+            let seen = LatencySeen {
+                signal,
+                p90_low_ms: *p90s.iter().min()?,
+                p90_high_ms: *p90s.iter().max()?,
+                slo_ms: slo,
+            };
+            Some((above, seen))
+        })
+        .max_by_key(|(above, _)| *above)
+        .map(|(_, seen)| seen)
 }
 
 #[cfg(test)]
@@ -174,6 +221,7 @@ mod tests {
             scale_up_window: Duration::from_secs(10),
             scale_down_window: Duration::from_secs(60),
             ttft_p90_slo: None,
+            queue_p90_slo: None,
         }
     }
 
@@ -187,6 +235,7 @@ mod tests {
             requests,
             ready_replicas: 1,
             ttft_p90_ms,
+            queue_p90_ms: None,
         })
     }
 
@@ -213,8 +262,9 @@ mod tests {
         assert_eq!(at, 18, "a whole window of late first tokens after second 7");
         assert_eq!((decision.from, decision.to), (1, 2));
         assert_eq!(
-            decision.ttft,
-            Some(TtftSeen {
+            decision.latency,
+            Some(LatencySeen {
+                signal: LatencySignal::TimeToFirstToken,
                 p90_low_ms: 808,
                 p90_high_ms: 818,
                 slo_ms: 300
@@ -243,7 +293,32 @@ mod tests {
                     .map(|d| (second, d))
             })
             .expect("a scale-up");
-        assert_eq!((decision.to, decision.ttft), (4, None));
+        assert_eq!((decision.to, decision.latency), (4, None));
+        // A queue-wait target works the same way, and says so.
+        let queue_policy = Autoscale {
+            queue_p90_slo: Some(Duration::from_millis(200)),
+            ..self::policy()
+        };
+        let mut memory = ScaleMemory::default();
+        let (_, decision) = (0..40)
+            .find_map(|second| {
+                let sample = LoadSample {
+                    queue_p90_ms: Some(450),
+                    ..timed(second, 2, Some(100))?
+                };
+                memory
+                    .observe("m", &queue_policy, 1, Some(sample))
+                    .map(|d| (second, d))
+            })
+            .expect("a scale-up");
+        assert_eq!(decision.to, 2);
+        assert!(
+            decision
+                .reason()
+                .contains("the queue wait (p90) was 450 to 450 ms, above the 200 ms target"),
+            "{}",
+            decision.reason()
+        );
     }
 
     /// Feeds one sample a second from `from` to `to` (exclusive), returning

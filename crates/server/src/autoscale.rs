@@ -1,7 +1,7 @@
 //! The leader's autoscaler loop: once a second it reads the load of every
 //! autoscaled model from its ready engines' `/metrics` (running and waiting
-//! requests, as the router reads them, and the time to first token since
-//! the last read), asks the pure
+//! requests, as the router reads them, and the time to first token and the
+//! queue wait since the last read), asks the pure
 //! `llmgw_reconcile::autoscale` whether a change is due, and commits it
 //! with what it saw. The reconciler then places or drains replicas as for
 //! any other change of the replica count.
@@ -14,8 +14,8 @@ use llmgw_reconcile::autoscale::{LoadSample, ScaleMemory};
 use llmgw_state::{Command, FleetState, ReplicaState};
 use tokio::sync::watch;
 
+use crate::latency::{LatencyWatch, QUEUE_WAIT, TIME_TO_FIRST_TOKEN};
 use crate::propose::{Author, propose_all};
-use crate::ttft::TtftWatch;
 
 /// How often the load is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -42,7 +42,7 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
         }
     };
     let mut memory = ScaleMemory::default();
-    let mut ttft = TtftWatch::default();
+    let mut watches = Watches::default();
     let mut led_term = None;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -58,19 +58,19 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
         if led_term != Some(term) {
             // What an earlier term saw is not this leader's evidence.
             memory = ScaleMemory::default();
-            ttft = TtftWatch::default();
+            watches = Watches::default();
             led_term = Some(term);
         }
         let models = control.read(autoscaled_models);
         memory.retain(|name| models.iter().any(|m| m.name == name));
-        ttft.retain(|endpoint| {
+        watches.retain(|endpoint| {
             models
                 .iter()
                 .any(|m| m.endpoints.iter().any(|e| e == endpoint))
         });
         let mut decisions = Vec::new();
         for model in models {
-            let sample = sample_load(&client, &model.endpoints, &mut ttft).await;
+            let sample = sample_load(&client, &model.endpoints, &mut watches).await;
             if let Some(decision) =
                 memory.observe(&model.name, &model.policy, model.desired, sample)
             {
@@ -111,13 +111,27 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
         .collect()
 }
 
-/// The requests the engines hold now, and their time to first token since
-/// the last sample; none when there is no ready engine or one of them
-/// cannot say (a decision needs the whole picture).
+/// The engines' latency histograms as last read, one watch per signal.
+#[derive(Debug, Default)]
+struct Watches {
+    first_token: LatencyWatch,
+    queue: LatencyWatch,
+}
+
+impl Watches {
+    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.first_token.retain(&mut keep);
+        self.queue.retain(keep);
+    }
+}
+
+/// The requests the engines hold now, and their latencies since the last
+/// sample; none when there is no ready engine or one of them cannot say
+/// (a decision needs the whole picture).
 async fn sample_load(
     client: &reqwest::Client,
     endpoints: &[String],
-    ttft: &mut TtftWatch,
+    watches: &mut Watches,
 ) -> Option<LoadSample> {
     if endpoints.is_empty() {
         return None;
@@ -131,17 +145,20 @@ async fn sample_load(
     }))
     .await;
     let mut requests = 0.0;
-    let mut first_tokens = Vec::with_capacity(pages.len());
+    let (mut first_tokens, mut queued) = (Vec::new(), Vec::new());
     for (endpoint, page) in endpoints.iter().zip(pages) {
         let page = page?;
         let load = llmgw_router::parse_engine_load(&page)?;
         requests += load.running? + load.waiting.unwrap_or(0.0);
-        first_tokens.push((endpoint.clone(), crate::ttft::buckets(&page)));
+        let buckets = |series: &[&str]| crate::latency::buckets(&page, series);
+        first_tokens.push((endpoint.clone(), buckets(&TIME_TO_FIRST_TOKEN)));
+        queued.push((endpoint.clone(), buckets(&QUEUE_WAIT)));
     }
     Some(LoadSample {
         at_ms: now_ms(),
         requests: requests.round() as u32,
         ready_replicas: endpoints.len() as u32,
-        ttft_p90_ms: ttft.p90_since_last(first_tokens),
+        ttft_p90_ms: watches.first_token.p90_since_last(first_tokens),
+        queue_p90_ms: watches.queue.p90_since_last(queued),
     })
 }

@@ -16,6 +16,7 @@ mod args;
 mod auth;
 mod autoscale;
 mod epoch;
+mod latency;
 mod security;
 
 mod model_spec;
@@ -25,7 +26,6 @@ mod restore;
 pub mod routes;
 mod seed;
 mod serve;
-mod ttft;
 mod usage;
 mod wake;
 

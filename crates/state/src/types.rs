@@ -200,16 +200,36 @@ pub struct ScaleDecision {
     /// which could not place a replica it wanted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yielded_to: Option<String>,
-    /// The time to first token that made the model grow, when it was
-    /// that and not its request count.
+    /// The latency that made the model grow, when it was that and not its
+    /// request count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttft: Option<TtftSeen>,
+    pub latency: Option<LatencySeen>,
 }
 
-/// The 90th percentile of the time to first token over an autoscaling
-/// window, against the model's target.
+/// A latency the autoscaler holds a model to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TtftSeen {
+#[serde(rename_all = "snake_case")]
+pub enum LatencySignal {
+    /// From a request's arrival to its first token.
+    TimeToFirstToken,
+    /// From a request's arrival to the engine scheduling it.
+    QueueWait,
+}
+
+impl LatencySignal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LatencySignal::TimeToFirstToken => "time to first token",
+            LatencySignal::QueueWait => "queue wait",
+        }
+    }
+}
+
+/// The 90th percentile of a latency over an autoscaling window, against
+/// the model's target for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencySeen {
+    pub signal: LatencySignal,
     /// The lowest and the highest p90 of the window's samples.
     pub p90_low_ms: u32,
     pub p90_high_ms: u32,
@@ -236,14 +256,15 @@ impl ScaleDecision {
         } else {
             format!("{} to {}", self.requests_low, self.requests_high)
         };
-        if let Some(ttft) = &self.ttft {
+        if let Some(latency) = &self.latency {
             return format!(
-                "{} -> {} replicas: the time to first token (p90) was {} to {} ms, above the {} ms target, for {}s (the engines held {held} requests on {} ready replica(s), sized for {} a replica)",
+                "{} -> {} replicas: the {} (p90) was {} to {} ms, above the {} ms target, for {}s (the engines held {held} requests on {} ready replica(s), sized for {} a replica)",
                 self.from,
                 self.to,
-                ttft.p90_low_ms,
-                ttft.p90_high_ms,
-                ttft.slo_ms,
+                latency.signal.as_str(),
+                latency.p90_low_ms,
+                latency.p90_high_ms,
+                latency.slo_ms,
                 self.window_ms / 1000,
                 self.ready_replicas,
                 self.target_per_replica

@@ -1,6 +1,6 @@
-//! The time to first token of a model's engines between two scrapes, from
-//! the histogram vLLM and SGLang serve (`vllm:time_to_first_token_seconds`,
-//! `sglang:time_to_first_token_seconds`): the autoscaler's latency signal.
+//! Latencies of a model's engines between two scrapes, from the histograms
+//! vLLM and SGLang serve: the time to first token and the time a request
+//! waited in the queue, the autoscaler's latency signals.
 //!
 //! A histogram's buckets count every request since the engine started, so
 //! a percentile of "now" comes from the difference between two scrapes of
@@ -9,9 +9,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-const BUCKET_SERIES: [&str; 2] = [
+/// The time-to-first-token histogram, as each engine names it.
+pub const TIME_TO_FIRST_TOKEN: [&str; 2] = [
     "vllm:time_to_first_token_seconds_bucket",
     "sglang:time_to_first_token_seconds_bucket",
+];
+
+/// The queue-wait histogram, as each engine names it.
+pub const QUEUE_WAIT: [&str; 2] = [
+    "vllm:request_queue_time_seconds_bucket",
+    "sglang:queue_time_seconds_bucket",
 ];
 
 /// Cumulative counts by upper bound (`le`, in seconds; `+Inf` last), summed
@@ -19,12 +26,12 @@ const BUCKET_SERIES: [&str; 2] = [
 /// bounds a histogram has, their order is the numbers' order.
 type Buckets = BTreeMap<u64, f64>;
 
-/// The time-to-first-token buckets of one engine's `/metrics` page; empty
-/// when it serves none.
-pub fn buckets(page: &str) -> Buckets {
+/// The buckets of one histogram (`series`: its names, one per engine) on
+/// an engine's `/metrics` page; empty when it serves none.
+pub fn buckets(page: &str, series: &[&str]) -> Buckets {
     let mut buckets = Buckets::new();
     for sample in llmgw_prometheus::samples(page) {
-        if !BUCKET_SERIES.contains(&sample.name) || !sample.value.is_finite() {
+        if !series.contains(&sample.name) || !sample.value.is_finite() {
             continue;
         }
         let Some(le) = label(sample.labels, "le").and_then(bound) else {
@@ -53,16 +60,16 @@ fn bound(text: &str) -> Option<f64> {
     (value > 0.0).then_some(value)
 }
 
-/// Each engine's last buckets, while this peer leads.
+/// Each engine's last buckets of one histogram, while this peer leads.
 #[derive(Debug, Default)]
-pub struct TtftWatch {
+pub struct LatencyWatch {
     last: HashMap<String, Buckets>,
 }
 
-impl TtftWatch {
-    /// The p90 in milliseconds of the first tokens the engines of one model
-    /// (endpoint, buckets) gave since their last scrape; none when none
-    /// gave one, or none can be compared yet.
+impl LatencyWatch {
+    /// The p90 in milliseconds of what the engines of one model (endpoint,
+    /// buckets) observed since their last scrape; none when they observed
+    /// nothing, or none can be compared yet.
     pub fn p90_since_last(&mut self, engines: Vec<(String, Buckets)>) -> Option<u32> {
         let mut new = Buckets::new();
         for (endpoint, now) in engines {
@@ -87,29 +94,42 @@ impl TtftWatch {
     }
 }
 
-/// The upper bound of the bucket that holds the `q` quantile, in ms; the
-/// largest finite bound when it lies beyond every one.
+/// The `q` quantile in ms, interpolated linearly inside the bucket that
+/// holds it (as Prometheus' `histogram_quantile` does, the first bucket
+/// starting at 0); the largest finite bound when it lies beyond every one.
 fn quantile_ms(buckets: &Buckets, q: f64) -> Option<u32> {
     let total = buckets.values().copied().fold(0.0, f64::max);
     if total < 1.0 {
         return None;
     }
-    let finite = || {
-        buckets
-            .iter()
-            .map(|(le, count)| (f64::from_bits(*le), *count))
-            .filter(|(le, _)| le.is_finite())
-    };
-    let seconds = finite()
-        .find(|(_, count)| *count >= q * total)
-        .or_else(|| finite().next_back())?
-        .0;
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    let mut seconds = None;
+    for (le, count) in buckets
+        .iter()
+        .map(|(le, count)| (f64::from_bits(*le), *count))
+    {
+        if !le.is_finite() {
+            break;
+        }
+        if count >= rank {
+            let inside = (count - below).max(f64::MIN_POSITIVE);
+            seconds = Some(lower + (le - lower) * ((rank - below) / inside).clamp(0.0, 1.0));
+            break;
+        }
+        (lower, below) = (le, count);
+    }
+    let seconds = seconds.unwrap_or(lower);
     Some((seconds * 1000.0).round().min(f64::from(u32::MAX)) as u32)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn ttft(page: &str) -> Buckets {
+        buckets(page, &TIME_TO_FIRST_TOKEN)
+    }
 
     fn page(counts: [u32; 4]) -> String {
         let [a, b, c, all] = counts;
@@ -126,43 +146,56 @@ mod tests {
 
     #[test]
     fn the_p90_is_of_the_first_tokens_since_the_last_scrape() {
-        let mut watch = TtftWatch::default();
+        let mut watch = LatencyWatch::default();
         // Before: 100 fast requests. The first scrape only sets the base.
-        let first = vec![("e1".to_owned(), buckets(&page([100, 100, 100, 100])))];
+        let first = vec![("e1".to_owned(), ttft(&page([100, 100, 100, 100])))];
         assert_eq!(watch.p90_since_last(first), None);
-        // Since: 10 more, 9 of them under 0.5 s, one under 1 s: the p90
-        // falls in the 0.5 s bucket, though all requests ever are fast.
-        let second = vec![("e1".to_owned(), buckets(&page([100, 109, 110, 110])))];
+        // Since: 10 more, 9 of them between 0.1 and 0.5 s, one under 1 s:
+        // the p90 is at the top of the 0.5 s bucket, though all requests
+        // ever are fast.
+        let second = vec![("e1".to_owned(), ttft(&page([100, 109, 110, 110])))];
         assert_eq!(watch.p90_since_last(second), Some(500));
         // Two engines add up; an engine whose counts went back restarted
         // and gives nothing this time.
-        watch
-            .last
-            .insert("e2".into(), buckets(&page([0, 0, 50, 50])));
+        watch.last.insert("e2".into(), ttft(&page([0, 0, 50, 50])));
         let third = vec![
-            ("e1".to_owned(), buckets(&page([100, 109, 120, 120]))),
-            ("e2".to_owned(), buckets(&page([0, 0, 0, 0]))),
+            ("e1".to_owned(), ttft(&page([100, 109, 120, 120]))),
+            ("e2".to_owned(), ttft(&page([0, 0, 0, 0]))),
         ];
-        assert_eq!(watch.p90_since_last(third), Some(1000));
+        // All 10 between 0.5 and 1 s: 90 % of the way through the bucket.
+        assert_eq!(watch.p90_since_last(third), Some(950));
         // Nothing new: no p90. Beyond every bound: the largest one.
-        let same = vec![("e1".to_owned(), buckets(&page([100, 109, 120, 120])))];
+        let same = vec![("e1".to_owned(), ttft(&page([100, 109, 120, 120])))];
         assert_eq!(watch.p90_since_last(same), None);
-        let slow = vec![("e1".to_owned(), buckets(&page([100, 109, 120, 140])))];
+        let slow = vec![("e1".to_owned(), ttft(&page([100, 109, 120, 140])))];
         assert_eq!(watch.p90_since_last(slow), Some(1000));
+    }
+
+    #[test]
+    fn the_quantile_is_interpolated_inside_its_bucket_from_zero() {
+        let one_bucket = |count: f64| {
+            Buckets::from([(0.3f64.to_bits(), count), (f64::INFINITY.to_bits(), count)])
+        };
+        // Every request under 0.3 s: 90 % of the way from 0 to 0.3 s, not
+        // the bound itself (a 200 ms target is met).
+        assert_eq!(quantile_ms(&one_bucket(10.0), 0.9), Some(270));
+        assert_eq!(quantile_ms(&one_bucket(0.0), 0.9), None);
     }
 
     #[test]
     fn sglang_buckets_count_and_other_series_do_not() {
         let text = "sglang:time_to_first_token_seconds_bucket{le=\"0.25\"} 4\n\
                     sglang:time_to_first_token_seconds_bucket{le=\"+Inf\"} 5\n\
+                    sglang:queue_time_seconds_bucket{le=\"0.25\"} 7\n\
                     sglang:e2e_request_latency_seconds_bucket{le=\"0.25\"} 9\n";
-        let got = buckets(text);
+        let got = ttft(text);
+        assert_eq!(buckets(text, &QUEUE_WAIT)[&0.25f64.to_bits()], 7.0);
         assert_eq!(got.len(), 2);
         assert_eq!(got[&0.25f64.to_bits()], 4.0);
         assert_eq!(got[&f64::INFINITY.to_bits()], 5.0);
-        assert!(buckets("vllm:num_requests_running 3\n").is_empty());
+        assert!(ttft("vllm:num_requests_running 3\n").is_empty());
         // A label that ends in `le` is not the bound.
         let text = "vllm:time_to_first_token_seconds_bucket{rule=\"9\",le=\"0.5\"} 2\n";
-        assert_eq!(buckets(text)[&0.5f64.to_bits()], 2.0);
+        assert_eq!(ttft(text)[&0.5f64.to_bits()], 2.0);
     }
 }
