@@ -332,6 +332,7 @@ impl Decode for Autoscale {
                 "scale_down_window",
                 "ttft_p90_slo",
                 "queue_p90_slo",
+                "kv_cache_usage_percent",
             ],
         )?;
         let min_replicas: u32 = f.required(cx, "min_replicas")?;
@@ -352,7 +353,18 @@ impl Decode for Autoscale {
             ),
             ttft_p90_slo: f.optional(cx, "ttft_p90_slo"),
             queue_p90_slo: f.optional(cx, "queue_p90_slo"),
+            kv_cache_usage_percent: f.optional(cx, "kv_cache_usage_percent"),
         };
+        if autoscale
+            .kv_cache_usage_percent
+            .is_some_and(|p| !(1..=100).contains(&p))
+        {
+            f.report(
+                cx,
+                "kv_cache_usage_percent",
+                "must be from 1 to 100: a percentage of the engine's KV cache",
+            );
+        }
         for (key, slo) in [
             ("ttft_p90_slo", autoscale.ttft_p90_slo),
             ("queue_p90_slo", autoscale.queue_p90_slo),

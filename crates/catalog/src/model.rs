@@ -94,6 +94,11 @@ pub struct Autoscale {
         with = "optional_duration_text"
     )]
     pub queue_p90_slo: Option<Duration>,
+    /// The KV cache usage, in percent, the fullest engine should stay
+    /// under: engines that hold many long contexts preempt requests before
+    /// their request count reaches the target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_usage_percent: Option<u32>,
 }
 
 impl Autoscale {
@@ -114,6 +119,10 @@ impl Autoscale {
                 llmgw_yaml::format_duration(slo?)
             ))
         })
+        .chain(
+            self.kv_cache_usage_percent
+                .map(|p| format!("the KV cache usage of the fullest engine under {p}%")),
+        )
         .collect();
         let slo = if targets.is_empty() {
             String::new()

@@ -120,6 +120,26 @@ fn latency_targets_round_trip_and_must_be_more_than_zero() {
         "{}",
         autoscale.describe()
     );
+    let kv = src.replace("ttft_p90_slo: 500ms", "kv_cache_usage_percent: 85");
+    let autoscale = parse_catalog("models.yaml", &kv).unwrap().models[0]
+        .managed()
+        .unwrap()
+        .autoscale
+        .unwrap();
+    assert_eq!(autoscale.kv_cache_usage_percent, Some(85));
+    assert!(
+        autoscale
+            .describe()
+            .contains("the KV cache usage of the fullest engine under 85%"),
+        "{}",
+        autoscale.describe()
+    );
+    let over = src.replace("ttft_p90_slo: 500ms", "kv_cache_usage_percent: 150");
+    let err = parse_catalog("models.yaml", &over).unwrap_err().to_string();
+    assert!(
+        err.contains("models[0].autoscale.kv_cache_usage_percent: must be from 1 to 100"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -263,14 +263,16 @@ async fn first_tokens_slower_than_the_target_add_a_replica() {
     let grown = explain_of(&admin, SLOW).await;
     let decision = grown.last_scale.clone().expect("the scale-up is recorded");
     assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
-    let latency = decision.latency.expect("a latency decided it");
+    let seen = decision
+        .above_target
+        .expect("a signal above its target decided it");
     assert_eq!(
-        (latency.signal.as_str(), latency.slo_ms),
-        ("time to first token", 300),
+        (seen.signal.as_str(), seen.target),
+        ("time to first token (p90)", 300),
         "{decision:?}"
     );
     // In vLLM's bucket from 0.5 to 0.75 s, where 700 ms falls.
-    assert!(latency.p90_low_ms > 500, "{decision:?}");
+    assert!(seen.low > 500, "{decision:?}");
     assert!(decision.requests_high < 100, "{decision:?}");
     assert!(
         grown

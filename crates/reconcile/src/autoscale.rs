@@ -13,15 +13,16 @@
 //! window before it acts on what it sees.
 //!
 //! A model with a latency target (`ttft_p90_slo` for the time to first
-//! token, `queue_p90_slo` for the queue wait) also grows by one replica
-//! once every sample of a whole window saw its engines' p90 above a
-//! target, and never shrinks while one is above: queueing shows there
+//! token, `queue_p90_slo` for the queue wait) or a KV cache target
+//! (`kv_cache_usage_percent`, the fullest engine) also grows by one replica
+//! once every sample of a whole window saw its engines above a target, and
+//! never shrinks while one is above: queueing and a full cache show there
 //! first, before the request count reaches the target.
 
 use std::collections::{HashMap, VecDeque};
 
 use llmgw_catalog::Autoscale;
-use llmgw_state::{LatencySeen, LatencySignal, ScaleDecision};
+use llmgw_state::{ScaleDecision, ScaleSignal, SignalSeen};
 
 /// The load of one model at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub struct LoadSample {
     /// The same for the time requests waited in the queue, of those
     /// scheduled since the sample before.
     pub queue_p90_ms: Option<u32>,
+    /// The KV cache used on the fullest ready engine, in percent.
+    pub kv_usage_percent: Option<u32>,
 }
 
 /// Replicas that hold `requests` at the policy's target, within its bounds.
@@ -44,31 +47,36 @@ pub fn wanted_replicas(policy: &Autoscale, requests: u32) -> u32 {
     policy.clamp(requests.div_ceil(policy.target_requests_per_replica.max(1)))
 }
 
-/// Each latency the policy may set a target for: the target, and the
-/// sample's p90 of it.
+/// Each signal the policy may set a target for: the target, and the
+/// sample's value of it, in the signal's unit.
 fn targets(
     policy: &Autoscale,
     sample: &LoadSample,
-) -> [(LatencySignal, Option<u32>, Option<u32>); 2] {
+) -> [(ScaleSignal, Option<u32>, Option<u32>); 3] {
     let ms = |slo: Option<std::time::Duration>| {
         slo.map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX))
     };
     [
         (
-            LatencySignal::TimeToFirstToken,
+            ScaleSignal::TimeToFirstToken,
             ms(policy.ttft_p90_slo),
             sample.ttft_p90_ms,
         ),
         (
-            LatencySignal::QueueWait,
+            ScaleSignal::QueueWait,
             ms(policy.queue_p90_slo),
             sample.queue_p90_ms,
+        ),
+        (
+            ScaleSignal::KvCacheUsage,
+            policy.kv_cache_usage_percent,
+            sample.kv_usage_percent,
         ),
     ]
 }
 
-/// The latencies of the sample above the policy's targets.
-fn too_slow(policy: &Autoscale, sample: &LoadSample) -> Vec<LatencySignal> {
+/// The signals of the sample above the policy's targets.
+fn too_slow(policy: &Autoscale, sample: &LoadSample) -> Vec<ScaleSignal> {
     targets(policy, sample)
         .into_iter()
         .filter(|(_, slo, p90)| slo.zip(*p90).is_some_and(|(slo, p90)| p90 > slo))
@@ -77,7 +85,7 @@ fn too_slow(policy: &Autoscale, sample: &LoadSample) -> Vec<LatencySignal> {
 }
 
 /// Replicas the sample asks for when the model has `desired`: what its
-/// requests want, and one more than it has while a latency is above its
+/// requests want, and one more than it has while a signal is above its
 /// target.
 fn wanted_by(policy: &Autoscale, desired: u32, sample: &LoadSample) -> u32 {
     let by_requests = wanted_replicas(policy, sample.requests);
@@ -145,14 +153,14 @@ impl ScaleMemory {
             let most = wanted.iter().copied().max()?;
             (most < desired).then_some(most)?
         };
-        // Growing further than the requests alone asked for: a latency
-        // decided it.
+        // Growing further than the requests alone asked for: a signal
+        // above its target decided it.
         let by_requests = in_window
             .iter()
             .map(|s| wanted_replicas(policy, s.requests))
             .min()?;
-        let latency = (growing && to > by_requests)
-            .then(|| latency_seen(policy, &in_window))
+        let above_target = (growing && to > by_requests)
+            .then(|| signal_seen(policy, &in_window))
             .flatten();
         let decision = ScaleDecision {
             from: desired,
@@ -165,7 +173,7 @@ impl ScaleMemory {
             at_ms: sample.at_ms,
             woken_by_request: false,
             yielded_to: None,
-            latency,
+            above_target,
         };
         history.clear();
         Some(decision)
@@ -177,9 +185,9 @@ impl ScaleMemory {
     }
 }
 
-/// The latency that kept the window above its target: the one above it
-/// in the most samples (every sample was above one target or another).
-fn latency_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<LatencySeen> {
+/// The signal that kept the window above its target: the one above it in
+/// the most samples (every sample was above one target or another).
+fn signal_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<SignalSeen> {
     let first = window.first()?;
     targets(policy, first)
         .into_iter()
@@ -195,11 +203,11 @@ fn latency_seen(policy: &Autoscale, window: &[&LoadSample]) -> Option<LatencySee
                 })
                 .collect();
             let above = p90s.iter().filter(|p90| **p90 > slo).count();
-            let seen = LatencySeen {
+            let seen = SignalSeen {
                 signal,
-                p90_low_ms: *p90s.iter().min()?,
-                p90_high_ms: *p90s.iter().max()?,
-                slo_ms: slo,
+                low: *p90s.iter().min()?,
+                high: *p90s.iter().max()?,
+                target: slo,
             };
             Some((above, seen))
         })
@@ -222,6 +230,7 @@ mod tests {
             scale_down_window: Duration::from_secs(60),
             ttft_p90_slo: None,
             queue_p90_slo: None,
+            kv_cache_usage_percent: None,
         }
     }
 
@@ -236,6 +245,7 @@ mod tests {
             ready_replicas: 1,
             ttft_p90_ms,
             queue_p90_ms: None,
+            kv_usage_percent: None,
         })
     }
 
@@ -262,12 +272,12 @@ mod tests {
         assert_eq!(at, 18, "a whole window of late first tokens after second 7");
         assert_eq!((decision.from, decision.to), (1, 2));
         assert_eq!(
-            decision.latency,
-            Some(LatencySeen {
-                signal: LatencySignal::TimeToFirstToken,
-                p90_low_ms: 808,
-                p90_high_ms: 818,
-                slo_ms: 300
+            decision.above_target,
+            Some(SignalSeen {
+                signal: ScaleSignal::TimeToFirstToken,
+                low: 808,
+                high: 818,
+                target: 300
             })
         );
         assert!(
@@ -293,7 +303,7 @@ mod tests {
                     .map(|d| (second, d))
             })
             .expect("a scale-up");
-        assert_eq!((decision.to, decision.latency), (4, None));
+        assert_eq!((decision.to, decision.above_target), (4, None));
         // A queue-wait target works the same way, and says so.
         let queue_policy = Autoscale {
             queue_p90_slo: Some(Duration::from_millis(200)),
@@ -316,6 +326,30 @@ mod tests {
             decision
                 .reason()
                 .contains("the queue wait (p90) was 450 to 450 ms, above the 200 ms target"),
+            "{}",
+            decision.reason()
+        );
+        // And a KV cache target, in percent of the fullest engine's cache.
+        let kv_policy = Autoscale {
+            kv_cache_usage_percent: Some(80),
+            ..self::policy()
+        };
+        let mut memory = ScaleMemory::default();
+        let (_, decision) = (0..40)
+            .find_map(|second| {
+                let sample = LoadSample {
+                    kv_usage_percent: Some(if second % 2 == 0 { 91 } else { 97 }),
+                    ..timed(second, 2, None)?
+                };
+                memory
+                    .observe("m", &kv_policy, 1, Some(sample))
+                    .map(|d| (second, d))
+            })
+            .expect("a scale-up");
+        assert!(
+            decision.reason().contains(
+                "the KV cache usage (fullest engine) was 91 to 97 %, above the 80 % target"
+            ),
             "{}",
             decision.reason()
         );

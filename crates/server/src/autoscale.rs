@@ -1,7 +1,7 @@
 //! The leader's autoscaler loop: once a second it reads the load of every
 //! autoscaled model from its ready engines' `/metrics` (running and waiting
-//! requests, as the router reads them, and the time to first token and the
-//! queue wait since the last read), asks the pure
+//! requests and the fullest KV cache, as the router reads them, and the time
+//! to first token and the queue wait since the last read), asks the pure
 //! `llmgw_reconcile::autoscale` whether a change is due, and commits it
 //! with what it saw. The reconciler then places or drains replicas as for
 //! any other change of the replica count.
@@ -145,11 +145,15 @@ async fn sample_load(
     }))
     .await;
     let mut requests = 0.0;
+    let mut kv_usage: Option<f64> = None;
     let (mut first_tokens, mut queued) = (Vec::new(), Vec::new());
     for (endpoint, page) in endpoints.iter().zip(pages) {
         let page = page?;
         let load = llmgw_router::parse_engine_load(&page)?;
         requests += load.running? + load.waiting.unwrap_or(0.0);
+        if let Some(usage) = load.kv_usage {
+            kv_usage = Some(kv_usage.map_or(usage, |most| most.max(usage)));
+        }
         let buckets = |series: &[&str]| crate::latency::buckets(&page, series);
         first_tokens.push((endpoint.clone(), buckets(&TIME_TO_FIRST_TOKEN)));
         queued.push((endpoint.clone(), buckets(&QUEUE_WAIT)));
@@ -160,5 +164,6 @@ async fn sample_load(
         ready_replicas: endpoints.len() as u32,
         ttft_p90_ms: watches.first_token.p90_since_last(first_tokens),
         queue_p90_ms: watches.queue.p90_since_last(queued),
+        kv_usage_percent: kv_usage.map(|usage| (usage * 100.0).round().clamp(0.0, 100.0) as u32),
     })
 }

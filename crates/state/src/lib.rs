@@ -26,9 +26,9 @@ pub use llmgw_topology::LinkKind;
 pub use model_spec::ModelSpec;
 pub use ports::mgmt_host;
 pub use types::{
-    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, KvEventPorts, LatencySeen,
-    LatencySignal, ModelRecord, NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure,
-    ReplicaState, Rollout, ScaleDecision, Shard, ShardFailure, ShardState, StopOrder,
+    Drain, FabricReport, FleetState, Gpu, GpuLink, HcaPort, KvEventPorts, ModelRecord,
+    NodeInventory, NodeRecord, NodeStatus, Replica, ReplicaFailure, ReplicaState, Rollout,
+    ScaleDecision, ScaleSignal, Shard, ShardFailure, ShardState, SignalSeen, StopOrder,
 };
 pub use usage::{
     Demand, KeySpend, LastReport, MAX_USAGE_ROWS, Usage, UsageRow, UsageTotals, civil_from_days,

@@ -200,40 +200,52 @@ pub struct ScaleDecision {
     /// which could not place a replica it wanted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yielded_to: Option<String>,
-    /// The latency that made the model grow, when it was that and not its
-    /// request count.
+    /// The signal above its target that made the model grow, when it was
+    /// that and not its request count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency: Option<LatencySeen>,
+    pub above_target: Option<SignalSeen>,
 }
 
-/// A latency the autoscaler holds a model to.
+/// A signal besides the request count that the autoscaler holds a model's
+/// engines to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum LatencySignal {
-    /// From a request's arrival to its first token.
+pub enum ScaleSignal {
+    /// From a request's arrival to its first token (p90, ms).
     TimeToFirstToken,
-    /// From a request's arrival to the engine scheduling it.
+    /// From a request's arrival to the engine scheduling it (p90, ms).
     QueueWait,
+    /// The KV cache used on the fullest engine (percent).
+    KvCacheUsage,
 }
 
-impl LatencySignal {
+impl ScaleSignal {
+    /// What it is, as an operator reads it.
     pub fn as_str(self) -> &'static str {
         match self {
-            LatencySignal::TimeToFirstToken => "time to first token",
-            LatencySignal::QueueWait => "queue wait",
+            ScaleSignal::TimeToFirstToken => "time to first token (p90)",
+            ScaleSignal::QueueWait => "queue wait (p90)",
+            ScaleSignal::KvCacheUsage => "KV cache usage (fullest engine)",
+        }
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            ScaleSignal::TimeToFirstToken | ScaleSignal::QueueWait => "ms",
+            ScaleSignal::KvCacheUsage => "%",
         }
     }
 }
 
-/// The 90th percentile of a latency over an autoscaling window, against
-/// the model's target for it.
+/// A signal over an autoscaling window, against the model's target for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LatencySeen {
-    pub signal: LatencySignal,
-    /// The lowest and the highest p90 of the window's samples.
-    pub p90_low_ms: u32,
-    pub p90_high_ms: u32,
-    pub slo_ms: u32,
+pub struct SignalSeen {
+    pub signal: ScaleSignal,
+    /// The lowest and the highest value of the window's samples, in the
+    /// signal's unit.
+    pub low: u32,
+    pub high: u32,
+    pub target: u32,
 }
 
 impl ScaleDecision {
@@ -256,15 +268,16 @@ impl ScaleDecision {
         } else {
             format!("{} to {}", self.requests_low, self.requests_high)
         };
-        if let Some(latency) = &self.latency {
+        if let Some(seen) = &self.above_target {
+            let unit = seen.signal.unit();
             return format!(
-                "{} -> {} replicas: the {} (p90) was {} to {} ms, above the {} ms target, for {}s (the engines held {held} requests on {} ready replica(s), sized for {} a replica)",
+                "{} -> {} replicas: the {} was {} to {} {unit}, above the {} {unit} target, for {}s (the engines held {held} requests on {} ready replica(s), sized for {} a replica)",
                 self.from,
                 self.to,
-                latency.signal.as_str(),
-                latency.p90_low_ms,
-                latency.p90_high_ms,
-                latency.slo_ms,
+                seen.signal.as_str(),
+                seen.low,
+                seen.high,
+                seen.target,
                 self.window_ms / 1000,
                 self.ready_replicas,
                 self.target_per_replica

@@ -58,7 +58,7 @@ impl Round<'_> {
             at_ms: self.now_ms,
             woken_by_request: false,
             yielded_to: Some(model.name.clone()),
-            latency: None,
+            above_target: None,
         };
         tracing::info!(
             model = %model.name,

@@ -87,7 +87,7 @@ impl FleetState {
                 at_ms,
                 woken_by_request: true,
                 yielded_to: None,
-                latency: None,
+                above_target: None,
             });
         }
         Outcome::Applied

@@ -72,7 +72,7 @@ fn scale(name: &str, from: u32, to: u32) -> Command {
             at_ms: 9,
             woken_by_request: false,
             yielded_to: None,
-            latency: None,
+            above_target: None,
         },
         at_ms: 9,
     }
