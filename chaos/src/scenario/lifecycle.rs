@@ -79,12 +79,14 @@ pub(super) async fn failover_during_rollout(ctx: &mut Ctx) -> Result<(), Scenari
         fleet::SMALL
     ));
 
-    let first = wait_first_replacement(ctx, &old).await?;
+    let first = wait_small_replica(ctx, Duration::from_secs(30), "a replacement", |r| {
+        r.replaces.as_ref().is_some_and(|o| old.contains(o))
+    })
+    .await?;
     // The new spec loads for 4 s: the kill lands while this replacement
     // loads, or soon after it took over.
     ctx.hold(0, 3000).await;
     let leader = ctx.leader().await?;
-    let followers = ctx.followers(leader);
     let progress = rollout_view(ctx).await.map_or_else(
         |why| format!("unknown: {why}"),
         |v| {
@@ -94,13 +96,12 @@ pub(super) async fn failover_during_rollout(ctx: &mut Ctx) -> Result<(), Scenari
             )
         },
     );
-    ctx.kill(leader);
-    ctx.fault(format!(
-        "(replacement {first} placed; the rollout then: {progress})"
-    ));
-    wait_successor(ctx, &followers, "the leader's SIGKILL").await?;
-    ctx.hold(1000, 3000).await;
-    ctx.restart(leader)?;
+    kill_and_restart_leader(
+        ctx,
+        leader,
+        format!("(replacement {first} placed; the rollout then: {progress})"),
+    )
+    .await?;
 
     rollout_completes(ctx, &old, &target).await;
     one_replacement_each(ctx, "replaced by the rollout", &old);
@@ -108,26 +109,41 @@ pub(super) async fn failover_during_rollout(ctx: &mut Ctx) -> Result<(), Scenari
     Ok(())
 }
 
-/// The first replica placed to replace one of `old`.
-async fn wait_first_replacement(
-    ctx: &mut Ctx,
-    old: &BTreeSet<String>,
+/// The first replica of the small model the sampler shows that `wanted`
+/// picks, within `within`; `what` names it for the error.
+async fn wait_small_replica(
+    ctx: &Ctx,
+    within: Duration,
+    what: &str,
+    wanted: impl Fn(&fleet::ReplicaObs) -> bool,
 ) -> Result<String, ScenarioError> {
     let started = Instant::now();
     loop {
-        let sample = latest(ctx)?;
-        if let Some(new) =
-            small_replicas(&sample).find(|r| r.replaces.as_ref().is_some_and(|o| old.contains(o)))
-        {
-            return Ok(new.id.clone());
+        if let Some(found) = small_replicas(&latest(ctx)?).find(|r| wanted(r)) {
+            return Ok(found.id.clone());
         }
-        if started.elapsed() > Duration::from_secs(30) {
+        if started.elapsed() > within {
             return Err(ScenarioError::Setup(format!(
-                "no replacement for {old:?} was placed within 30s"
+                "{what} was not placed within {within:?}"
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// SIGKILLs `leader`, noting `why` in the fault log, waits for one of the
+/// others to lead, and restarts it 1-3 s later.
+async fn kill_and_restart_leader(
+    ctx: &mut Ctx,
+    leader: u64,
+    why: String,
+) -> Result<(), ScenarioError> {
+    let followers = ctx.followers(leader);
+    ctx.kill(leader);
+    ctx.fault(why);
+    wait_successor(ctx, &followers, "the leader's SIGKILL").await?;
+    ctx.hold(1000, 3000).await;
+    ctx.restart(leader)
 }
 
 /// The rollout finishes: the model's wanted replicas all ready, none of
@@ -293,16 +309,22 @@ pub(super) async fn failover_during_scale_up(ctx: &mut Ctx) -> Result<(), Scenar
         ctx.followers(first_leader)
     ));
 
-    let placed = wait_new_replica(ctx, &before, Duration::from_secs(60)).await?;
+    let placed = wait_small_replica(
+        ctx,
+        Duration::from_secs(60),
+        "the autoscaler's replica",
+        |r| !before.contains(&r.id),
+    )
+    .await?;
     ctx.desired.insert(fleet::SMALL.to_owned(), u64::from(max));
     ctx.hold(0, 500).await;
     let leader = ctx.leader().await?;
-    let followers = ctx.followers(leader);
-    ctx.kill(leader);
-    ctx.fault(format!("(replica {placed} placed by the autoscaler)"));
-    wait_successor(ctx, &followers, "the leader's SIGKILL").await?;
-    ctx.hold(1000, 3000).await;
-    ctx.restart(leader)?;
+    kill_and_restart_leader(
+        ctx,
+        leader,
+        format!("(replica {placed} placed by the autoscaler)"),
+    )
+    .await?;
 
     let desired = ctx.desired.clone();
     let ready = ctx
@@ -333,27 +355,6 @@ pub(super) async fn failover_during_scale_up(ctx: &mut Ctx) -> Result<(), Scenar
     one_scale_up(ctx, &before, max);
     long_chats_answered(ctx, &answered, leader);
     Ok(())
-}
-
-/// The first replica of the small model not in `before`.
-async fn wait_new_replica(
-    ctx: &mut Ctx,
-    before: &BTreeSet<String>,
-    within: Duration,
-) -> Result<String, ScenarioError> {
-    let started = Instant::now();
-    loop {
-        let sample = latest(ctx)?;
-        if let Some(new) = small_replicas(&sample).find(|r| !before.contains(&r.id)) {
-            return Ok(new.id.clone());
-        }
-        if started.elapsed() > within {
-            return Err(ScenarioError::Setup(format!(
-                "the autoscaler placed no replica beside {before:?} within {within:?}"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Each long chat's answer, with the peer whose router it went through.
