@@ -258,6 +258,9 @@ async fn first_tokens_slower_than_the_target_add_a_replica() {
         ready_replicas_of(&admin, SLOW, 2)
     })
     .await;
+    // The scale-up can come within a few seconds: let the load run long
+    // enough to count as one.
+    load.until_answered(30).await;
     load.stop_without_failures("while the model grew for its first tokens")
         .await;
     let grown = explain_of(&admin, SLOW).await;
