@@ -12,6 +12,7 @@ mod error;
 mod fleet;
 mod health;
 pub mod keys;
+mod load;
 pub mod paths;
 mod rollout;
 pub mod usage;
@@ -25,6 +26,7 @@ pub use fleet::{
 };
 pub use health::{Readiness, StateEvent};
 pub use llmgw_node_id::check_node_id;
+pub use load::{LoadSampleView, LoadTargets, ModelLoad, ScaleMark};
 pub use rollout::{RolloutPhase, RolloutReplica, RolloutView};
 
 pub use llmgw_catalog::{Model, RolloutPolicy};

@@ -42,6 +42,11 @@ pub fn wake(name: &str) -> String {
     format!("{MODELS}/{name}/wake")
 }
 
+/// `GET`: an autoscaled model's load and replicas over the last hour.
+pub fn model_load(name: &str) -> String {
+    format!("{MODELS}/{name}/load")
+}
+
 pub fn explain(name: &str) -> String {
     format!("{MODELS}/{name}/explain")
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use llmgw_api::keys::{IssuedKey, KeyRequest, KeyView};
 use llmgw_api::usage::{UsageDay, UsageReport};
 use llmgw_api::{
-    AddPeer, BackupSummary, ClusterView, DrainQuery, ErrorBody, Model, ModelExplanation,
+    AddPeer, BackupSummary, ClusterView, DrainQuery, ErrorBody, Model, ModelExplanation, ModelLoad,
     NodeRecord, NodeView, PeerAdded, PeerRemoved, Readiness, ReplicaView, RolloutView, StateEvent,
 };
 use serde::Serialize;
@@ -34,6 +34,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("models.json", round_trips::<Vec<Model>>),
     ("model-explanation.json", round_trips::<ModelExplanation>),
     ("rollout.json", round_trips::<RolloutView>),
+    ("model-load.json", round_trips::<ModelLoad>),
     ("readiness.json", round_trips::<Readiness>),
     ("readiness-no-leader.json", round_trips::<Readiness>),
     ("state-event.json", round_trips::<StateEvent>),

@@ -1,20 +1,24 @@
-//! The leader's autoscaler loop: once a second it reads the load of every
+//! The autoscaler loop. Once a second every peer reads the load of every
 //! autoscaled model from its ready engines' `/metrics` (running and waiting
 //! requests and the fullest KV cache, as the router reads them, and the time
-//! to first token and the queue wait since the last read), asks the pure
-//! `llmgw_reconcile::autoscale` whether a change is due, and commits it
-//! with what it saw. The reconciler then places or drains replicas as for
-//! any other change of the replica count.
+//! to first token and the queue wait since the last read) and keeps it in
+//! its `LoadHistory`, the hour the console draws. The leader also asks the
+//! pure `llmgw_reconcile::autoscale` whether a change is due, and commits
+//! it with what it saw; the reconciler then places or drains replicas as
+//! for any other change of the replica count.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use llmgw_api::LoadSampleView;
 use llmgw_catalog::Autoscale;
 use llmgw_raft::{ControlPlane, now_ms};
 use llmgw_reconcile::autoscale::{LoadSample, ScaleMemory};
-use llmgw_state::{Command, FleetState, ReplicaState};
+use llmgw_state::{Command, FleetState, Replica, ReplicaState, ScaleDecision};
 use tokio::sync::watch;
 
 use crate::latency::{LatencyWatch, QUEUE_WAIT, TIME_TO_FIRST_TOKEN};
+use crate::load_history::LoadHistory;
 use crate::propose::{Author, propose_all};
 
 /// How often the load is sampled.
@@ -30,10 +34,38 @@ struct Scaled {
     desired: u32,
     /// The head endpoint of each ready replica.
     endpoints: Vec<String>,
+    replicas: ReplicaCounts,
+    last_scale: Option<ScaleDecision>,
 }
 
-/// Samples and scales while this peer leads, until `stop` turns true.
-pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<bool>) {
+/// A model's replicas by what they are doing.
+#[derive(Debug, Clone, Copy, Default)]
+struct ReplicaCounts {
+    ready: u32,
+    starting: u32,
+    draining: u32,
+}
+
+impl ReplicaCounts {
+    fn count(&mut self, replica: &Replica) {
+        match (replica.stop.is_some(), replica.state()) {
+            (_, ReplicaState::Stopped) | (false, ReplicaState::Failed) => {}
+            (true, _) | (_, ReplicaState::Draining | ReplicaState::Stopping) => self.draining += 1,
+            (false, ReplicaState::Ready) => self.ready += 1,
+            (false, ReplicaState::Placed | ReplicaState::Starting | ReplicaState::Loading) => {
+                self.starting += 1
+            }
+        }
+    }
+}
+
+/// Samples every autoscaled model into `history`, and scales them while
+/// this peer leads, until `stop` turns true.
+pub async fn run_autoscaler(
+    control: ControlPlane,
+    history: LoadHistory,
+    mut stop: watch::Receiver<bool>,
+) {
     let client = match reqwest::Client::builder().timeout(SCRAPE_TIMEOUT).build() {
         Ok(client) => client,
         Err(error) => {
@@ -51,26 +83,29 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
             _ = tick.tick() => {}
             _ = stop.changed() => return,
         }
-        let Some(term) = control.leading_term() else {
-            led_term = None;
-            continue;
-        };
-        if led_term != Some(term) {
+        let leading = control.leading_term();
+        if led_term != leading {
             // What an earlier term saw is not this leader's evidence.
             memory = ScaleMemory::default();
-            watches = Watches::default();
-            led_term = Some(term);
+            led_term = leading;
         }
         let models = control.read(autoscaled_models);
-        memory.retain(|name| models.iter().any(|m| m.name == name));
-        watches.retain(|endpoint| {
-            models
-                .iter()
-                .any(|m| m.endpoints.iter().any(|e| e == endpoint))
-        });
+        let autoscaled = |name: &str| models.iter().any(|m| m.name == name);
+        memory.retain(autoscaled);
+        history.retain(autoscaled);
+        watches.retain(&models);
         let mut decisions = Vec::new();
         for model in models {
-            let sample = sample_load(&client, &model.endpoints, &mut watches).await;
+            let sampled = sample_load(&client, &model.name, &model.endpoints, &mut watches).await;
+            history.record(
+                &model.name,
+                history_sample(&model, sampled.as_ref()),
+                model.last_scale.as_ref(),
+            );
+            if led_term.is_none() {
+                continue;
+            }
+            let sample = sampled.map(|s| s.load);
             if let Some(decision) =
                 memory.observe(&model.name, &model.policy, model.desired, sample)
             {
@@ -82,7 +117,9 @@ pub async fn run_autoscaler(control: ControlPlane, mut stop: watch::Receiver<boo
                 });
             }
         }
-        if !decisions.is_empty() {
+        if let Some(term) = led_term
+            && !decisions.is_empty()
+        {
             propose_all(&control, Author::Leader(term), decisions).await;
         }
     }
@@ -94,35 +131,74 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
         .values()
         .filter_map(|record| {
             let policy = record.spec.model().ok()?.managed()?.autoscale?;
-            let endpoints = fleet
-                .replicas
-                .values()
-                .filter(|r| r.model == record.name && r.stop.is_none())
-                .filter(|r| r.state() == ReplicaState::Ready)
-                .filter_map(|r| llmgw_reconcile::endpoint(fleet, r))
-                .collect();
+            let mut replicas = ReplicaCounts::default();
+            let mut endpoints = Vec::new();
+            for replica in fleet.replicas.values().filter(|r| r.model == record.name) {
+                replicas.count(replica);
+                if replica.stop.is_none() && replica.state() == ReplicaState::Ready {
+                    endpoints.extend(llmgw_reconcile::endpoint(fleet, replica));
+                }
+            }
             Some(Scaled {
                 name: record.name.clone(),
                 policy,
                 desired: record.desired_replicas,
                 endpoints,
+                replicas,
+                last_scale: record.last_scale.clone(),
             })
         })
         .collect()
 }
 
-/// The engines' latency histograms as last read, one watch per signal.
+/// What the console draws of one sample.
+fn history_sample(model: &Scaled, sampled: Option<&Sampled>) -> LoadSampleView {
+    let load = sampled.map(|s| s.load);
+    LoadSampleView {
+        at_ms: load.map_or_else(now_ms, |l| l.at_ms),
+        requests_per_s: sampled.and_then(|s| s.first_tokens_per_s),
+        outstanding: load.map(|l| l.requests),
+        ttft_p90_ms: load.and_then(|l| l.ttft_p90_ms),
+        queue_p90_ms: load.and_then(|l| l.queue_p90_ms),
+        kv_cache_usage_percent: load.and_then(|l| l.kv_usage_percent),
+        desired: model.desired,
+        ready: model.replicas.ready,
+        starting: model.replicas.starting,
+        draining: model.replicas.draining,
+    }
+}
+
+/// The engines' latency histograms as last read, one watch per signal, and
+/// when each model was last read whole.
 #[derive(Debug, Default)]
 struct Watches {
     first_token: LatencyWatch,
     queue: LatencyWatch,
+    sampled_at_ms: HashMap<String, u64>,
 }
 
 impl Watches {
-    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.first_token.retain(&mut keep);
-        self.queue.retain(keep);
+    /// Keeps what was read of these models' ready engines.
+    fn retain(&mut self, models: &[Scaled]) {
+        let mut scraped = |endpoint: &str| {
+            models
+                .iter()
+                .any(|m| m.endpoints.iter().any(|e| e == endpoint))
+        };
+        self.first_token.retain(&mut scraped);
+        self.queue.retain(scraped);
+        self.sampled_at_ms
+            .retain(|name, _| models.iter().any(|m| &m.name == name));
     }
+}
+
+/// One reading of a model's engines.
+#[derive(Debug, Clone, Copy)]
+struct Sampled {
+    load: LoadSample,
+    /// Requests that got their first token since the model's last reading,
+    /// a second; none on the first reading.
+    first_tokens_per_s: Option<f64>,
 }
 
 /// The requests the engines hold now, and their latencies since the last
@@ -130,9 +206,10 @@ impl Watches {
 /// (a decision needs the whole picture).
 async fn sample_load(
     client: &reqwest::Client,
+    model: &str,
     endpoints: &[String],
     watches: &mut Watches,
-) -> Option<LoadSample> {
+) -> Option<Sampled> {
     if endpoints.is_empty() {
         return None;
     }
@@ -158,12 +235,24 @@ async fn sample_load(
         first_tokens.push((endpoint.clone(), buckets(&TIME_TO_FIRST_TOKEN)));
         queued.push((endpoint.clone(), buckets(&QUEUE_WAIT)));
     }
-    Some(LoadSample {
-        at_ms: now_ms(),
-        requests: requests.round() as u32,
-        ready_replicas: endpoints.len() as u32,
-        ttft_p90_ms: watches.first_token.p90_since_last(first_tokens),
-        queue_p90_ms: watches.queue.p90_since_last(queued),
-        kv_usage_percent: kv_usage.map(|usage| (usage * 100.0).round().clamp(0.0, 100.0) as u32),
+    let at_ms = now_ms();
+    let first_tokens = watches.first_token.since_last(first_tokens);
+    let first_tokens_per_s = watches
+        .sampled_at_ms
+        .insert(model.to_owned(), at_ms)
+        .map(|before| at_ms.saturating_sub(before))
+        .filter(|elapsed_ms| *elapsed_ms > 0)
+        .map(|elapsed_ms| first_tokens.count() * 1000.0 / elapsed_ms as f64);
+    Some(Sampled {
+        load: LoadSample {
+            at_ms,
+            requests: requests.round() as u32,
+            ready_replicas: endpoints.len() as u32,
+            ttft_p90_ms: first_tokens.p90_ms(),
+            queue_p90_ms: watches.queue.since_last(queued).p90_ms(),
+            kv_usage_percent: kv_usage
+                .map(|usage| (usage * 100.0).round().clamp(0.0, 100.0) as u32),
+        },
+        first_tokens_per_s,
     })
 }

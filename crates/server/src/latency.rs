@@ -60,17 +60,17 @@ fn bound(text: &str) -> Option<f64> {
     (value > 0.0).then_some(value)
 }
 
-/// Each engine's last buckets of one histogram, while this peer leads.
+/// Each engine's last buckets of one histogram.
 #[derive(Debug, Default)]
 pub struct LatencyWatch {
     last: HashMap<String, Buckets>,
 }
 
 impl LatencyWatch {
-    /// The p90 in milliseconds of what the engines of one model (endpoint,
-    /// buckets) observed since their last scrape; none when they observed
-    /// nothing, or none can be compared yet.
-    pub fn p90_since_last(&mut self, engines: Vec<(String, Buckets)>) -> Option<u32> {
+    /// What the engines of one model (endpoint, buckets) observed since
+    /// their last scrape. An engine seen for the first time, or restarted,
+    /// adds nothing this time.
+    pub fn since_last(&mut self, engines: Vec<(String, Buckets)>) -> Observed {
         let mut new = Buckets::new();
         for (endpoint, now) in engines {
             if let Some(before) = self.last.get(&endpoint) {
@@ -85,12 +85,28 @@ impl LatencyWatch {
             }
             self.last.insert(endpoint, now);
         }
-        quantile_ms(&new, 0.9)
+        Observed(new)
     }
 
     /// Forgets engines no longer scraped.
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.last.retain(|endpoint, _| keep(endpoint));
+    }
+}
+
+/// A histogram's observations between two scrapes.
+#[derive(Debug, Default)]
+pub struct Observed(Buckets);
+
+impl Observed {
+    /// The 90th percentile in milliseconds; none when nothing was observed.
+    pub fn p90_ms(&self) -> Option<u32> {
+        quantile_ms(&self.0, 0.9)
+    }
+
+    /// How many observations there were (the `+Inf` bucket's count).
+    pub fn count(&self) -> f64 {
+        self.0.values().copied().fold(0.0, f64::max)
     }
 }
 
@@ -149,12 +165,14 @@ mod tests {
         let mut watch = LatencyWatch::default();
         // Before: 100 fast requests. The first scrape only sets the base.
         let first = vec![("e1".to_owned(), ttft(&page([100, 100, 100, 100])))];
-        assert_eq!(watch.p90_since_last(first), None);
+        assert_eq!(watch.since_last(first).p90_ms(), None);
         // Since: 10 more, 9 of them between 0.1 and 0.5 s, one under 1 s:
         // the p90 is at the top of the 0.5 s bucket, though all requests
         // ever are fast.
         let second = vec![("e1".to_owned(), ttft(&page([100, 109, 110, 110])))];
-        assert_eq!(watch.p90_since_last(second), Some(500));
+        let observed = watch.since_last(second);
+        assert_eq!(observed.p90_ms(), Some(500));
+        assert_eq!(observed.count(), 10.0, "the requests since, not ever");
         // Two engines add up; an engine whose counts went back restarted
         // and gives nothing this time.
         watch.last.insert("e2".into(), ttft(&page([0, 0, 50, 50])));
@@ -163,12 +181,13 @@ mod tests {
             ("e2".to_owned(), ttft(&page([0, 0, 0, 0]))),
         ];
         // All 10 between 0.5 and 1 s: 90 % of the way through the bucket.
-        assert_eq!(watch.p90_since_last(third), Some(950));
+        assert_eq!(watch.since_last(third).p90_ms(), Some(950));
         // Nothing new: no p90. Beyond every bound: the largest one.
         let same = vec![("e1".to_owned(), ttft(&page([100, 109, 120, 120])))];
-        assert_eq!(watch.p90_since_last(same), None);
+        let observed = watch.since_last(same);
+        assert_eq!((observed.p90_ms(), observed.count()), (None, 0.0));
         let slow = vec![("e1".to_owned(), ttft(&page([100, 109, 120, 140])))];
-        assert_eq!(watch.p90_since_last(slow), Some(1000));
+        assert_eq!(watch.since_last(slow).p90_ms(), Some(1000));
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod auth;
 mod autoscale;
 mod epoch;
 mod latency;
+mod load_history;
 mod security;
 
 mod model_spec;

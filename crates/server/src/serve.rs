@@ -16,6 +16,7 @@ use llmgw_catalog::Catalog;
 use crate::admin_listener::{AdminListener, Caller};
 use crate::agents::{AgentStreams, Hub, LivenessSettings, run_liveness, write_reports};
 use crate::api::{self, ApiState};
+use crate::load_history::LoadHistory;
 use crate::reconcile::{PlanSettings, run_reconciler};
 use crate::security::Security;
 
@@ -94,6 +95,12 @@ pub async fn serve(
     let shutdown = shutdown_or_core_stopped(control.clone(), shutdown, core_stopped.clone());
     let stop_rx = spawn_shutdown_watch(hub.clone(), shutdown);
     let agents = spawn_agent_loops(&control, &hub, &options, &stop_rx);
+    let load_history = LoadHistory::default();
+    tokio::spawn(crate::autoscale::run_autoscaler(
+        control.clone(),
+        load_history.clone(),
+        stop_rx.clone(),
+    ));
     let router = start_router(
         &control,
         options.router_listen,
@@ -109,7 +116,7 @@ pub async fn serve(
     );
     spawn_bootstrap(control.clone(), seed_catalog);
 
-    let app = admin_app(&options, &control, hub, stop_rx.clone());
+    let app = admin_app(&options, &control, hub, load_history, stop_rx.clone());
     let admin_listener =
         AdminListener::new(admin_listener, tls.clone()).map_err(|source| ServerError::Listen {
             what: "admin API",
@@ -230,10 +237,6 @@ fn spawn_agent_loops(
         options.placement.clone(),
         stop_rx.clone(),
     ));
-    tokio::spawn(crate::autoscale::run_autoscaler(
-        control.clone(),
-        stop_rx.clone(),
-    ));
     tokio::spawn(crate::epoch::run_epoch_keeper(
         control.clone(),
         hub.clone(),
@@ -331,12 +334,14 @@ fn admin_app(
     options: &ServerOptions,
     control: &ControlPlane,
     hub: Arc<Hub>,
+    load_history: LoadHistory,
     stop_rx: watch::Receiver<bool>,
 ) -> axum::Router {
     let app = api::router(ApiState {
         control: control.clone(),
         insecure: options.security.insecure(),
         hub,
+        load_history,
         placement: options.placement.clone(),
         stopping: stop_rx,
         usage_retention: options.usage_retention,

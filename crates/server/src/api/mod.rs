@@ -9,6 +9,7 @@ mod explain;
 mod fleet;
 mod health;
 mod keys;
+mod load;
 mod models;
 mod peers;
 mod rollout;
@@ -36,6 +37,8 @@ pub struct ApiState {
     pub control: ControlPlane,
     /// Agent sessions; populated on the leader only.
     pub hub: Arc<Hub>,
+    /// The last hour of autoscaled models' load, as this peer sampled it.
+    pub load_history: crate::load_history::LoadHistory,
     pub placement: PlanSettings,
     /// gRPC links are plaintext (`insecure: true`); shown in /api/v1/cluster.
     pub insecure: bool,
@@ -104,6 +107,7 @@ pub fn router(state: ApiState) -> Router {
             get(models::get_one).put(models::put).delete(models::delete),
         )
         .route("/api/v1/models/{name}/explain", get(explain::explain))
+        .route("/api/v1/models/{name}/load", get(load::model_load))
         .route("/api/v1/models/{name}/rollout", get(rollout::status))
         .route("/api/v1/models/{name}/rollback", post(rollout::rollback))
         .route("/api/v1/models/{name}/wake", post(models::wake))
