@@ -2,7 +2,7 @@
 //! stream over HTTP, then the whole console in headless Chromium against
 //! `llmgw dev` (console_browser.py): the demo fleet on every page, a
 //! leader killed under an open page, a drain started and followed from the
-//! console, a read token refused. Without Chromium, chromedriver or
+//! console, a read token refused, an autoscaled model's load drawn. Without Chromium, chromedriver or
 //! Selenium the browser part prints `SKIPPED:` and why.
 
 use std::path::Path;
@@ -162,6 +162,7 @@ async fn the_console_in_a_real_browser_follows_a_failover_and_a_drain() {
         "read-token-refused",
         "draining",
         "drained",
+        "model-load",
     ] {
         assert!(shots.join(format!("{shot}.png")).exists(), "no {shot}.png");
     }

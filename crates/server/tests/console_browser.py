@@ -11,8 +11,10 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import sys
 import time
+import urllib.request
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
@@ -62,6 +64,25 @@ def type_into(driver, element_id, text):
         field.clear()
         field.send_keys(text)
     retry_stale(do)
+
+
+def admin(dev, token, method, url, body=None):
+    """One admin API call over HTTPS, trusting the dev CA."""
+    context = ssl.create_default_context(cafile=dev["ca"])
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+def chat(router, model):
+    body = json.dumps({"model": model, "max_tokens": 8,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    request = urllib.request.Request(router + "/v1/chat/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.status
 
 
 def main_text(driver):
@@ -179,6 +200,29 @@ def run(driver, dev, servers, tokens, shots):
              lambda: "qwen-0.5b\n1 of 1 replicas ready" in main_text(driver)
              and f"{holder} GPUs" not in main_text(driver).split("qwen-0.5b", 1)[1])
     driver.save_screenshot(os.path.join(shots, "drained.png"))
+
+    # Autoscale qwen-0.5b (sized so that it keeps one replica) and chat with
+    # it: its page draws the load, the TTFT target and the replicas.
+    model_url = follower["api"] + "/api/v1/models/qwen-0.5b"
+    entry = admin(dev, tokens["write"], "GET", model_url)
+    entry["autoscale"] = {"min_replicas": 1, "max_replicas": 2, "target_requests_per_replica": 50,
+                          "ttft_p90_slo": "5s"}
+    admin(dev, tokens["write"], "PUT", model_url, entry)
+    answered = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 8:
+        answered += chat(dev["router"], "qwen-0.5b") == 200
+    log(f"  {answered} chats answered")
+    wait_for("the peer sampled the chats",
+             lambda: any((s["requests_per_s"] or 0) > 0
+                         for s in admin(dev, tokens["write"], "GET", model_url + "/load")["samples"]))
+    driver.get(follower["api"] + "/ui/#/models/qwen-0.5b")
+    wait_for("the model page draws three charts with their series and the TTFT target",
+             lambda: "Requests per second" in main_text(driver)
+             and "Time to first token (p90)" in main_text(driver)
+             and len(driver.find_elements(By.CSS_SELECTOR, "svg.chart polyline.series.s1")) >= 3
+             and driver.find_elements(By.CSS_SELECTOR, "svg.chart line.target"))
+    driver.save_screenshot(os.path.join(shots, "model-load.png"))
 
     # A key created in the console: its secret shown once, then revoked.
     driver.get(follower["api"] + "/ui/#/keys")

@@ -12,6 +12,8 @@ const view = {
   models: [],
   rollouts: {},
   explain: {},
+  // The load history of the model whose page is open, by name.
+  load: {},
   keys: [],
   usage: [],
   // Why the views could not be read (cleared by the next good read).
@@ -66,6 +68,12 @@ async function load() {
     const rollouts = await Promise.all(managed.map((m) =>
       api("/api/v1/models/" + encodeURIComponent(m.name) + "/rollout").catch(() => null)));
     view.rollouts = Object.fromEntries(managed.map((m, i) => [m.name, rollouts[i]]));
+    // The open model page's last hour, from this peer's own samples.
+    const [page, arg] = route();
+    if (page === "models" && arg) {
+      const name = decodeURIComponent(arg);
+      view.load = { [name]: await api("/api/v1/models/" + encodeURIComponent(name) + "/load").catch((e) => ({ error: e.message })) };
+    }
     // Keys and their use: a peer from before keys has neither.
     [view.keys, view.usage] = await Promise.all([
       api("/api/v1/keys").catch(() => []), api("/api/v1/usage?days=7").catch(() => []),
@@ -276,7 +284,7 @@ function renderModels() {
         `<a href="#/nodes/${encodeURIComponent(s.node)}">${esc(s.node)}</a> GPUs [${esc(s.gpus.join(","))}] :${esc(s.port)} ${esc(s.state)}`).join("<br>")}
         ${failure ? `<details><summary class="error">${esc(failure.message)}</summary><pre>${esc((failure.output_tail || []).join("\n"))}</pre></details>` : ""}</td></tr>`;
     }).join("");
-    return `<section class="card" aria-labelledby="model-${esc(m.name)}"><h3 id="model-${esc(m.name)}">${esc(m.name)}</h3>
+    return `<section class="card" aria-labelledby="model-${esc(m.name)}"><h3 id="model-${esc(m.name)}"><a href="#/models/${encodeURIComponent(m.name)}">${esc(m.name)}</a></h3>
       <p>${esc(ready)} of ${esc(m.replicas ?? 1)} replicas ready. <span class="note">${esc(m.source || "")}</span></p>
       <div class="actions"><label>Replicas <input type="number" min="0" value="${esc(m.replicas ?? 1)}" size="3" data-scale="${esc(m.name)}"></label>
         <button data-action="scale" data-model="${esc(m.name)}">Scale</button></div>
@@ -285,6 +293,96 @@ function renderModels() {
       <table><thead><tr><th>Replica</th><th>State</th><th>Spec</th><th>Shards</th></tr></thead><tbody>${rows || '<tr><td colspan="4">none</td></tr>'}</tbody></table></section>`;
   }).join("");
   return `<h2>Models and replicas</h2><div class="cards">${cards || "<p>The catalog is empty.</p>"}</div>`;
+}
+
+// An SVG line chart of the samples over time: one polyline per series
+// (broken where a value is missing), a dashed target line, and a vertical
+// mark at each scaling decision with its reason as the tooltip. Colours
+// come from classes in style.css: the console's policy forbids inline
+// styles.
+const CHART = { width: 760, height: 170, left: 52, right: 12, top: 10, bottom: 24 };
+function chart(title, unit, series, span, marks, target) {
+  const { width, height, left, right, top, bottom } = CHART;
+  const values = series.flatMap((s) => s.points.map((p) => p[1]).filter((v) => v != null));
+  const highest = Math.max(1, ...values, target == null ? 0 : target * 1.25);
+  const x = (at) => left + ((at - span.from) / Math.max(1, span.to - span.from)) * (width - left - right);
+  const y = (v) => height - bottom - (v / highest) * (height - top - bottom);
+  const lines = series.map((s) => {
+    const segments = [[]];
+    let previous = null;
+    for (const [at, v] of s.points) {
+      if (v == null) { if (segments[segments.length - 1].length) segments.push([]); previous = null; continue; }
+      // Counts hold until they change: drawn as steps.
+      if (s.step && previous != null) segments[segments.length - 1].push(x(at).toFixed(1) + "," + y(previous).toFixed(1));
+      segments[segments.length - 1].push(x(at).toFixed(1) + "," + y(v).toFixed(1));
+      previous = v;
+    }
+    return segments.filter((points) => points.length).map((points) =>
+      `<polyline class="series ${s.cls}" points="${points.join(" ")}"><title>${esc(s.name)}</title></polyline>`).join("");
+  }).join("");
+  const targetLine = target == null ? ""
+    : `<line class="target" x1="${left}" x2="${width - right}" y1="${y(target).toFixed(1)}" y2="${y(target).toFixed(1)}"><title>target ${esc(target)} ${esc(unit)}</title></line>`;
+  const markLines = marks.filter((m) => m.at_ms >= span.from).map((m) =>
+    `<line class="mark" x1="${x(m.at_ms).toFixed(1)}" x2="${x(m.at_ms).toFixed(1)}" y1="${top}" y2="${height - bottom}"><title>${esc(clock(m.at_ms) + ": " + m.reason)}</title></line>`).join("");
+  const latest = series.map((s) => {
+    const last = [...s.points].reverse().find((p) => p[1] != null);
+    return `${s.name} ${last ? round(last[1]) : "-"}`;
+  }).join(", ");
+  const legend = series.map((s) => `<span class="key ${s.cls}">${esc(s.name)}</span>`).join(" ")
+    + (target == null ? "" : ` <span class="key target">target ${esc(target)} ${esc(unit)}</span>`);
+  return `<figure class="chart"><figcaption><strong>${esc(title)}</strong> (${esc(unit)}) ${legend}</figcaption>
+    <svg class="chart" viewBox="0 0 ${width} ${height}" role="img" aria-label="${esc(title + ", latest: " + latest)}">
+      <line class="axis" x1="${left}" x2="${left}" y1="${top}" y2="${height - bottom}"></line>
+      <line class="axis" x1="${left}" x2="${width - right}" y1="${height - bottom}" y2="${height - bottom}"></line>
+      <text class="tick" x="${left - 6}" y="${top + 10}" text-anchor="end">${esc(round(highest))}</text>
+      <text class="tick" x="${left - 6}" y="${height - bottom}" text-anchor="end">0</text>
+      <text class="tick" x="${left}" y="${height - 6}">${esc(clock(span.from))}</text>
+      <text class="tick" x="${width - right}" y="${height - 6}" text-anchor="end">${esc(clock(span.to))}</text>
+      ${targetLine}${markLines}${lines}
+    </svg></figure>`;
+}
+const round = (v) => (v >= 10 || Number.isInteger(v) ? Math.round(v) : Math.round(v * 10) / 10);
+const clock = (ms) => new Date(ms).toLocaleTimeString();
+
+// A model's page: its last hour of load next to its replicas and the
+// decisions that changed them, so a scale-up shows beside its cause.
+function renderModelLoad(name) {
+  const m = view.models.find((x) => x.name === name);
+  if (!m) return `<p>No model <code>${esc(name)}</code> in the catalog. <a href="#/models">All models</a></p>`;
+  const load = view.load[name];
+  const back = `<p><a href="#/models">All models</a></p>`;
+  const head = `<h2>Model ${esc(name)}</h2>${back}`;
+  if (!load) return head + "<p>Loading…</p>";
+  if (load.error) return head + `<p class="error">${esc(load.error)}</p>`;
+  if (!load.autoscaled) {
+    return head + `<p>${esc(name)} has a fixed replica count (${esc(m.replicas ?? 1)}): only autoscaled models are sampled. Give it an <code>autoscale</code> section to see its load here.</p>`;
+  }
+  const samples = load.samples;
+  if (!samples.length) return head + `<p>Peer ${esc(load.peer_id)} has no sample of ${esc(name)} yet: it samples once a second.</p>`;
+  const to = samples[samples.length - 1].at_ms;
+  const span = { from: Math.min(samples[0].at_ms, to - 60 * 1000), to };
+  const of = (field) => samples.map((s) => [s.at_ms, s[field]]);
+  const t = load.targets;
+  const last = samples[samples.length - 1];
+  const decisions = [...load.decisions].reverse().map((d) =>
+    `<tr><td>${esc(clock(d.at_ms))}</td><td>${esc(d.from)} → ${esc(d.to)}</td><td>${esc(d.reason)}</td></tr>`).join("");
+  return `${head}
+    <p>Now: ${esc(last.ready)} ready, ${esc(last.starting)} starting, ${esc(last.draining)} draining, ${esc(last.desired)} wanted.
+      Sized for ${esc(t.target_requests_per_replica)} requests a replica. <span class="note">Sampled once a second by peer ${esc(load.peer_id)}
+      since ${esc(clock(samples[0].at_ms))}; each peer keeps its own hour.</span></p>
+    <div class="charts">
+    ${chart("Requests per second", "req/s", [{ name: "first tokens/s", cls: "s1", points: of("requests_per_s") },
+      { name: "outstanding", cls: "s2", points: of("outstanding") }], span, load.decisions)}
+    ${chart("Time to first token (p90)", "ms", [{ name: "TTFT p90", cls: "s1", points: of("ttft_p90_ms") },
+      { name: "queue p90", cls: "s2", points: of("queue_p90_ms") }], span, load.decisions, t.ttft_p90_ms)}
+    ${chart("Replicas", "count", [{ name: "ready", cls: "s1", points: of("ready"), step: true },
+      { name: "starting", cls: "s2", points: of("starting"), step: true },
+      { name: "draining", cls: "s3", points: of("draining"), step: true },
+      { name: "wanted", cls: "s4", points: of("desired"), step: true }], span, load.decisions)}
+    </div>
+    <h3>Scaling decisions</h3>
+    <table><thead><tr><th>When</th><th>Replicas</th><th>Why</th></tr></thead>
+      <tbody>${decisions || '<tr><td colspan="3">No change in this window.</td></tr>'}</tbody></table>`;
 }
 
 // Keys, the most used today first, with their limits; the week's use by
@@ -332,10 +430,14 @@ function renderKeys() {
       <tbody>${used || '<tr><td colspan="8">No use recorded.</td></tr>'}</tbody></table>`;
 }
 
+// The page and its argument, from `#/page/arg`.
+function route() {
+  return (location.hash.replace(/^#\/?/, "") || "cluster").split("/");
+}
+
 let lastHtml = "";
 function render() {
-  const route = location.hash.replace(/^#\/?/, "") || "cluster";
-  const [page, arg] = route.split("/");
+  const [page, arg] = route();
   for (const a of document.querySelectorAll("nav a")) {
     if (a.dataset.page === page) a.setAttribute("aria-current", "page"); else a.removeAttribute("aria-current");
   }
@@ -345,7 +447,9 @@ function render() {
   const typed = {};
   for (const input of document.querySelectorAll("#main input")) typed[key(input)] = input.value;
   const body = page === "nodes" && arg ? renderNode(decodeURIComponent(arg))
-    : page === "nodes" ? renderNodes() : page === "models" ? renderModels()
+    : page === "nodes" ? renderNodes()
+    : page === "models" && arg ? renderModelLoad(decodeURIComponent(arg))
+    : page === "models" ? renderModels()
     : page === "keys" ? renderKeys() : renderCluster();
   const banner = (view.error ? `<p class="error" role="alert">${esc(view.error)}</p>` : "")
     + (view.notice.text
@@ -419,6 +523,6 @@ document.getElementById("token-form").addEventListener("submit", (event) => {
   restartEvents();
   reloadNow();
 });
-window.addEventListener("hashchange", render);
+window.addEventListener("hashchange", () => { render(); if (route()[0] === "models" && route()[1]) reloadNow(); });
 reloadNow();
 follow();
