@@ -6,12 +6,14 @@
 //! while a replica starts, and goes back to zero when idle. A model with
 //! no room takes the GPUs of a lower-priority one, drained first.
 //! A model whose first tokens come later than its target grows though its
-//! requests do not ask for it. `explain` says why a model has the
-//! replicas it has.
+//! requests do not ask for it, and so does one whose engine's KV cache is
+//! fuller than its target. `explain` says why a model has the replicas it
+//! has, and every peer's load history draws it.
 
 use std::time::Duration;
 
-use llmgw_api::{ClusterView, ModelExplanation, ReplicaState, ReplicaView, paths};
+use llmgw_api::{ClusterView, ModelExplanation, ModelLoad, ReplicaState, ReplicaView, paths};
+use llmgw_dev::DevFile;
 use llmgw_test_kit::dev::{Dev, DevAdmin, peer_pid};
 use llmgw_test_kit::load::ChatLoad;
 use llmgw_test_kit::process::signal_pid;
@@ -209,6 +211,39 @@ async fn replicas_follow_the_load_up_and_back_down() {
     );
     let answer = stream_chat(&http, &router, MODEL).await.unwrap();
     assert!(!answer.is_empty());
+
+    // The peers that lived through it drew the whole story: the load, the
+    // second replica, both decisions with their reasons.
+    let survivors: Vec<String> = dev_file
+        .processes
+        .iter()
+        .filter(|p| p.role == "server" && p.id != leader)
+        .filter_map(|p| p.api.clone())
+        .collect();
+    assert_eq!(survivors.len(), 2, "{:?}", dev_file.api);
+    for api in survivors {
+        let peer = DevAdmin::new(&DevFile {
+            api: vec![api.clone()],
+            ..dev_file.clone()
+        });
+        eventually(&format!("{api} drew the scale-up and down"), DEADLINE, || async {
+            let load: ModelLoad = peer.get(&paths::model_load(MODEL)).await?;
+            let moves: Vec<(u32, u32)> = load.decisions.iter().map(|d| (d.from, d.to)).collect();
+            let busiest = load
+                .samples
+                .iter()
+                .filter_map(|s| s.requests_per_s)
+                .fold(0.0, f64::max);
+            let ready: Vec<u32> = load.samples.iter().map(|s| s.ready).collect();
+            let shrunk_again = ready.iter().position(|r| *r == 2).is_some_and(|at| ready[at..].ends_with(&[1]));
+            if moves == [(1, 2), (2, 1)] && busiest > 1.0 && shrunk_again && load.autoscaled {
+                Ok(load)
+            } else {
+                Err(format!("decisions {moves:?}, busiest {busiest} requests/s, ready over time {ready:?}"))
+            }
+        })
+        .await;
+    }
 }
 
 /// Two clients keep two requests on an engine sized for a hundred, but
@@ -424,4 +459,62 @@ async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
             .contains("gave a replica's GPUs to model chat"),
         "ctl explain says why batch shrank"
     );
+}
+
+/// Four clients keep four short requests on an engine sized for a hundred,
+/// but its KV cache holds 128 tokens (vLLM's `--num-gpu-blocks-override
+/// 8`): the fullest cache stays above its 10 % target, the model grows by
+/// a replica, and `explain` says the KV cache did it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kv_cache_fuller_than_the_target_adds_a_replica() {
+    const FULL: &str = "qwen-full";
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let entry = json!({
+        "name": FULL,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
+                      "engine_args": ["--num-gpu-blocks-override", "8", "--max-model-len", "128"],
+                      "env": {"LLMGW_SIM_ITL": "40ms", "LLMGW_SIM_OUTPUT_TOKENS": "12"}}],
+        "autoscale": {"min_replicas": 1, "max_replicas": 2,
+                      "target_requests_per_replica": 100,
+                      "scale_up_window": "3s", "scale_down_window": "1h",
+                      "kv_cache_usage_percent": 10},
+    });
+    put(&admin, &entry).await;
+    eventually("one ready replica", DEADLINE, || {
+        ready_replicas_of(&admin, FULL, 1)
+    })
+    .await;
+    eventually("the model routed", DEADLINE, || {
+        stream_chat(&http, &router, FULL)
+    })
+    .await;
+
+    let load = ChatLoad::with_workers(&http, &router, FULL, 4);
+    eventually("a second replica, ready", DEADLINE, || {
+        ready_replicas_of(&admin, FULL, 2)
+    })
+    .await;
+    load.until_answered(30).await;
+    load.stop_without_failures("while the model grew for its KV cache")
+        .await;
+    let grown = explain_of(&admin, FULL).await;
+    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
+    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
+    let seen = decision
+        .above_target
+        .expect("a signal above its target decided it");
+    assert_eq!(
+        (seen.signal.as_str(), seen.target),
+        ("KV cache usage (fullest engine)", 10),
+        "{decision:?}"
+    );
+    assert!(seen.low > 10 && seen.high <= 100, "{decision:?}");
+    assert!(decision.requests_high < 100, "{decision:?}");
 }

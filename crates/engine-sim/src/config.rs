@@ -44,6 +44,9 @@ pub struct ServeConfig {
     pub api_keys: Vec<String>,
     pub max_num_seqs: u64,
     pub max_model_len: Option<u64>,
+    /// vLLM `--num-gpu-blocks-override`: the KV cache holds this many
+    /// blocks whatever the memory left for it.
+    pub num_gpu_blocks_override: Option<u64>,
     pub memory_fraction: f64,
     pub enable_metrics: bool,
     pub enable_load_tracking: bool,
@@ -187,6 +190,13 @@ impl ServeConfig {
             api_keys,
             max_num_seqs: max_num_seqs.max(1),
             max_model_len,
+            num_gpu_blocks_override: match vllm {
+                true => args
+                    .int(&line.key("--num-gpu-blocks-override"))
+                    .filter(|n| *n > 0)
+                    .map(|n| n as u64),
+                false => None,
+            },
             memory_fraction: line.memory_fraction(),
             enable_metrics: vllm || flag("--enable-metrics"),
             enable_load_tracking: flag("--enable-server-load-tracking"),

@@ -360,7 +360,21 @@ impl<'a> Loading<'a> {
             return Err(Failure::NoKvCache);
         }
         let per_token = self.spec.kv_bytes_per_token_per_gpu(cfg.tp, cfg.pp).max(1);
-        let kv_tokens = (kv_gib * GIB / per_token as f64) as u64;
+        let profiled = (kv_gib * GIB / per_token as f64) as u64;
+        let kv_tokens = match cfg.num_gpu_blocks_override {
+            Some(blocks) => {
+                log.core(
+                    "INFO",
+                    "gpu_worker.py:311",
+                    &format!(
+                        "Overriding num_gpu_blocks={} with num_gpu_blocks_override={blocks}",
+                        profiled / cfg.block_size as u64
+                    ),
+                );
+                blocks * cfg.block_size as u64
+            }
+            None => profiled,
+        };
         if kv_tokens < max_model_len {
             if self.vllm {
                 return Err(Failure::KvTooSmall {
