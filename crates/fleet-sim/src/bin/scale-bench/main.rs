@@ -1,16 +1,22 @@
-//! The autoscaling benchmark: a step in arrivals against an autoscaled
-//! model on `llmgw dev` (three peers with mTLS, agents, simulated engines
-//! with a cold start and a prefill queue, the standalone router), and how
-//! the fleet follows it. Prints a timeline (arrivals, replicas wanted,
-//! ready, TTFT p90, failures) and: how long after the step the scale-up was
-//! decided, how long after each new replica was ready it served its first
-//! request, when TTFT p90 was back under the SLO, failed requests, and the
-//! GPU time used against a fleet provisioned for the peak throughout.
+//! The autoscaling benchmark: an arrival trace against autoscaled models
+//! on `llmgw dev` (three peers with mTLS, agents, simulated engines with a
+//! cold start and a prefill queue, the standalone router), and how the
+//! fleet follows it. Traces: a step in arrivals, steady load with noise, a
+//! diurnal day compressed, two models whose peaks are half a day apart on
+//! one pool of GPUs. Prints a timeline per model (arrivals, replicas
+//! wanted, ready, starting, TTFT p90, failures) and: scale actions and
+//! reversals, requests inside the TTFT SLO, failed requests, GPU time
+//! against a fleet provisioned for each model's peak throughout, and for a
+//! step how long the fleet took to follow it.
 //!
 //!     cargo build --release -p llmgw-cli -p llmgw-engine-sim -p llmgw-fleet-sim
-//!     target/release/scale-bench --base-rate 1.5 --step 5
+//!     target/release/scale-bench --trace step --base-rate 1.5 --step 5
+//!     target/release/scale-bench --trace diurnal --day-s 600
+//!     target/release/scale-bench --trace two-models --max-replicas 2
 
-use std::collections::BTreeMap;
+mod report;
+mod trace;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,11 +27,14 @@ use llmgw_test_kit::dev::{Dev, DevAdmin};
 use reqwest::Method;
 use serde_json::json;
 
-const MODEL: &str = "scale-bench";
+use crate::report::{FleetSample, Outcome};
+use crate::trace::{Phases, Shape, Trace};
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// Requests a second before and after the step.
+    #[arg(long, value_enum, default_value_t = Shape::Step)]
+    trace: Shape,
+    /// Requests a second of a step (before and after it) and of steady load.
     #[arg(long, default_value_t = 1.5)]
     base_rate: f64,
     /// The step: arrivals multiply by this.
@@ -33,10 +42,26 @@ struct Args {
     step: f64,
     #[arg(long, default_value_t = 60)]
     before_s: u64,
+    /// How long the step lasts, or the steady load.
     #[arg(long, default_value_t = 120)]
     during_s: u64,
     #[arg(long, default_value_t = 150)]
     after_s: u64,
+    /// A diurnal day's midnight and noon, in requests a second.
+    #[arg(long, default_value_t = 0.3)]
+    low_rate: f64,
+    #[arg(long, default_value_t = 6.0)]
+    peak_rate: f64,
+    /// How long a compressed day lasts.
+    #[arg(long, default_value_t = 600)]
+    day_s: u64,
+    /// The most the rate departs from the trace's shape, a fraction; it
+    /// changes every 10 s (not for a step).
+    #[arg(long, default_value_t = 0.2)]
+    noise: f64,
+    /// Replays the same noise.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// A simulated engine's cold start (weights loading).
     #[arg(long, default_value = "15s")]
     cold_start: String,
@@ -44,6 +69,8 @@ struct Args {
     /// engine saturates and queues.
     #[arg(long, default_value = "10ms")]
     prefill_per_token: String,
+    #[arg(long, default_value_t = 1)]
+    min_replicas: u32,
     #[arg(long, default_value_t = 3)]
     max_replicas: u32,
     #[arg(long, default_value_t = 1)]
@@ -52,25 +79,41 @@ struct Args {
     scale_up_window: String,
     #[arg(long, default_value = "60s")]
     scale_down_window: String,
-    /// TTFT p90 the model should meet, in milliseconds.
+    /// TTFT p90 the models should meet, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     slo_ms: u64,
+    /// Also give the autoscaler the SLO as its `ttft_p90_slo` target.
+    #[arg(long)]
+    ttft_target: bool,
+    /// The timeline's rows, in seconds.
+    #[arg(long, default_value_t = 10)]
+    window_s: u64,
 }
 
-/// One request: when it was sent (since the start), its TTFT, whether it
-/// succeeded.
-#[derive(Clone, Copy)]
-struct Outcome {
-    sent_s: f64,
-    ttft: Option<Duration>,
+impl Args {
+    fn trace(&self) -> Trace {
+        let phases = Phases {
+            base_rate: self.base_rate,
+            step: self.step,
+            before_s: self.before_s as f64,
+            during_s: self.during_s as f64,
+            after_s: self.after_s as f64,
+            low_rate: self.low_rate,
+            peak_rate: self.peak_rate,
+            day_s: self.day_s as f64,
+        };
+        Trace::new(self.trace, phases, self.noise, self.seed)
+    }
 }
 
-/// The fleet once a second.
-struct FleetSample {
-    at_s: f64,
-    desired: u32,
-    ready: u32,
-    starting: u32,
+/// The benchmark's models: one, or two for `two-models`.
+fn model_names(trace: &Trace) -> Vec<String> {
+    match trace.models() {
+        1 => vec!["scale-bench".to_owned()],
+        n => (0..n)
+            .map(|i| format!("scale-bench-{}", char::from(b'a' + i as u8)))
+            .collect(),
+    }
 }
 
 fn main() -> Result<()> {
@@ -80,6 +123,8 @@ fn main() -> Result<()> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    let trace = args.trace();
+    let models = model_names(&trace);
     let work = tempfile::tempdir()?;
     let dev = Dev::start(&work.path().join("dev"), &[]);
     dev.wait_printed("Press Ctrl-C", Duration::from_secs(300))
@@ -90,46 +135,37 @@ async fn run(args: Args) -> Result<()> {
         .clone()
         .context("dev.json names no router")?;
     let admin = DevAdmin::new(&dev_file);
-    let entry = json!({
-        "name": MODEL,
-        "source": "Qwen/Qwen2.5-0.5B-Instruct",
-        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
-                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
-                      "env": {"LLMGW_SIM_ITL": "40ms",
-                              "LLMGW_SIM_LOAD_TIME": args.cold_start,
-                              "LLMGW_SIM_PREFILL_PER_TOKEN": args.prefill_per_token}}],
-        "autoscale": {"min_replicas": 1, "max_replicas": args.max_replicas,
-                      "target_requests_per_replica": args.target_requests_per_replica,
-                      "scale_up_window": args.scale_up_window,
-                      "scale_down_window": args.scale_down_window},
-    });
-    let (status, body) = admin
-        .send(Method::PUT, &paths::model(MODEL), Some(entry.to_string()))
-        .await
-        .map_err(anyhow::Error::msg)?;
-    if status != 200 {
-        bail!("PUT {MODEL}: {status} {body}");
+    for model in &models {
+        put_model(&admin, &args, model).await?;
     }
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while fleet_sample(&admin, 0.0).await.is_none_or(|s| s.ready < 1) {
-        if Instant::now() > deadline {
-            bail!("no ready replica of {MODEL} within 120s");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for model in &models {
+        while fleet_sample(&admin, model, 0.0)
+            .await
+            .is_none_or(|s| s.ready < args.min_replicas.max(1))
+        {
+            if Instant::now() > deadline {
+                bail!("no ready replica of {model} within 180s");
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     println!(
-        "scale-bench: {} req/s for {}s, then {} req/s for {}s, then {} req/s for {}s; \
-         cold start {}, target {} request(s) a replica, windows {} up / {} down, max {} replicas",
-        args.base_rate,
-        args.before_s,
-        args.base_rate * args.step,
-        args.during_s,
-        args.base_rate,
-        args.after_s,
+        "scale-bench: trace {:?} for {:.0}s over {} model(s); cold start {}, target {} request(s) \
+         a replica{}, windows {} up / {} down, {} to {} replicas a model",
+        args.trace,
+        trace.duration_s(),
+        models.len(),
         args.cold_start,
         args.target_requests_per_replica,
+        if args.ttft_target {
+            format!(", TTFT p90 target {} ms", args.slo_ms)
+        } else {
+            String::new()
+        },
         args.scale_up_window,
         args.scale_down_window,
+        args.min_replicas,
         args.max_replicas
     );
 
@@ -138,65 +174,106 @@ async fn run(args: Args) -> Result<()> {
         .pool_max_idle_per_host(256)
         .build()?;
     let started = Instant::now();
-    let total_s = args.before_s + args.during_s + args.after_s;
-    let samples = Arc::new(Mutex::new(Vec::new()));
+    let total_s = trace.duration_s();
+    let samples = Arc::new(Mutex::new(vec![Vec::new(); models.len()]));
     let sampler = {
-        let (samples, admin) = (Arc::clone(&samples), DevAdmin::new(&dev_file));
+        let (samples, admin, models) = (
+            Arc::clone(&samples),
+            DevAdmin::new(&dev_file),
+            models.clone(),
+        );
         tokio::spawn(async move {
-            while started.elapsed().as_secs() < total_s + 5 {
-                if let Some(s) = fleet_sample(&admin, started.elapsed().as_secs_f64()).await {
-                    samples.lock().unwrap().push(s);
+            while started.elapsed().as_secs_f64() < total_s + 5.0 {
+                let at_s = started.elapsed().as_secs_f64();
+                for (i, model) in models.iter().enumerate() {
+                    if let Some(s) = fleet_sample(&admin, model, at_s).await {
+                        samples.lock().unwrap()[i].push(s);
+                    }
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         })
     };
-    let outcomes = arrivals(&http, &router, &args, started).await;
+    let outcomes = send_trace(&http, &router, &trace, &models, started).await;
     let _ = sampler.await;
-    let decision: ModelExplanation = admin
-        .get(&paths::explain(MODEL))
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let samples = samples.lock().unwrap();
-    report(&args, &outcomes, &samples, &decision);
+    let mut last = Vec::new();
+    for model in &models {
+        let explained: ModelExplanation = admin
+            .get(&paths::explain(model))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        last.push(explained.scaling.unwrap_or_default());
+    }
+    let samples = samples.lock().unwrap().clone();
+    report::print(&report::Run {
+        trace: &trace,
+        models: &models,
+        outcomes: &outcomes,
+        samples: &samples,
+        last_decisions: &last,
+        slo: Duration::from_millis(args.slo_ms),
+        window_s: args.window_s as f64,
+        max_replicas: args.max_replicas,
+    });
     drop(dev);
     Ok(())
 }
 
-/// Sends requests at the trace's rate, open loop, and waits for them all.
-async fn arrivals(
+async fn put_model(admin: &DevAdmin, args: &Args, model: &str) -> Result<()> {
+    let mut autoscale = json!({
+        "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
+        "target_requests_per_replica": args.target_requests_per_replica,
+        "scale_up_window": args.scale_up_window,
+        "scale_down_window": args.scale_down_window,
+    });
+    if args.ttft_target {
+        autoscale["ttft_p90_slo"] = json!(format!("{}ms", args.slo_ms));
+    }
+    let entry = json!({
+        "name": model,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": args.min_replicas.max(1),
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
+                      "env": {"LLMGW_SIM_ITL": "40ms",
+                              "LLMGW_SIM_LOAD_TIME": args.cold_start,
+                              "LLMGW_SIM_PREFILL_PER_TOKEN": args.prefill_per_token}}],
+        "autoscale": autoscale,
+    });
+    let (status, body) = admin
+        .send(Method::PUT, &paths::model(model), Some(entry.to_string()))
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if status != 200 {
+        bail!("PUT {model}: {status} {body}");
+    }
+    Ok(())
+}
+
+/// Sends every model's requests at the trace's rate, open loop, and waits
+/// for them all.
+async fn send_trace(
     http: &reqwest::Client,
     router: &str,
-    args: &Args,
+    trace: &Trace,
+    models: &[String],
     started: Instant,
 ) -> Vec<Outcome> {
+    let mut schedule: Vec<(f64, usize)> = (0..models.len())
+        .flat_map(|m| trace.arrivals(m).into_iter().map(move |at| (at, m)))
+        .collect();
+    schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut tasks = Vec::new();
-    let mut at = 0.0;
-    let phases = [
-        (args.before_s as f64, args.base_rate),
-        (
-            (args.before_s + args.during_s) as f64,
-            args.base_rate * args.step,
-        ),
-        (
-            (args.before_s + args.during_s + args.after_s) as f64,
-            args.base_rate,
-        ),
-    ];
-    for (until, rate) in phases {
-        while at < until {
-            tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
-            let (http, router) = (http.clone(), router.to_owned());
-            let sent_s = at;
-            let seq = tasks.len();
-            tasks.push(tokio::spawn(async move {
-                Outcome {
-                    sent_s,
-                    ttft: ttft(&http, &router, seq).await,
-                }
-            }));
-            at += 1.0 / rate;
-        }
+    for (seq, (at, model)) in schedule.into_iter().enumerate() {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
+        let (http, router, name) = (http.clone(), router.to_owned(), models[model].clone());
+        tasks.push(tokio::spawn(async move {
+            Outcome {
+                model,
+                sent_s: at,
+                ttft: ttft(&http, &router, &name, seq).await,
+            }
+        }));
     }
     let mut outcomes = Vec::new();
     for task in tasks {
@@ -210,14 +287,14 @@ async fn arrivals(
 /// Time to the first byte of a streamed chat read to `[DONE]`; none when
 /// it failed. Every prompt is its own (request `seq`'s), so engines
 /// prefill it whole: a busy engine queues.
-async fn ttft(http: &reqwest::Client, router: &str, seq: usize) -> Option<Duration> {
+async fn ttft(http: &reqwest::Client, router: &str, model: &str, seq: usize) -> Option<Duration> {
     let prompt = format!(
         "Request {seq}: tell me about the weather in city number {seq} today, tomorrow and the day after, briefly."
     );
     let sent = Instant::now();
     let mut response = http
         .post(format!("{router}/v1/chat/completions"))
-        .json(&json!({"model": MODEL, "stream": true, "max_tokens": 12,
+        .json(&json!({"model": model, "stream": true, "max_tokens": 12,
                       "messages": [{"role": "user", "content": prompt}]}))
         .send()
         .await
@@ -237,10 +314,10 @@ async fn ttft(http: &reqwest::Client, router: &str, seq: usize) -> Option<Durati
     first.filter(|_| done)
 }
 
-async fn fleet_sample(admin: &DevAdmin, at_s: f64) -> Option<FleetSample> {
+async fn fleet_sample(admin: &DevAdmin, model: &str, at_s: f64) -> Option<FleetSample> {
     let replicas: Vec<ReplicaView> = admin.get(paths::REPLICAS).await.ok()?;
-    let explained: ModelExplanation = admin.get(&paths::explain(MODEL)).await.ok()?;
-    let mine = || replicas.iter().filter(|r| r.replica.model == MODEL);
+    let explained: ModelExplanation = admin.get(&paths::explain(model)).await.ok()?;
+    let mine = || replicas.iter().filter(|r| r.replica.model == model);
     Some(FleetSample {
         at_s,
         desired: explained.desired,
@@ -254,96 +331,4 @@ async fn fleet_sample(admin: &DevAdmin, at_s: f64) -> Option<FleetSample> {
             })
             .count() as u32,
     })
-}
-
-fn p90(mut ttfts: Vec<Duration>) -> Option<Duration> {
-    if ttfts.is_empty() {
-        return None;
-    }
-    ttfts.sort();
-    Some(ttfts[((ttfts.len() - 1) as f64 * 0.9).round() as usize])
-}
-
-fn report(args: &Args, outcomes: &[Outcome], samples: &[FleetSample], last: &ModelExplanation) {
-    let step_at = args.before_s as f64;
-    let window = 10.0;
-    let mut by_window: BTreeMap<u64, Vec<&Outcome>> = BTreeMap::new();
-    for o in outcomes {
-        by_window
-            .entry((o.sent_s / window) as u64)
-            .or_default()
-            .push(o);
-    }
-    println!(
-        "\n{:>6} {:>8} {:>8} {:>6} {:>9} {:>10} {:>7}",
-        "t (s)", "req/s", "wanted", "ready", "starting", "TTFT p90", "failed"
-    );
-    let slo = Duration::from_millis(args.slo_ms);
-    let mut last_over_slo = None;
-    for (w, sent) in &by_window {
-        let from = *w as f64 * window;
-        let sample = samples
-            .iter()
-            .rev()
-            .find(|s| s.at_s >= from && s.at_s < from + window);
-        let ttfts: Vec<Duration> = sent.iter().filter_map(|o| o.ttft).collect();
-        let failed = sent.iter().filter(|o| o.ttft.is_none()).count();
-        let p = p90(ttfts);
-        if p.is_some_and(|p| p > slo) && from >= step_at {
-            last_over_slo = Some(from + window);
-        }
-        println!(
-            "{:>6.0} {:>8.1} {:>8} {:>6} {:>9} {:>8.0}ms {:>7}",
-            from,
-            sent.len() as f64 / window,
-            sample.map_or("-".into(), |s| s.desired.to_string()),
-            sample.map_or("-".into(), |s| s.ready.to_string()),
-            sample.map_or("-".into(), |s| s.starting.to_string()),
-            p.map_or(f64::NAN, |p| p.as_secs_f64() * 1000.0),
-            failed
-        );
-    }
-    let first_up = samples
-        .iter()
-        .find(|s| s.at_s >= step_at && s.desired > 1)
-        .map(|s| s.at_s - step_at);
-    let peak_ready = samples
-        .iter()
-        .find(|s| s.at_s >= step_at && s.ready >= args.max_replicas)
-        .map(|s| s.at_s - step_at);
-    let failed = outcomes.iter().filter(|o| o.ttft.is_none()).count();
-    let gpu_s: f64 = samples
-        .windows(2)
-        .map(|w| f64::from(w[0].ready + w[0].starting) * (w[1].at_s - w[0].at_s))
-        .sum();
-    let span = samples.last().map_or(0.0, |s| s.at_s) - samples.first().map_or(0.0, |s| s.at_s);
-    let static_gpu_s = f64::from(args.max_replicas) * span;
-    println!("\nrequests: {} sent, {failed} failed", outcomes.len());
-    println!(
-        "scale-up decided (wanted > 1, sampled each second): {} after the step",
-        first_up.map_or("never".into(), |s| format!("{s:.0}s"))
-    );
-    println!(
-        "all {} replicas ready: {} after the step",
-        args.max_replicas,
-        peak_ready.map_or("never".into(), |s| format!("{s:.0}s"))
-    );
-    println!(
-        "TTFT p90 over the {} ms SLO last in the 10 s window ending {}",
-        args.slo_ms,
-        last_over_slo.map_or("never (after the step)".into(), |t| format!(
-            "{:.0}s after the step",
-            t - step_at
-        ))
-    );
-    println!(
-        "GPU time: {:.0} GPU-s against {:.0} GPU-s for {} replicas throughout ({:.0} % less)",
-        gpu_s,
-        static_gpu_s,
-        args.max_replicas,
-        (1.0 - gpu_s / static_gpu_s) * 100.0
-    );
-    if let Some(scaling) = &last.scaling {
-        println!("last decision: {scaling}");
-    }
 }
