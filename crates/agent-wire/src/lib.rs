@@ -226,6 +226,7 @@ pub fn shard_state(state: i32) -> Option<ShardState> {
         pb::ShardState::Draining => Some(ShardState::Draining),
         pb::ShardState::Stopped => Some(ShardState::Stopped),
         pb::ShardState::Failed => Some(ShardState::Failed),
+        pb::ShardState::Sleeping => Some(ShardState::Sleeping),
     }
 }
 

@@ -474,8 +474,9 @@ impl StreamClient {
             Down::HeartbeatAck(_) => unreachable!("handled above"),
             Down::Registered(registered) => self.reconcile(registered, leadership),
             Down::Start(start) => {
+                let asleep = start.spec.as_ref().is_some_and(|s| s.asleep);
                 let outcome = match start.spec.as_ref().map(LaunchSpec::from_proto) {
-                    Some(Ok(spec)) => self.supervisor.start(spec, term),
+                    Some(Ok(spec)) => self.supervisor.start(spec, asleep, term),
                     Some(Err(e)) => crate::supervisor::Outcome {
                         accepted: false,
                         message: format!("refused: {e}"),
@@ -578,13 +579,13 @@ impl StreamClient {
             self.supervisor.raise_report_floor(shard_id, *applied);
         }
         let mut wanted = Vec::new();
-        for spec in &registered.shards {
-            match LaunchSpec::from_proto(spec) {
+        for wire in &registered.shards {
+            match LaunchSpec::from_proto(wire) {
                 Ok(spec) => {
                     wanted.push(spec.shard_id.clone());
                     self.witness
                         .record(leadership, "start", &spec.shard_id, true);
-                    let outcome = self.supervisor.start(spec, term);
+                    let outcome = self.supervisor.start(spec, wire.asleep, term);
                     tracing::info!(accepted = outcome.accepted, "{}", outcome.message);
                 }
                 Err(e) => tracing::warn!("registered shard refused: {e}"),

@@ -23,13 +23,22 @@ const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// `GET url` where url is `http://host:port/path`.
 pub async fn get(url: &str, timeout: Duration) -> Probe {
-    match tokio::time::timeout(timeout, get_inner(url)).await {
+    request("GET", url, timeout).await
+}
+
+/// `POST url` with an empty body: vLLM's sleep and wake endpoints.
+pub async fn post(url: &str, timeout: Duration) -> Probe {
+    request("POST", url, timeout).await
+}
+
+async fn request(method: &str, url: &str, timeout: Duration) -> Probe {
+    match tokio::time::timeout(timeout, request_inner(method, url)).await {
         Ok(p) => p,
         Err(_) => Probe::Broken(format!("no answer within {timeout:?}")),
     }
 }
 
-async fn get_inner(url: &str) -> Probe {
+async fn request_inner(method: &str, url: &str) -> Probe {
     let Some(rest) = url.strip_prefix("http://") else {
         return Probe::Broken(format!("not an http:// URL: {url}"));
     };
@@ -42,7 +51,9 @@ async fn get_inner(url: &str) -> Probe {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
         Err(e) => return Probe::Broken(format!("connect {authority}: {e}")),
     };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {authority}\r\nAccept: */*\r\nContent-Length: 0\r\n\r\n"
+    );
     if let Err(e) = stream.write_all(request.as_bytes()).await {
         return Probe::Broken(format!("write: {e}"));
     }
@@ -62,6 +73,15 @@ async fn get_inner(url: &str) -> Probe {
         }
     }
     parse_response(&buf)
+}
+
+/// vLLM's `GET /is_sleeping` answer: `{"is_sleeping": true}`.
+pub fn is_sleeping(body: &str) -> Result<bool, String> {
+    let value: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| format!("/is_sleeping answered something other than JSON: {e}"))?;
+    value["is_sleeping"]
+        .as_bool()
+        .ok_or_else(|| format!("/is_sleeping answered without `is_sleeping`: {body}"))
 }
 
 fn parse_response(buf: &[u8]) -> Probe {

@@ -22,17 +22,44 @@ use crate::statefile::{self, ReadyRule, ShardRecord};
 /// Commands the supervisor passes to a running shard.
 #[derive(Debug)]
 pub enum Control {
-    Stop { reason: String },
-    Drain { deadline: Duration, reason: String },
+    Stop {
+        reason: String,
+    },
+    Drain {
+        deadline: Duration,
+        reason: String,
+    },
+    /// The leader wants the engine (launched in sleep mode) asleep or awake.
+    Sleep {
+        asleep: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Starting,
     Loading,
-    Ready { healthy: bool },
-    Draining { until: Instant },
+    Ready {
+        healthy: bool,
+    },
+    /// Ready, then put to sleep: health is still checked, nothing served.
+    Asleep {
+        healthy: bool,
+    },
+    Draining {
+        until: Instant,
+    },
 }
+
+/// The longest the engine may take to offload its weights.
+const SLEEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// Between the leader asking for sleep and the engine going to sleep:
+/// routers learn within a poll or two (1 s each) that the replica is
+/// wanted asleep and stop sending it requests; those in flight finish.
+const SLEEP_GRACE: Duration = Duration::from_secs(3);
+/// Requests still in flight this long after sleep was asked for: the
+/// engine is busy after all, and stays awake.
+const SLEEP_GIVE_UP: Duration = Duration::from_secs(60);
 
 /// Consecutive failed health checks before a ready shard is reported unhealthy.
 const UNHEALTHY_AFTER: u32 = 3;
@@ -80,6 +107,9 @@ pub struct ShardTask {
     pub reporter: Reporter,
     /// Adopted shards begin by finding out where their engine is.
     pub adopted: bool,
+    /// For an engine launched in sleep mode: whether the leader wants it
+    /// asleep once it is ready; none (adopted) until the leader says.
+    pub asleep: Option<bool>,
     /// Set when processes of the shard outlived SIGKILL: the shard has
     /// ended, but its GPUs and ports stay taken while they run. Shared
     /// with the supervisor, which refuses new shards on them.
@@ -88,6 +118,8 @@ pub struct ShardTask {
 
 struct Run {
     task: ShardTask,
+    /// When sleep was asked for, while the engine finishes its requests.
+    sleep_asked: Option<Instant>,
     exited: Vec<Option<ExitInfo>>,
     phase: Phase,
     since: Instant,
@@ -102,6 +134,7 @@ pub async fn run(task: ShardTask) {
     let n = task.record.processes.len();
     let mut run = Run {
         task,
+        sleep_asked: None,
         exited: vec![None; n],
         phase: Phase::Starting,
         since: Instant::now(),
@@ -149,6 +182,10 @@ impl Run {
                         return;
                     }
                     Some(Control::Drain { deadline, reason }) => self.begin_drain(deadline, &reason),
+                    Some(Control::Sleep { asleep }) => {
+                        self.task.asleep = Some(asleep);
+                        self.follow_sleep_wish().await;
+                    }
                     // The supervisor is gone (the agent is exiting): engines
                     // keep serving and the next agent adopts them.
                     None => return,
@@ -190,6 +227,8 @@ impl Run {
                         self.stop(format!("stopped before it was ready: {reason}")).await;
                         return false;
                     }
+                    // Followed once it is ready.
+                    Some(Control::Sleep { asleep }) => self.task.asleep = Some(asleep),
                     None => return false,
                 },
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -263,6 +302,11 @@ impl Run {
             Phase::Starting | Phase::Loading => self.tick_loading().await,
             Phase::Ready { healthy } => {
                 self.tick_ready(healthy).await;
+                self.sleep_when_quiet().await;
+                false
+            }
+            Phase::Asleep { healthy } => {
+                self.tick_asleep(healthy).await;
                 false
             }
             Phase::Draining { until } => self.tick_draining(until).await,
@@ -286,7 +330,15 @@ impl Run {
                 } else {
                     how
                 };
-                self.task.reporter.send(ShardState::Ready, how);
+                if self.found_asleep().await {
+                    self.phase = Phase::Asleep { healthy: true };
+                    self.task
+                        .reporter
+                        .send(ShardState::Sleeping, format!("{how}; the engine is asleep"));
+                } else {
+                    self.task.reporter.send(ShardState::Ready, how);
+                }
+                self.follow_sleep_wish().await;
                 return false;
             }
             Err(why) => why,
@@ -339,6 +391,192 @@ impl Run {
                     );
                 }
             }
+        }
+    }
+
+    /// While asleep: health is reported as while ready; a wake the leader
+    /// asked for and the engine refused is tried again.
+    async fn tick_asleep(&mut self, healthy: bool) {
+        if self.task.asleep == Some(false) {
+            self.wake().await;
+            return;
+        }
+        match self.check().await {
+            Ok(()) => {
+                self.failed_checks = 0;
+                if !healthy {
+                    self.phase = Phase::Asleep { healthy: true };
+                    self.task
+                        .reporter
+                        .send(ShardState::Sleeping, "asleep, healthy again");
+                }
+            }
+            Err(why) => {
+                self.failed_checks += 1;
+                if healthy && self.failed_checks >= UNHEALTHY_AFTER {
+                    self.phase = Phase::Asleep { healthy: false };
+                    self.task.reporter.send(
+                        ShardState::Sleeping,
+                        format!(
+                            "asleep, unhealthy: {why} ({} checks in a row)",
+                            self.failed_checks
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Puts the engine to sleep or wakes it, as the leader last asked,
+    /// when it is ready or asleep; a loading or draining engine is left
+    /// as it is (one still loading is put to sleep once ready).
+    async fn follow_sleep_wish(&mut self) {
+        match (self.phase, self.task.asleep) {
+            (Phase::Ready { .. }, Some(true)) => {
+                self.sleep_asked.get_or_insert_with(Instant::now);
+            }
+            (Phase::Ready { .. }, _) => self.sleep_asked = None,
+            (Phase::Asleep { .. }, Some(false)) => self.wake().await,
+            _ => {}
+        }
+    }
+
+    /// Puts the engine to sleep once the grace after the leader asked has
+    /// passed and no request is in flight; gives up, awake, if requests
+    /// keep coming.
+    async fn sleep_when_quiet(&mut self) {
+        let Some(asked) = self.sleep_asked else {
+            return;
+        };
+        if asked.elapsed() < SLEEP_GRACE {
+            return;
+        }
+        let quiet = match self.in_flight().await {
+            InFlight::Count(n) => n <= 0.0,
+            InFlight::NotReported => true,
+            InFlight::Unreadable(_) => false,
+        };
+        if quiet {
+            self.sleep_asked = None;
+            self.fall_asleep().await;
+        } else if asked.elapsed() >= SLEEP_GIVE_UP {
+            self.sleep_asked = None;
+            self.task.asleep = None;
+            self.task.reporter.send(
+                ShardState::Ready,
+                format!(
+                    "asked to sleep, but requests were still in flight {SLEEP_GIVE_UP:?} later; \
+                     it stays awake and serving"
+                ),
+            );
+        }
+    }
+
+    /// Whether an engine launched in sleep mode says it is asleep (one
+    /// adopted from an earlier agent may be).
+    async fn found_asleep(&self) -> bool {
+        if !self.task.record.spec.sleep_mode {
+            return false;
+        }
+        matches!(self.is_sleeping().await, Ok(true))
+    }
+
+    async fn is_sleeping(&self) -> Result<bool, String> {
+        let url = self
+            .task
+            .record
+            .readiness
+            .is_sleeping_url()
+            .ok_or("this engine has no sleep endpoints")?;
+        match probe::get(&url, Duration::from_secs(5)).await {
+            Probe::Answer { status: 200, body } => probe::is_sleeping(&body),
+            Probe::Answer { status, .. } => Err(format!("/is_sleeping answered {status}")),
+            Probe::Refused => Err("/is_sleeping: connection refused".into()),
+            Probe::Broken(why) => Err(format!("/is_sleeping: {why}")),
+        }
+    }
+
+    /// vLLM sleep mode, level 1. A refusal leaves the engine awake and
+    /// serving, and says why; the leader's wish is then forgotten, so the
+    /// engine is not asked again until the leader asks again.
+    async fn fall_asleep(&mut self) {
+        let started = Instant::now();
+        let outcome = match self.task.record.readiness.sleep_url() {
+            None => Err("this engine has no sleep endpoints".to_owned()),
+            Some(url) => match probe::post(&url, SLEEP_TIMEOUT).await {
+                Probe::Answer { status: 200, .. } => match self.is_sleeping().await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err("/sleep answered 200, but /is_sleeping says awake".into()),
+                    Err(why) => Err(why),
+                },
+                Probe::Answer { status, body } => Err(format!(
+                    "/sleep answered {status}: {}",
+                    body.chars().take(200).collect::<String>()
+                )),
+                Probe::Refused => Err("/sleep: connection refused".into()),
+                Probe::Broken(why) => Err(format!("/sleep: {why}")),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                self.phase = Phase::Asleep { healthy: true };
+                self.task.reporter.send(
+                    ShardState::Sleeping,
+                    format!(
+                        "asleep after {} ms (vLLM sleep mode level 1: weights in CPU memory, KV \
+                         cache dropped); a request for the model wakes it",
+                        started.elapsed().as_millis()
+                    ),
+                );
+            }
+            Err(why) => {
+                self.task.asleep = None;
+                self.task.reporter.send(
+                    ShardState::Ready,
+                    format!("asked to sleep, but it stays awake and serving: {why}"),
+                );
+            }
+        }
+    }
+
+    /// Wakes the engine, reported as loading while it takes its weights
+    /// back; ready once `/is_sleeping` says awake.
+    async fn wake(&mut self) {
+        let started = Instant::now();
+        self.task.reporter.send(
+            ShardState::Loading,
+            "waking from sleep: weights back to the GPUs",
+        );
+        let timeout = self.task.settings.startup_timeout;
+        let outcome = match self.task.record.readiness.wake_url() {
+            None => Err("this engine has no sleep endpoints".to_owned()),
+            Some(url) => match probe::post(&url, timeout).await {
+                Probe::Answer { status: 200, .. } => match self.is_sleeping().await {
+                    Ok(false) => Ok(()),
+                    Ok(true) => Err("/wake_up answered 200, but /is_sleeping says asleep".into()),
+                    Err(why) => Err(why),
+                },
+                Probe::Answer { status, .. } => Err(format!("/wake_up answered {status}")),
+                Probe::Refused => Err("/wake_up: connection refused".into()),
+                Probe::Broken(why) => Err(format!("/wake_up: {why}")),
+            },
+        };
+        match outcome {
+            Ok(()) => {
+                self.phase = Phase::Ready { healthy: true };
+                self.task.reporter.send(
+                    ShardState::Ready,
+                    format!(
+                        "awake: woken from sleep in {} ms",
+                        started.elapsed().as_millis()
+                    ),
+                );
+            }
+            // Tried again at the next health check.
+            Err(why) => self.task.reporter.send(
+                ShardState::Sleeping,
+                format!("asked to wake, but it is still asleep: {why}"),
+            ),
         }
     }
 
@@ -443,6 +681,7 @@ impl Run {
         let when = match self.phase {
             Phase::Starting | Phase::Loading => "while loading",
             Phase::Ready { .. } => "while serving",
+            Phase::Asleep { .. } => "while asleep",
             Phase::Draining { .. } => "while draining",
         };
         self.terminate().await;

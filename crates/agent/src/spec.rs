@@ -89,6 +89,10 @@ pub struct LaunchSpec {
     pub kv_events_port: u16,
     #[serde(default)]
     pub kv_replay_port: u16,
+    /// Launched able to sleep (vLLM sleep mode). False is left out of the
+    /// hash, so shards launched before the field existed keep theirs.
+    #[serde(default)]
+    pub sleep_mode: bool,
 }
 
 fn one() -> u32 {
@@ -199,6 +203,7 @@ impl LaunchSpec {
             env: spec.env.clone().into_iter().collect(),
             kv_events_port: port(&shard, "kv_events_port", spec.kv_events_port)?,
             kv_replay_port: port(&shard, "kv_replay_port", spec.kv_replay_port)?,
+            sleep_mode: spec.sleep_mode,
             shard_id: shard,
         })
     }
@@ -236,6 +241,8 @@ impl LaunchSpec {
             gpu_models: self.gpu_models.clone(),
             kv_events_port: u32::from(self.kv_events_port),
             kv_replay_port: u32::from(self.kv_replay_port),
+            sleep_mode: self.sleep_mode,
+            asleep: false,
         }
     }
 
@@ -278,6 +285,7 @@ impl LaunchSpec {
                     replay: self.kv_replay_port,
                 },
             ),
+            sleep_mode: self.sleep_mode,
         }
     }
 

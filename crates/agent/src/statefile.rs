@@ -67,6 +67,27 @@ impl ReadyRule {
         self.beside_health("/v1/models")
     }
 
+    /// vLLM sleep mode, level 1: weights to CPU memory, KV cache dropped.
+    pub fn sleep_url(&self) -> Option<String> {
+        self.vllm_only("/sleep?level=1")
+    }
+
+    pub fn wake_url(&self) -> Option<String> {
+        self.vllm_only("/wake_up")
+    }
+
+    /// Answers `{"is_sleeping": bool}`.
+    pub fn is_sleeping_url(&self) -> Option<String> {
+        self.vllm_only("/is_sleeping")
+    }
+
+    fn vllm_only(&self, path: &str) -> Option<String> {
+        match self {
+            ReadyRule::VllmHealth { .. } => self.beside_health(path),
+            _ => None,
+        }
+    }
+
     fn beside_health(&self, path: &str) -> Option<String> {
         let health = self.health_url()?;
         Some(match health.strip_suffix("/health") {

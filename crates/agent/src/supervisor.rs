@@ -103,13 +103,22 @@ pub struct Supervisor {
 }
 
 /// The answer to a start for a shard that already runs: accepted (its
-/// status sent again) when the spec is the same, refused when it differs.
-fn already_running(entry: &Entry, shard_id: &str, hash: &str) -> Outcome {
+/// status sent again, and the engine put to sleep or woken as the leader
+/// wants) when the spec is the same, refused when it differs.
+fn already_running(entry: &Entry, shard_id: &str, hash: &str, asleep: bool) -> Outcome {
     if entry.spec_hash == hash {
+        if entry.spec.sleep_mode {
+            let _ = entry.control.send(Control::Sleep { asleep });
+        }
         entry.reporter.resend();
         return Outcome::accepted(format!(
-            "shard {shard_id} already runs with this spec ({})",
-            entry.reporter.state().as_str_name()
+            "shard {shard_id} already runs with this spec ({}){}",
+            entry.reporter.state().as_str_name(),
+            match (entry.spec.sleep_mode, asleep) {
+                (true, true) => "; wanted asleep",
+                (true, false) => "; wanted awake",
+                (false, _) => "",
+            }
         ));
     }
     Outcome::refused(format!(
@@ -223,11 +232,15 @@ impl Supervisor {
 
     /// Validates and launches a shard. A refusal starts nothing and is also
     /// reported as a `Failed` status carrying the reason.
-    pub fn start(&self, spec: LaunchSpec, term: u64) -> Outcome {
+    /// Starts a shard, or for one that runs with the same spec, puts it to
+    /// sleep or wakes it (`asleep`, for a spec in sleep mode).
+    pub fn start(&self, spec: LaunchSpec, asleep: bool, term: u64) -> Outcome {
         let hash = spec.hash();
         let mut shards = self.shards();
         match shards.get(&spec.shard_id) {
-            Some(entry) if entry.live() => return already_running(entry, &spec.shard_id, &hash),
+            Some(entry) if entry.live() => {
+                return already_running(entry, &spec.shard_id, &hash, asleep);
+            }
             Some(entry) => return already_ended(entry, &spec.shard_id),
             None => {}
         }
@@ -304,6 +317,7 @@ impl Supervisor {
             control: control_rx,
             reporter: reporter.clone(),
             adopted: false,
+            asleep: spec.sleep_mode.then_some(asleep),
             lingering: lingering.clone(),
         }));
         let shard_id = spec.shard_id.clone();
@@ -419,6 +433,8 @@ impl Supervisor {
                 let what = match &control {
                     Control::Stop { .. } => "stopping",
                     Control::Drain { .. } => "draining",
+                    Control::Sleep { asleep: true } => "going to sleep",
+                    Control::Sleep { asleep: false } => "waking",
                 };
                 if entry.control.send(control).is_ok() {
                     return Outcome::accepted(format!("shard {shard_id} {what}"));
@@ -682,6 +698,8 @@ impl Supervisor {
             control: control_rx,
             reporter: reporter.clone(),
             adopted: true,
+            // As found, until the leader says.
+            asleep: None,
             lingering: lingering.clone(),
         }));
         let spec_hash = record.spec.hash();

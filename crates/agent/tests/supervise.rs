@@ -467,7 +467,7 @@ async fn a_missing_engine_binary_is_refused(work_dir: &std::path::Path) {
         tx,
     )
     .unwrap();
-    let outcome = sup.start(spec("r-bin", Engine::Vllm, &[0], free_port()), 1);
+    let outcome = sup.start(spec("r-bin", Engine::Vllm, &[0], free_port()), false, 1);
     assert!(!outcome.accepted);
     assert!(
         outcome
@@ -767,4 +767,50 @@ async fn a_shard_whose_state_file_cannot_be_written_does_not_run() {
         "the engine runs without a record: {pids:?}"
     );
     assert!(h.supervisor.running().is_empty());
+}
+
+/// An engine launched in sleep mode sleeps and wakes as the leader asks,
+/// and an agent restarted under a sleeping engine adopts it asleep (never
+/// ready: routers would send it requests it refuses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_engine_wakes_when_asked_and_is_adopted_asleep() {
+    let setup = NodeSetup::default();
+    let mut h = Harness::new(&setup);
+    let port = free_port();
+    let mut sleepy = spec("sleepy", Engine::Vllm, &[0], port);
+    sleepy.sleep_mode = true;
+    assert!(h.start(sleepy.clone()).accepted);
+    h.wait_for("sleepy", ShardState::Ready, LONG).await;
+    let asked = h.start_asleep(sleepy.clone(), true);
+    assert!(
+        asked.accepted && asked.message.contains("wanted asleep"),
+        "{asked:?}"
+    );
+    let asleep = h.wait_for("sleepy", ShardState::Sleeping, LONG).await;
+    assert!(
+        asleep.message.contains("asleep after"),
+        "{}",
+        asleep.message
+    );
+    assert_eq!(
+        completion(port, 4).unwrap().0,
+        503,
+        "asleep, it serves nothing"
+    );
+
+    h.restart(&setup);
+    let adopted = h.wait_for("sleepy", ShardState::Sleeping, LONG).await;
+    assert!(
+        adopted.message.starts_with("adopted") && adopted.message.contains("asleep"),
+        "{}",
+        adopted.message
+    );
+    assert!(h.start_asleep(sleepy, false).accepted);
+    let awake = h.wait_for("sleepy", ShardState::Ready, LONG).await;
+    assert!(
+        awake.message.contains("woken from sleep"),
+        "{}",
+        awake.message
+    );
+    assert_eq!(completion(port, 4).unwrap().0, 200);
 }

@@ -61,6 +61,10 @@ pub struct ReplicaView {
     /// indexes; absent when it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsView>,
+    /// The leader wants it asleep (vLLM sleep mode): routers send it
+    /// nothing new, though it may still report ready for a moment.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wanted_asleep: bool,
     #[serde(flatten)]
     pub replica: Replica,
 }

@@ -52,6 +52,9 @@ pub struct LoadSampleView {
     pub starting: u32,
     /// Draining or stopping.
     pub draining: u32,
+    /// Asleep (vLLM sleep mode): holding GPUs, woken by a request.
+    #[serde(default)]
+    pub sleeping: u32,
 }
 
 /// A committed change of the replica count, and why.

@@ -269,6 +269,9 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
             );
         }
     }
+    if autoscale.is_some_and(|a| a.sleep_after.is_some()) {
+        check_sleep_mode(f, cx, &profiles);
+    }
     let rollout: RolloutPolicy = f.or(cx, "rollout", RolloutPolicy::DEFAULT);
     Some(Serving::Managed(Managed {
         source: source?,
@@ -278,6 +281,28 @@ fn decode_managed(f: &Fields<'_>, cx: &mut Cx) -> Option<Serving> {
         autoscale,
         priority: f.or(cx, "priority", 0),
     }))
+}
+
+/// Sleep mode is vLLM's, and llmgw puts to sleep only what it can ask:
+/// a single-node replica, whose one engine serves the sleep endpoints.
+fn check_sleep_mode(f: &Fields<'_>, cx: &mut Cx, profiles: &[Profile]) {
+    for profile in profiles {
+        let why = if profile.engine != Engine::Vllm {
+            format!(
+                "profile {} runs {}: only vLLM has a sleep mode; leave sleep_after out",
+                profile.name,
+                profile.engine.as_str()
+            )
+        } else if profile.nodes > 1 {
+            format!(
+                "profile {} spans {} nodes: only single-node replicas are put to sleep",
+                profile.name, profile.nodes
+            )
+        } else {
+            continue;
+        };
+        f.report(cx, "autoscale", why);
+    }
 }
 
 impl Decode for Price {
@@ -333,6 +358,7 @@ impl Decode for Autoscale {
                 "ttft_p90_slo",
                 "queue_p90_slo",
                 "kv_cache_usage_percent",
+                "sleep_after",
             ],
         )?;
         let min_replicas: u32 = f.required(cx, "min_replicas")?;
@@ -354,7 +380,28 @@ impl Decode for Autoscale {
             ttft_p90_slo: f.optional(cx, "ttft_p90_slo"),
             queue_p90_slo: f.optional(cx, "queue_p90_slo"),
             kv_cache_usage_percent: f.optional(cx, "kv_cache_usage_percent"),
+            sleep_after: f.optional(cx, "sleep_after"),
         };
+        if let Some(idle) = autoscale.sleep_after {
+            if idle.is_zero() {
+                f.report(
+                    cx,
+                    "sleep_after",
+                    "must be more than 0: how long without a request before the replicas sleep",
+                );
+            } else if min_replicas == 0 && idle >= autoscale.scale_down_window {
+                f.report(
+                    cx,
+                    "sleep_after",
+                    format!(
+                        "{} is not shorter than scale_down_window ({}): with min_replicas 0 the \
+                         replicas would be released before they slept",
+                        llmgw_yaml::format_duration(idle),
+                        llmgw_yaml::format_duration(autoscale.scale_down_window)
+                    ),
+                );
+            }
+        }
         if autoscale
             .kv_cache_usage_percent
             .is_some_and(|p| !(1..=100).contains(&p))

@@ -99,6 +99,16 @@ pub struct Autoscale {
     /// their request count reaches the target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_usage_percent: Option<u32>,
+    /// With vLLM: after this long with no request, the model's replicas
+    /// sleep (vLLM sleep mode level 1: weights in CPU memory, the KV cache
+    /// dropped) and keep their GPUs; the first request wakes them, in
+    /// seconds rather than a cold start's minutes.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "optional_duration_text"
+    )]
+    pub sleep_after: Option<Duration>,
 }
 
 impl Autoscale {
@@ -129,15 +139,27 @@ impl Autoscale {
         } else {
             format!(", and to keep {}", targets.join(" and "))
         };
+        let sleep = self.sleep_after.map_or(String::new(), |idle| {
+            format!(
+                "; asleep (vLLM sleep mode) after {} without a request",
+                llmgw_yaml::format_duration(idle)
+            )
+        });
         format!(
             "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica{slo}; \
-             a change must be wanted for {} to grow, {} to shrink",
+             a change must be wanted for {} to grow, {} to shrink{sleep}",
             self.min_replicas,
             self.max_replicas,
             self.target_requests_per_replica,
             llmgw_yaml::format_duration(self.scale_up_window),
             llmgw_yaml::format_duration(self.scale_down_window),
         )
+    }
+
+    /// Whether a request for the model with no replica serving is held
+    /// while one starts or wakes: scaled to zero, or asleep.
+    pub fn wakes_on_request(&self) -> bool {
+        self.min_replicas == 0 || self.sleep_after.is_some()
     }
 
     /// `replicas` held within the bounds (at most `max_replicas`, should

@@ -504,3 +504,56 @@ fn put_refuses_name_clashes() {
         ["http://h:9"]
     );
 }
+
+#[test]
+fn sleep_after_is_for_single_node_vllm_replicas_that_sleep_before_release() {
+    let src = "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 0, max_replicas: 2, scale_down_window: 10m, sleep_after: 2m}\n    profiles: [{name: p, engine: vllm}]\n";
+    let catalog = parse_catalog("models.yaml", src).unwrap();
+    let autoscale = catalog.models[0].managed().unwrap().autoscale.unwrap();
+    assert_eq!(
+        autoscale.sleep_after,
+        Some(std::time::Duration::from_secs(120))
+    );
+    assert!(
+        autoscale
+            .describe()
+            .contains("asleep (vLLM sleep mode) after 2m without a request"),
+        "{}",
+        autoscale.describe()
+    );
+    let json = serde_json::to_value(&catalog).unwrap();
+    assert_eq!(json["models"][0]["autoscale"]["sleep_after"], "2m");
+    assert_eq!(
+        parse_catalog("models.json", &json.to_string()).unwrap(),
+        catalog
+    );
+    for (change, error) in [
+        (
+            ("engine: vllm", "engine: sglang"),
+            "models[0].autoscale: profile p runs sglang: only vLLM has a sleep mode",
+        ),
+        (
+            ("engine: vllm}", "engine: vllm, nodes: 2, gpus_per_node: 8}"),
+            "models[0].autoscale: profile p spans 2 nodes: only single-node replicas",
+        ),
+        (
+            ("sleep_after: 2m", "sleep_after: 10m"),
+            "models[0].autoscale.sleep_after: 10m is not shorter than scale_down_window (10m)",
+        ),
+        (
+            ("sleep_after: 2m", "sleep_after: 0s"),
+            "models[0].autoscale.sleep_after: must be more than 0",
+        ),
+    ] {
+        let broken = src.replace(change.0, change.1);
+        let err = parse_catalog("models.yaml", &broken)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(error), "{broken}\n{err}");
+    }
+    // A model that never goes to zero may sleep after as long as it likes.
+    let warm = src
+        .replace("min_replicas: 0", "min_replicas: 1")
+        .replace("sleep_after: 2m", "sleep_after: 1h");
+    assert!(parse_catalog("models.yaml", &warm).is_ok());
+}

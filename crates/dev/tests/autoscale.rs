@@ -518,3 +518,117 @@ async fn a_kv_cache_fuller_than_the_target_adds_a_replica() {
     assert!(seen.low > 10 && seen.high <= 100, "{decision:?}");
     assert!(decision.requests_high < 100, "{decision:?}");
 }
+
+/// vLLM's `vllm:engine_sleep_state{sleep_state="awake"}`, 1 or 0.
+fn awake_gauge(metrics_page: &str) -> Option<f64> {
+    metrics_page
+        .lines()
+        .find(|line| {
+            line.starts_with("vllm:engine_sleep_state{") && line.contains("sleep_state=\"awake\"")
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+/// A model in sleep mode (`sleep_after`): idle, its replica sleeps and
+/// keeps its GPUs; the router holds the next request while the same
+/// replica wakes (no new one is placed, no cold start), and answers it;
+/// idle again, it sleeps again. The router never exposes the engine's
+/// sleep endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_model_sleeps_and_the_next_request_wakes_the_same_replica() {
+    const SLEEPY: &str = "qwen-sleepy";
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin) = dev_cluster(dir.path()).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let entry = json!({
+        "name": SLEEPY,
+        "source": "Qwen/Qwen2.5-0.5B-Instruct",
+        "replicas": 1,
+        "profiles": [{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                      "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
+                      "env": {"LLMGW_SIM_LOAD_TIME": "6s", "LLMGW_SIM_WAKE_TIME": "300ms"}}],
+        "autoscale": {"min_replicas": 0, "max_replicas": 1,
+                      "scale_up_window": "3s", "scale_down_window": "1h",
+                      "sleep_after": "3s"},
+    });
+    put(&admin, &entry).await;
+    let first = eventually("one ready replica", DEADLINE, || {
+        ready_replicas_of(&admin, SLEEPY, 1)
+    })
+    .await;
+    let replica = first[0].replica.id.clone();
+    let engine = first[0]
+        .endpoint
+        .clone()
+        .expect("a ready replica's endpoint");
+    eventually("the model routed", DEADLINE, || {
+        stream_chat(&http, &router, SLEEPY)
+    })
+    .await;
+
+    let asleep = || async {
+        let all = replicas_of(&admin, SLEEPY).await?;
+        match all.as_slice() {
+            [one] if one.state == ReplicaState::Sleeping => Ok(one.replica.id.clone()),
+            other => Err(format!(
+                "replicas: {:?}",
+                other.iter().map(|r| r.state.as_str()).collect::<Vec<_>>()
+            )),
+        }
+    };
+    let sleeping = eventually("the idle replica asleep", DEADLINE, asleep).await;
+    assert_eq!(
+        sleeping, replica,
+        "the same replica sleeps; none is replaced"
+    );
+    let page = http
+        .get(format!("{engine}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(awake_gauge(&page), Some(0.0), "the engine is asleep");
+    let explained = explain_of(&admin, SLEEPY).await;
+    let scaling = explained.scaling.unwrap_or_default();
+    assert!(scaling.contains("Asleep for"), "{scaling}");
+    assert_eq!(explained.desired, 1, "asleep, the model keeps its replica");
+    // The router serves OpenAI routes only: the sleep endpoints are not
+    // reachable through it.
+    for path in ["/sleep", "/wake_up"] {
+        let status = http
+            .post(format!("{router}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, 404, "POST {path} through the router");
+    }
+
+    // The next request is held while the same replica wakes.
+    let started = std::time::Instant::now();
+    let answer = stream_chat(&http, &router, SLEEPY)
+        .await
+        .expect("the request is held while the model wakes, not refused");
+    assert!(!answer.is_empty());
+    println!(
+        "request to a sleeping model answered {:?} after it was sent (cold start 6s, wake 300ms)",
+        started.elapsed()
+    );
+    let awake = ready_replicas_of(&admin, SLEEPY, 1).await.unwrap();
+    assert_eq!(awake[0].replica.id, replica, "woken, not replaced");
+    let explained = explain_of(&admin, SLEEPY).await;
+    let scaling = explained.scaling.unwrap_or_default();
+    assert!(
+        scaling.contains("last woken from sleep by a request"),
+        "{scaling}"
+    );
+
+    // Idle again: asleep again.
+    let again = eventually("asleep again", DEADLINE, asleep).await;
+    assert_eq!(again, replica);
+}

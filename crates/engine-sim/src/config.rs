@@ -47,6 +47,11 @@ pub struct ServeConfig {
     /// vLLM `--num-gpu-blocks-override`: the KV cache holds this many
     /// blocks whatever the memory left for it.
     pub num_gpu_blocks_override: Option<u64>,
+    /// vLLM `--enable-sleep-mode`.
+    pub sleep_mode: bool,
+    /// `VLLM_SERVER_DEV_MODE=1`: vLLM registers its development endpoints,
+    /// the sleep ones among them.
+    pub dev_mode: bool,
     pub memory_fraction: f64,
     pub enable_metrics: bool,
     pub enable_load_tracking: bool,
@@ -197,6 +202,8 @@ impl ServeConfig {
                     .map(|n| n as u64),
                 false => None,
             },
+            sleep_mode: vllm && flag("--enable-sleep-mode"),
+            dev_mode: vllm && env.get("VLLM_SERVER_DEV_MODE").as_deref() == Some("1"),
             memory_fraction: line.memory_fraction(),
             enable_metrics: vllm || flag("--enable-metrics"),
             enable_load_tracking: flag("--enable-server-load-tracking"),

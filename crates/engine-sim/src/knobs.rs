@@ -100,6 +100,10 @@ pub struct Knobs {
     /// Caps the prefix cache below the KV cache the load sized (to make a
     /// small fleet's cache a small share of a workload).
     pub prefix_cache_tokens: Option<u64>,
+    /// vLLM sleep mode: how long `/sleep` takes to offload the weights,
+    /// and `/wake_up` to bring them back.
+    pub sleep_time: Duration,
+    pub wake_time: Duration,
 }
 
 /// Defaults, chosen so that tests are fast.
@@ -108,6 +112,10 @@ pub const DEFAULT_TTFT: Duration = Duration::from_millis(20);
 pub const DEFAULT_ITL: Duration = Duration::from_millis(5);
 /// About 50,000 prompt tokens a second: a small model on one GPU.
 pub const DEFAULT_PREFILL_PER_TOKEN: Duration = Duration::from_micros(20);
+/// A small model's weights to CPU memory and back (vLLM reports tenths
+/// of a second to a few seconds, against minutes for a cold start).
+pub const DEFAULT_SLEEP_TIME: Duration = Duration::from_millis(200);
+pub const DEFAULT_WAKE_TIME: Duration = Duration::from_millis(500);
 pub const DEFAULT_GPU_MEMORY_GB: f64 = 80.0;
 pub const DEFAULT_NODE_GPUS: u64 = 8;
 
@@ -252,6 +260,8 @@ impl Knobs {
             "LLMGW_SIM_PREFILL_PER_TOKEN",
             DEFAULT_PREFILL_PER_TOKEN,
         );
+        let sleep_time = duration("sim-sleep-time", "LLMGW_SIM_SLEEP_TIME", DEFAULT_SLEEP_TIME);
+        let wake_time = duration("sim-wake-time", "LLMGW_SIM_WAKE_TIME", DEFAULT_WAKE_TIME);
         let mut number = |flag: &str, var: &str| -> Option<f64> {
             let (source_name, value) = lookup(flag, var)?;
             match value.trim().parse::<f64>() {
@@ -295,6 +305,8 @@ impl Knobs {
             output_tokens,
             prefill_per_token,
             prefix_cache_tokens,
+            sleep_time,
+            wake_time,
         })
     }
 

@@ -33,6 +33,7 @@ mod rendezvous;
 mod rng;
 mod routes;
 mod serve;
+mod sleep;
 mod state;
 mod stats_log;
 mod sys;

@@ -129,6 +129,8 @@ pub struct Gauges {
     pub kv_tokens_used: u64,
     pub kv_capacity: u64,
     pub gen_throughput: f64,
+    /// vLLM sleep mode's level (0 awake); none without sleep mode.
+    pub sleep_level: Option<u8>,
 }
 
 impl Metrics {
@@ -194,6 +196,21 @@ impl Metrics {
         }
         for (name, help, value) in gauge_rows {
             gauge(&mut out, &labels, name, help, value);
+        }
+        if let Some(level) = gauges.sleep_level {
+            let name = "vllm:engine_sleep_state";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.\n# TYPE {name} gauge"
+            );
+            for (i, state) in crate::sleep::STATES.iter().enumerate() {
+                let on = usize::from(level) == i;
+                let _ = writeln!(
+                    out,
+                    "{name}{{{labels},sleep_state=\"{state}\"}} {}",
+                    if on { "1.0" } else { "0.0" }
+                );
+            }
         }
         for (name, help, value) in [
             (

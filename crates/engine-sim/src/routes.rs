@@ -128,6 +128,18 @@ impl EngineApp {
                 ),
             ),
             "/v1/models" if get => http::json(200, self.models_body()),
+            // vLLM's development endpoints: sleep mode.
+            "/sleep" if post && s.cfg.dev_mode => {
+                let query = req.uri().query().unwrap_or("").to_owned();
+                crate::sleep::sleep(s, &query).await
+            }
+            "/wake_up" if post && s.cfg.dev_mode => crate::sleep::wake_up(s).await,
+            "/is_sleeping" if get && s.cfg.dev_mode => crate::sleep::is_sleeping(s),
+            "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings"
+                if post && crate::sleep::is_asleep(s) =>
+            {
+                crate::sleep::refused_while_asleep()
+            }
             "/v1/chat/completions" if post => return self.generate(Route::Chat, req).await,
             "/v1/completions" if post => return self.generate(Route::Completion, req).await,
             "/v1/embeddings" if post => return self.embeddings(req).await,

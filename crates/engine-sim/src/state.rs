@@ -84,6 +84,8 @@ pub struct EngineState {
     /// An embedding model serves `/v1/embeddings` only, with this width.
     pub embedding_dim: Option<u64>,
     phase: AtomicU8,
+    /// vLLM sleep mode: 0 awake, 1 weights offloaded, 2 all discarded.
+    pub sleep_level: AtomicU8,
     pub interrupt: watch::Sender<Interrupt>,
     pub request_counter: AtomicU64,
     pub open_streams: AtomicU64,
@@ -190,6 +192,7 @@ impl EngineState {
             eos_token_id,
             embedding_dim,
             phase: AtomicU8::new(Phase::Starting as u8),
+            sleep_level: AtomicU8::new(0),
             interrupt,
             request_counter: AtomicU64::new(0),
             open_streams: AtomicU64::new(0),
@@ -268,6 +271,10 @@ impl EngineState {
             kv_tokens_used: used,
             kv_capacity: self.kv_capacity,
             gen_throughput: self.metrics.generation_tokens.load(Ordering::Relaxed) as f64 / uptime,
+            sleep_level: self
+                .cfg
+                .sleep_mode
+                .then(|| self.sleep_level.load(Ordering::Acquire)),
         }
     }
 

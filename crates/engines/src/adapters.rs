@@ -35,6 +35,10 @@ pub enum PlanError {
     ManagedFlag { arg: String, flag: &'static str },
     #[error("environment variable {0} is set by llmgw; remove it from the profile")]
     ManagedEnv(String),
+    #[error(
+        "sleep mode is for single-node vLLM replicas; this shard is {engine} on {nodes} node(s)"
+    )]
+    SleepModeUnsupported { engine: Engine, nodes: u32 },
 }
 
 /// Builds the launch plan for one shard on this node.
@@ -55,6 +59,12 @@ pub fn plan_shard(shard: &ShardAssignment, node: &NodeContext) -> Result<LaunchP
     }
     if profile.is_multi_node() && shard.fabric.is_none() {
         return Err(PlanError::NoFabric);
+    }
+    if shard.sleep_mode && (profile.engine != Engine::Vllm || profile.is_multi_node()) {
+        return Err(PlanError::SleepModeUnsupported {
+            engine: profile.engine,
+            nodes: profile.nodes,
+        });
     }
     // The catalog refuses these too; checked again because an agent may be
     // newer than the catalog entry it is handed.
@@ -166,6 +176,14 @@ fn plan_vllm_single_node(
     let mut serve = vllm_serve_args(shard);
     push_vllm_http_args(&mut serve, shard, node);
     serve.extend(vllm_parallel_args(shard));
+    let mut env = env;
+    if shard.sleep_mode {
+        // The sleep endpoints exist only in the server's development mode;
+        // set after the profile's env, so nothing turns them off. The
+        // router never forwards them.
+        serve.push("--enable-sleep-mode".into());
+        env.insert("VLLM_SERVER_DEV_MODE".into(), "1".into());
+    }
     serve.extend(shard.profile.engine_args.iter().cloned());
     LaunchPlan {
         processes: vec![engine_process(vllm.bin.clone(), serve, env)],

@@ -35,6 +35,8 @@ pub struct ShardAssignment {
     pub fabric: Option<FabricAssignment>,
     /// Where the head engine publishes its KV events; none: it does not.
     pub kv_events: Option<KvEventSockets>,
+    /// Launched able to sleep (vLLM sleep mode, single-node only).
+    pub sleep_mode: bool,
 }
 
 /// The ports of a head engine's KV event publisher, bound on every

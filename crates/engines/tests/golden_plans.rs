@@ -80,6 +80,7 @@ fn shard(profile: Profile, rank: u32, gpus: Vec<u32>) -> ShardAssignment {
             stream: 8101,
             replay: 8102,
         }),
+        sleep_mode: false,
     }
 }
 
@@ -164,6 +165,25 @@ fn vllm_single_node() {
     )
     .unwrap();
     check_golden("vllm-single", &plan);
+}
+
+/// Sleep mode: one more flag, and the development mode that registers
+/// the sleep endpoints, whatever the profile's env says.
+#[test]
+fn vllm_single_node_in_sleep_mode() {
+    let mut profile = profile(Engine::Vllm, 1, 4, 4, 1);
+    profile
+        .env
+        .insert("VLLM_SERVER_DEV_MODE".into(), "0".into());
+    let plan = plan_shard(
+        &ShardAssignment {
+            sleep_mode: true,
+            ..shard(profile, 0, vec![4, 5, 6, 7])
+        },
+        &node(LaunchMode::Mp, CURRENT),
+    )
+    .unwrap();
+    check_golden("vllm-single-sleep", &plan);
 }
 
 #[test]

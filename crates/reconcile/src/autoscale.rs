@@ -122,7 +122,10 @@ impl ScaleMemory {
             history.clear();
         }
         history.push_back(sample);
-        let longest = policy.scale_up_window.max(policy.scale_down_window);
+        let longest = policy
+            .scale_up_window
+            .max(policy.scale_down_window)
+            .max(policy.sleep_after.unwrap_or_default());
         let horizon = sample.at_ms.saturating_sub(longest.as_millis() as u64);
         // Keep one sample at or before the horizon: it shows the history
         // covers the whole window.
@@ -183,6 +186,30 @@ impl ScaleMemory {
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.samples.retain(|model, _| keep(model));
     }
+
+    /// Drops one model's history: a request woke it, and what came before
+    /// (the idle spell that put it to sleep) must not decide its next step
+    /// while that request is still on its way to the engine.
+    pub fn forget(&mut self, model: &str) {
+        self.samples.remove(model);
+    }
+
+    /// Whether an awake model in sleep mode has been idle for its whole
+    /// `sleep_after`: every sample of that span (after `observe` recorded
+    /// the latest) saw no request on its engines and no first token since
+    /// the sample before. Returns how long it was idle.
+    pub fn due_to_sleep(&self, model: &str, policy: &Autoscale) -> Option<u64> {
+        let idle_ms = policy.sleep_after?.as_millis() as u64;
+        let history = self.samples.get(model)?;
+        let now = history.back()?.at_ms;
+        let start = now.checked_sub(idle_ms)?;
+        let covered = history.front().is_some_and(|first| first.at_ms <= start);
+        let idle = history
+            .iter()
+            .filter(|s| s.at_ms >= start)
+            .all(|s| s.requests == 0 && s.ttft_p90_ms.is_none());
+        (covered && idle).then_some(idle_ms)
+    }
 }
 
 /// The signal that kept the window above its target: the one above it in
@@ -231,6 +258,7 @@ mod tests {
             ttft_p90_slo: None,
             queue_p90_slo: None,
             kv_cache_usage_percent: None,
+            sleep_after: None,
         }
     }
 
@@ -247,6 +275,34 @@ mod tests {
             queue_p90_ms: None,
             kv_usage_percent: None,
         })
+    }
+
+    #[test]
+    fn a_model_in_sleep_mode_is_due_to_sleep_after_a_whole_idle_spell() {
+        let policy = Autoscale {
+            min_replicas: 0,
+            sleep_after: Some(Duration::from_secs(5)),
+            ..policy()
+        };
+        let mut memory = ScaleMemory::default();
+        // A request at second 2 (running), a first token at 4 (finished
+        // between two samples): the idle spell starts after it.
+        let load = [(0, 0, None), (2, 1, None), (3, 0, None), (4, 0, Some(80))];
+        for (second, requests, ttft) in load {
+            memory.observe("m", &policy, 1, timed(second, requests, ttft));
+        }
+        for second in 5..=9 {
+            memory.observe("m", &policy, 1, sample(second, 0));
+            assert_eq!(memory.due_to_sleep("m", &policy), None, "at {second}s");
+        }
+        memory.observe("m", &policy, 1, sample(10, 0));
+        assert_eq!(memory.due_to_sleep("m", &policy), Some(5_000));
+        // Woken: the spell starts over.
+        memory.forget("m");
+        memory.observe("m", &policy, 1, sample(11, 0));
+        assert_eq!(memory.due_to_sleep("m", &policy), None);
+        // Without sleep mode, never.
+        assert_eq!(memory.due_to_sleep("m", &self::policy()), None);
     }
 
     #[test]

@@ -329,14 +329,14 @@ impl Round<'_> {
             }
             let mut moving: HashMap<&str, usize> = HashMap::new();
             for replica in self.fleet.replicas.values() {
-                if replica.replaces.is_some() && replica.state() != ReplicaState::Ready {
+                if replica.replaces.is_some() && !replica.state().is_up() {
                     *moving.entry(replica.model.as_str()).or_default() += 1;
                 }
             }
             let past_deadline = self.now_ms >= drain.deadline_ms;
             for old in on_node.into_iter().filter(|r| r.stop.is_none()) {
                 match replacement_of(self.fleet, old) {
-                    Some(new) if new.state() == ReplicaState::Ready => self.stop(
+                    Some(new) if new.state().is_up() => self.stop(
                         old,
                         format!("node {} drains; replica {} took over", drain.node, new.id),
                         Some(drain.deadline_ms),
@@ -387,12 +387,7 @@ impl Round<'_> {
             let mut serving = serving(self.fleet, name);
             if serving.len() > want {
                 // The least useful go first: not ready, then the newest.
-                serving.sort_by_key(|r| {
-                    (
-                        r.state() == ReplicaState::Ready,
-                        std::cmp::Reverse(r.created_at_ms),
-                    )
-                });
+                serving.sort_by_key(|r| (r.state().is_up(), std::cmp::Reverse(r.created_at_ms)));
                 let extra = serving.len() - want;
                 for replica in serving.into_iter().take(extra) {
                     self.stop(
@@ -405,7 +400,7 @@ impl Round<'_> {
             }
             if serving.len() == want {
                 self.memory.unplaced.remove(name);
-                if serving.iter().all(|r| r.state() == ReplicaState::Ready) {
+                if serving.iter().all(|r| r.state().is_up()) {
                     self.memory.retries.remove(name);
                 }
                 continue;

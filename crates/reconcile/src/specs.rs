@@ -113,6 +113,8 @@ pub fn shard_spec(
     } else {
         (String::new(), 0)
     };
+    let sleep_mode = managed.autoscale.is_some_and(|a| a.sleep_after.is_some());
+    let asleep = sleep_mode && fleet.wanted_asleep(replica);
     Some(ShardSpec {
         shard_id: replica.shard_id(shard.rank),
         replica_id: replica.id.clone(),
@@ -154,6 +156,8 @@ pub fn shard_spec(
             .kv_event_ports
             .filter(|_| shard.rank == 0)
             .map_or(0, |k| u32::from(k.replay)),
+        sleep_mode,
+        asleep,
     })
 }
 

@@ -450,12 +450,14 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
                 wakes_on_request: model
                     .managed()
                     .and_then(|m| m.autoscale)
-                    .is_some_and(|a| a.min_replicas == 0),
+                    .is_some_and(|a| a.wakes_on_request()),
             })
             .collect(),
     };
     for view in replicas {
         let state = match view.state {
+            // Going to sleep: nothing new is sent to it.
+            _ if view.wanted_asleep => continue,
             ReplicaState::Ready => EndpointState::Ready,
             ReplicaState::Draining => EndpointState::Draining,
             _ => continue,
@@ -548,6 +550,7 @@ mod tests {
             state,
             endpoint: endpoint.map(String::from),
             kv_events: None,
+            wanted_asleep: false,
             replica: Replica {
                 id: id.into(),
                 model: "llama".into(),
@@ -586,6 +589,11 @@ mod tests {
             replica_view("r2", ReplicaState::Draining, Some("http://10.0.0.2:8001/")),
             replica_view("r3", ReplicaState::Starting, Some("http://10.0.0.3:8000")),
             replica_view("r4", ReplicaState::Ready, None),
+            // Still ready, but the leader wants it asleep: nothing new.
+            ReplicaView {
+                wanted_asleep: true,
+                ..replica_view("r5", ReplicaState::Ready, Some("http://10.0.0.5:8000"))
+            },
         ];
         // What the server sends, read back as the router reads it.
         let replicas: Vec<ReplicaView> =

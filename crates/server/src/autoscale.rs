@@ -36,6 +36,10 @@ struct Scaled {
     endpoints: Vec<String>,
     replicas: ReplicaCounts,
     last_scale: Option<ScaleDecision>,
+    /// Wanted asleep (vLLM sleep mode) now.
+    asleep: bool,
+    /// When a request last woke it.
+    woken_at_ms: Option<u64>,
 }
 
 /// A model's replicas by what they are doing.
@@ -44,6 +48,7 @@ struct ReplicaCounts {
     ready: u32,
     starting: u32,
     draining: u32,
+    sleeping: u32,
 }
 
 impl ReplicaCounts {
@@ -52,6 +57,7 @@ impl ReplicaCounts {
             (_, ReplicaState::Stopped) | (false, ReplicaState::Failed) => {}
             (true, _) | (_, ReplicaState::Draining | ReplicaState::Stopping) => self.draining += 1,
             (false, ReplicaState::Ready) => self.ready += 1,
+            (false, ReplicaState::Sleeping) => self.sleeping += 1,
             (false, ReplicaState::Placed | ReplicaState::Starting | ReplicaState::Loading) => {
                 self.starting += 1
             }
@@ -75,6 +81,7 @@ pub async fn run_autoscaler(
     };
     let mut memory = ScaleMemory::default();
     let mut watches = Watches::default();
+    let mut woken_at_ms: HashMap<String, Option<u64>> = HashMap::new();
     let mut led_term = None;
     let mut tick = tokio::time::interval(SAMPLE_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -94,6 +101,7 @@ pub async fn run_autoscaler(
         memory.retain(autoscaled);
         history.retain(autoscaled);
         watches.retain(&models);
+        woken_at_ms.retain(|name, _| autoscaled(name));
         let mut decisions = Vec::new();
         for model in models {
             let sampled = sample_load(&client, &model.name, &model.endpoints, &mut watches).await;
@@ -105,6 +113,12 @@ pub async fn run_autoscaler(
             if led_term.is_none() {
                 continue;
             }
+            if woken_at_ms.insert(model.name.clone(), model.woken_at_ms) != Some(model.woken_at_ms)
+            {
+                // Woken by a request still on its way to the engine: the
+                // idle spell before must not release or resleep it.
+                memory.forget(&model.name);
+            }
             let sample = sampled.map(|s| s.load);
             if let Some(decision) =
                 memory.observe(&model.name, &model.policy, model.desired, sample)
@@ -113,6 +127,16 @@ pub async fn run_autoscaler(
                 decisions.push(Command::ScaleModel {
                     name: model.name,
                     decision,
+                    at_ms: now_ms(),
+                });
+            } else if !model.asleep
+                && model.desired > 0
+                && let Some(idle_ms) = memory.due_to_sleep(&model.name, &model.policy)
+            {
+                tracing::info!(model = %model.name, idle_ms, "autoscaling: idle, its replicas sleep");
+                decisions.push(Command::SleepModel {
+                    name: model.name,
+                    idle_ms,
                     at_ms: now_ms(),
                 });
             }
@@ -135,7 +159,9 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
             let mut endpoints = Vec::new();
             for replica in fleet.replicas.values().filter(|r| r.model == record.name) {
                 replicas.count(replica);
-                if replica.stop.is_none() && replica.state() == ReplicaState::Ready {
+                // A sleeping engine still serves its metrics: the idle
+                // spell that releases its GPUs goes on counting.
+                if replica.stop.is_none() && replica.state().is_up() {
                     endpoints.extend(llmgw_reconcile::endpoint(fleet, replica));
                 }
             }
@@ -146,6 +172,8 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
                 endpoints,
                 replicas,
                 last_scale: record.last_scale.clone(),
+                asleep: record.asleep_since_ms.is_some(),
+                woken_at_ms: record.woken_at_ms,
             })
         })
         .collect()
@@ -165,6 +193,7 @@ fn history_sample(model: &Scaled, sampled: Option<&Sampled>) -> LoadSampleView {
         ready: model.replicas.ready,
         starting: model.replicas.starting,
         draining: model.replicas.draining,
+        sleeping: model.replicas.sleeping,
     }
 }
 

@@ -97,6 +97,7 @@ mod tests {
             ready,
             starting: 0,
             draining: 0,
+            sleeping: 0,
         }
     }
 

@@ -32,6 +32,8 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             let state = replica.state();
             *counts.entry(state.as_str()).or_default() += 1;
             let endpoint_state = match state {
+                // Going to sleep: nothing new is sent to it.
+                _ if fleet.wanted_asleep(replica) => continue,
                 ReplicaState::Ready => EndpointState::Ready,
                 ReplicaState::Draining => EndpointState::Draining,
                 _ => continue,
@@ -92,7 +94,7 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
             wakes_on_request: model
                 .managed()
                 .and_then(|m| m.autoscale)
-                .is_some_and(|a| a.min_replicas == 0),
+                .is_some_and(|a| a.wakes_on_request()),
         };
         for served in served_names {
             routed.note_served_names(served);

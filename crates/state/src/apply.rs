@@ -159,6 +159,7 @@ impl FleetState {
                 decision,
                 at_ms: _,
             } => self.scale_model(name, decision),
+            Command::SleepModel { name, at_ms, .. } => self.sleep_model(name, *at_ms),
             Command::WakeModel { name, at_ms } => self.wake_model(name, *at_ms),
             Command::CreateApiKey { key, at_ms: _ } => self.create_api_key(key),
             Command::UpdateApiKey { name, settings, .. } => self.update_api_key(name, settings),

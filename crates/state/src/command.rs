@@ -195,9 +195,19 @@ pub enum Command {
         decision: ScaleDecision,
         at_ms: u64,
     },
-    /// A request arrived for a model scaled to zero: it wants one replica.
-    /// A no-op unless the model autoscales from zero and wants none now, so
-    /// every router holding a request may send it.
+    /// The leader's autoscaler puts an idle model's replicas to sleep
+    /// (`autoscale.sleep_after`). Refused for a model without sleep mode
+    /// or wanting no replica; a no-op when it is asleep already.
+    SleepModel {
+        name: String,
+        /// How long no request reached it.
+        idle_ms: u64,
+        at_ms: u64,
+    },
+    /// A request arrived for a model scaled to zero, or asleep: it wants
+    /// one replica, or its replicas awake. A no-op unless the model
+    /// autoscales and wants none now or sleeps, so every router holding a
+    /// request may send it.
     WakeModel {
         name: String,
         at_ms: u64,
@@ -284,6 +294,7 @@ impl Command {
             Command::RollbackModel { .. } => "rollback_model",
             Command::FinishRollout { .. } => "finish_rollout",
             Command::ScaleModel { .. } => "scale_model",
+            Command::SleepModel { .. } => "sleep_model",
             Command::WakeModel { .. } => "wake_model",
             Command::CreateApiKey { .. } => "create_api_key",
             Command::UpdateApiKey { .. } => "update_api_key",
@@ -313,6 +324,7 @@ impl std::fmt::Display for Command {
             | Command::RollbackModel { name, .. }
             | Command::FinishRollout { name, .. }
             | Command::ScaleModel { name, .. }
+            | Command::SleepModel { name, .. }
             | Command::WakeModel { name, .. }
             | Command::UpdateApiKey { name, .. }
             | Command::RotateApiKey { name, .. }

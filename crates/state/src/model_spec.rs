@@ -26,15 +26,26 @@ fn launch_fingerprint(stored: &serde_json::Value) -> String {
     let mut canonical = String::new();
     match stored {
         serde_json::Value::Object(fields) => {
+            // `autoscale` is the control plane's, except that sleep mode
+            // adds a flag to the engine's command line.
+            let sleep_mode = (SLEEP_MODE_KEY.to_owned(), serde_json::Value::Bool(true));
+            let sleeps = stored
+                .pointer("/autoscale/sleep_after")
+                .is_some_and(|after| !after.is_null());
             let launched = fields
                 .iter()
-                .filter(|(key, _)| !ModelSpec::NOT_LAUNCHED.contains(&key.as_str()));
+                .filter(|(key, _)| !ModelSpec::NOT_LAUNCHED.contains(&key.as_str()))
+                .chain(sleeps.then_some((&sleep_mode.0, &sleep_mode.1)));
             write_map(&mut canonical, launched);
         }
         other => write_canonical(&mut canonical, other),
     }
     format!("{:016x}", crate::hash::fnv1a(canonical.as_bytes()))
 }
+
+/// Stands in the fingerprint for an entry whose engines run in sleep mode:
+/// entries without it keep the fingerprint they always had.
+const SLEEP_MODE_KEY: &str = "sleep_mode";
 
 fn write_map<'a>(
     out: &mut String,
@@ -215,6 +226,23 @@ mod tests {
         assert_ne!(base.launch_fingerprint(), changed.launch_fingerprint());
         let moved = entry(serde_json::json!({"source": "org/llama-v2"}));
         assert_ne!(base.launch_fingerprint(), moved.launch_fingerprint());
+        // Autoscaling is the control plane's, except sleep mode: its
+        // engines are launched with another flag. How long they wait before
+        // sleeping is the control plane's again.
+        let autoscaled = entry(serde_json::json!({"autoscale": {"min_replicas": 0,
+            "max_replicas": 2, "scale_down_window": "10m"}}));
+        assert_eq!(base.launch_fingerprint(), autoscaled.launch_fingerprint());
+        let sleepy = |after: &str| {
+            entry(
+                serde_json::json!({"autoscale": {"min_replicas": 0, "max_replicas": 2,
+                "scale_down_window": "10m", "sleep_after": after}}),
+            )
+        };
+        assert_ne!(base.launch_fingerprint(), sleepy("1m").launch_fingerprint());
+        assert_eq!(
+            sleepy("1m").launch_fingerprint(),
+            sleepy("5m").launch_fingerprint()
+        );
     }
 
     /// The fingerprint is a stored fact's digest: a later build must give

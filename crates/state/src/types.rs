@@ -175,6 +175,13 @@ pub struct ModelRecord {
     /// saw: why the model has the replicas it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scale: Option<ScaleDecision>,
+    /// Since when the model's replicas are wanted asleep (vLLM sleep mode,
+    /// `autoscale.sleep_after`); none while they are wanted awake.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asleep_since_ms: Option<u64>,
+    /// When a request last woke the model from sleep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub woken_at_ms: Option<u64>,
 }
 
 /// One change of a model's replica count by the leader's autoscaler, and
@@ -332,6 +339,9 @@ pub enum ShardState {
     Draining,
     Stopped,
     Failed,
+    /// Ready, then put to sleep (vLLM sleep mode): it holds its GPUs and
+    /// serves nothing until woken.
+    Sleeping,
 }
 
 impl ShardState {
@@ -344,6 +354,7 @@ impl ShardState {
             ShardState::Draining => "draining",
             ShardState::Stopped => "stopped",
             ShardState::Failed => "failed",
+            ShardState::Sleeping => "sleeping",
         }
     }
 }
@@ -390,6 +401,9 @@ pub enum ReplicaState {
     Stopped,
     /// Some shard failed; the whole replica is restarted.
     Failed,
+    /// Every shard asleep (vLLM sleep mode): routers send it nothing; a
+    /// request for the model wakes it.
+    Sleeping,
 }
 
 impl ReplicaState {
@@ -403,7 +417,14 @@ impl ReplicaState {
             ReplicaState::Stopping => "stopping",
             ReplicaState::Stopped => "stopped",
             ReplicaState::Failed => "failed",
+            ReplicaState::Sleeping => "sleeping",
         }
+    }
+
+    /// Loaded and serving, or asleep and woken in seconds: a replica a
+    /// drain or a rollout may count on.
+    pub fn is_up(self) -> bool {
+        matches!(self, ReplicaState::Ready | ReplicaState::Sleeping)
     }
 }
 
@@ -494,6 +515,17 @@ impl KvEventPorts {
     }
 }
 
+impl FleetState {
+    /// Whether the leader wants the replica's engines asleep (its model in
+    /// sleep mode, idle): routers send it nothing new, even before it
+    /// reports asleep.
+    pub fn wanted_asleep(&self, replica: &Replica) -> bool {
+        self.models
+            .get(&replica.model)
+            .is_some_and(|record| record.asleep_since_ms.is_some())
+    }
+}
+
 impl Replica {
     /// The shard id agents know a shard by.
     pub fn shard_id(&self, rank: u32) -> String {
@@ -523,6 +555,8 @@ impl Replica {
         }
         if all(&[ShardState::Ready]) {
             ReplicaState::Ready
+        } else if all(&[ShardState::Ready, ShardState::Sleeping]) {
+            ReplicaState::Sleeping
         } else if all(&[ShardState::Pending]) {
             ReplicaState::Placed
         } else if any(ShardState::Loading) || any(ShardState::Ready) {

@@ -158,6 +158,7 @@ pub fn spec(shard_id: &str, engine: Engine, gpus: &[u32], port: u16) -> LaunchSp
         env: BTreeMap::new(),
         kv_events_port: 0,
         kv_replay_port: 0,
+        sleep_mode: false,
     }
 }
 
@@ -231,8 +232,13 @@ impl Harness {
     }
 
     pub fn start(&mut self, spec: LaunchSpec) -> llmgw_agent::Outcome {
+        self.start_asleep(spec, false)
+    }
+
+    /// Starts a shard, or asks one that runs to sleep or wake (`asleep`).
+    pub fn start_asleep(&mut self, spec: LaunchSpec, asleep: bool) -> llmgw_agent::Outcome {
         let id = spec.shard_id.clone();
-        let outcome = self.supervisor.start(spec, 1);
+        let outcome = self.supervisor.start(spec, asleep, 1);
         for pid in self.supervisor.pids(&id) {
             self.guard.add(pid);
         }

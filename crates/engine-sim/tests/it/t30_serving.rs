@@ -494,3 +494,59 @@ fn a_tokenizer_directory_tokenizes_as_the_model_does() {
         );
     }
 }
+
+/// vLLM sleep mode: the endpoints exist only in development mode, sleep
+/// only with `--enable-sleep-mode`; asleep, generation is refused with 503
+/// while health and the model list answer, and the sleep-state gauge
+/// follows.
+#[test]
+fn vllm_sleeps_and_wakes_in_development_mode_only() {
+    let awake = |port| {
+        let page = get(port, "/metrics").unwrap().body;
+        page.lines()
+            .find(|l| l.starts_with("vllm:engine_sleep_state{") && l.contains("\"awake\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    let chat = chat_body(SMALL, 4, false, "");
+    for persona in ["vllm=0.11.0", "vllm=0.34.0"] {
+        let plain = Sim::ready(persona, SMALL, &[], &[]);
+        assert_eq!(
+            post(plain.port, "/sleep", "").unwrap().status,
+            404,
+            "{persona}"
+        );
+        assert_eq!(awake(plain.port), None, "no gauge without sleep mode");
+        let dev = Sim::ready(persona, SMALL, &[], &[("VLLM_SERVER_DEV_MODE", "1")]);
+        assert_eq!(
+            post(dev.port, "/sleep", "").unwrap().status,
+            400,
+            "{persona}"
+        );
+
+        let sim = Sim::ready(
+            persona,
+            SMALL,
+            &["--enable-sleep-mode"],
+            &[
+                ("VLLM_SERVER_DEV_MODE", "1"),
+                ("LLMGW_SIM_SLEEP_TIME", "10ms"),
+            ],
+        );
+        let asleep = || get(sim.port, "/is_sleeping").unwrap().body;
+        assert_eq!(asleep(), "{\"is_sleeping\":false}", "{persona}");
+        assert_eq!(awake(sim.port), Some(1.0), "{persona}");
+        assert_eq!(post(sim.port, "/sleep?level=3", "").unwrap().status, 400);
+        assert_eq!(post(sim.port, "/sleep?level=1", "").unwrap().status, 200);
+        assert_eq!(asleep(), "{\"is_sleeping\":true}", "{persona}");
+        assert_eq!(awake(sim.port), Some(0.0), "{persona}");
+        let refused = post(sim.port, "/v1/chat/completions", &chat).unwrap();
+        assert_eq!(refused.status, 503, "{persona}: {}", refused.body);
+        assert!(refused.body.contains("sleeping"), "{}", refused.body);
+        assert_eq!(get(sim.port, "/health").unwrap().status, 200);
+        assert_eq!(get(sim.port, "/v1/models").unwrap().status, 200);
+        assert_eq!(post(sim.port, "/wake_up", "").unwrap().status, 200);
+        assert_eq!(asleep(), "{\"is_sleeping\":false}", "{persona}");
+        let served = post(sim.port, "/v1/chat/completions", &chat).unwrap();
+        assert_eq!(served.status, 200, "{persona}: {}", served.body);
+    }
+}

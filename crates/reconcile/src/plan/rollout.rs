@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use llmgw_catalog::Model;
-use llmgw_state::{Command, ModelRecord, Replica, ReplicaState};
+use llmgw_state::{Command, ModelRecord, Replica};
 
 use super::{Round, replacement_of, serving};
 use crate::specs::outdated;
@@ -92,7 +92,7 @@ impl Round<'_> {
                 continue;
             }
             match replacement_of(fleet, replica) {
-                Some(new) if new.state() == ReplicaState::Ready => self.stop(
+                Some(new) if new.state().is_up() => self.stop(
                     replica,
                     format!(
                         "rolling update of model {name} to {to}: replica {} took over",
@@ -103,7 +103,7 @@ impl Round<'_> {
                 Some(_) => in_flight += 1,
                 // Serving nothing yet: nothing is lost by stopping it now,
                 // and its place is taken by a replica of the new spec.
-                None if replica.state() != ReplicaState::Ready => self.stop(
+                None if !replica.state().is_up() => self.stop(
                     replica,
                     format!(
                         "rolling update of model {name} to {to}: this replica of an earlier \
@@ -125,7 +125,7 @@ impl Round<'_> {
         }
         let ready = serving(fleet, name)
             .iter()
-            .filter(|r| r.state() == ReplicaState::Ready)
+            .filter(|r| r.state().is_up())
             .count() as u32;
         let mut unavailable = record.desired_replicas.saturating_sub(ready);
         for replica in waiting {
@@ -171,7 +171,7 @@ impl Round<'_> {
         }
         let serving = serving(self.fleet, &record.name);
         let done = serving.len() == record.desired_replicas as usize
-            && serving.iter().all(|r| r.state() == ReplicaState::Ready);
+            && serving.iter().all(|r| r.state().is_up());
         if done {
             tracing::info!(model = %record.name, fingerprint = %rollout.to, "rollout complete");
             self.commands.push(Command::FinishRollout {

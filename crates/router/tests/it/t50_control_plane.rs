@@ -61,6 +61,7 @@ fn ready_replica(model: &str, engine_port: u16) -> ReplicaView {
         state: ReplicaState::Ready,
         endpoint: Some(format!("http://127.0.0.1:{engine_port}")),
         kv_events: None,
+        wanted_asleep: false,
         replica: Replica {
             id: "r1".into(),
             model: model.into(),

@@ -112,7 +112,20 @@ pub fn explain_model(
 /// Why an autoscaled model wants the replicas it wants.
 fn scaling(policy: &llmgw_catalog::Autoscale, record: &ModelRecord) -> String {
     let bounds = policy.describe();
-    match &record.last_scale {
+    let now = llmgw_raft::now_ms();
+    let sleep = match (record.asleep_since_ms, record.woken_at_ms) {
+        (Some(since), _) => format!(
+            " Asleep for {} s (vLLM sleep mode): no request came for its sleep_after; the next \
+             one wakes it.",
+            now.saturating_sub(since) / 1000
+        ),
+        (None, Some(woken)) => format!(
+            " Awake: last woken from sleep by a request {} s ago.",
+            now.saturating_sub(woken) / 1000
+        ),
+        (None, None) => String::new(),
+    };
+    let what = match &record.last_scale {
         Some(last) if last.to == record.desired_replicas => {
             format!("{bounds}. Last change: {}", last.reason())
         }
@@ -125,6 +138,11 @@ fn scaling(policy: &llmgw_catalog::Autoscale, record: &ModelRecord) -> String {
             "{bounds}. No change yet: the model starts at {} replicas",
             record.desired_replicas
         ),
+    };
+    if sleep.is_empty() {
+        what
+    } else {
+        format!("{what}.{sleep}")
     }
 }
 

@@ -204,6 +204,7 @@ pub async fn replicas(
                     replay: kv.replay,
                     ranks: kv.ranks,
                 }),
+                wanted_asleep: fleet.wanted_asleep(replica),
                 replica: replica.clone(),
             })
             .collect()

@@ -20,6 +20,7 @@ impl FleetState {
         }
         let old = self.models.remove(name);
         let last_failure = old.as_ref().and_then(|m| m.last_failure.clone());
+        let woken_at_ms = old.as_ref().and_then(|m| m.woken_at_ms);
         // An autoscaled model keeps the count its load decided (within the
         // new bounds): `replicas` is only where it starts.
         let autoscale = autoscale_of(spec);
@@ -62,8 +63,28 @@ impl FleetState {
                 previous,
                 rollout,
                 last_scale,
+                // A changed entry wakes the model: what rolls out or is
+                // judged next must run.
+                asleep_since_ms: None,
+                woken_at_ms,
             },
         );
+        Outcome::Applied
+    }
+
+    pub(super) fn sleep_model(&mut self, name: &str, at_ms: u64) -> Outcome {
+        let Some(record) = self.models.get_mut(name) else {
+            return Rejection::not_found(format!("model {name} is not in the catalog"));
+        };
+        if autoscale_of(&record.spec).is_none_or(|a| a.sleep_after.is_none()) {
+            return Rejection::conflict(format!(
+                "model {name} has no sleep mode (autoscale.sleep_after)"
+            ));
+        }
+        if record.desired_replicas == 0 {
+            return Rejection::conflict(format!("model {name} wants no replica to put to sleep"));
+        }
+        record.asleep_since_ms.get_or_insert(at_ms);
         Outcome::Applied
     }
 
@@ -74,6 +95,9 @@ impl FleetState {
         let Some(bounds) = autoscale_of(&record.spec) else {
             return Rejection::conflict(format!("model {name} is not autoscaled"));
         };
+        if record.asleep_since_ms.take().is_some() {
+            record.woken_at_ms = Some(at_ms);
+        }
         if record.desired_replicas == 0 && bounds.max_replicas > 0 {
             record.desired_replicas = 1;
             record.last_scale = Some(ScaleDecision {
@@ -114,6 +138,10 @@ impl FleetState {
         }
         record.desired_replicas = decision.to;
         record.last_scale = Some(decision.clone());
+        if decision.to == 0 {
+            // Released: the next replica starts awake.
+            record.asleep_since_ms = None;
+        }
         Outcome::Applied
     }
 
@@ -186,6 +214,7 @@ impl FleetState {
         });
         record.previous = Some(std::mem::replace(&mut record.spec, spec));
         record.updated_at_ms = at_ms;
+        record.asleep_since_ms = None;
         self.models.insert(name.to_owned(), record);
         Outcome::Applied
     }

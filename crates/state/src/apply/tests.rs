@@ -45,13 +45,19 @@ fn put_model(name: &str, replicas: u32) -> Command {
 
 /// A model between 1 and 4 replicas, starting at `replicas`.
 fn put_autoscaled_model(name: &str, replicas: u32, max: u32) -> Command {
+    put_sleepy_model(name, replicas, max, None)
+}
+
+/// An autoscaled model, in sleep mode when `sleep_after` is some.
+fn put_sleepy_model(name: &str, replicas: u32, max: u32, sleep_after: Option<&str>) -> Command {
     Command::PutModel {
         name: name.to_owned(),
         spec: ModelSpec::from_stored(serde_json::json!({
             "name": name, "source": format!("org/{name}"), "replicas": replicas, "profiles": [],
             "autoscale": {"min_replicas": 1, "max_replicas": max,
                           "target_requests_per_replica": 8,
-                          "scale_up_window": "30s", "scale_down_window": "5m"},
+                          "scale_up_window": "30s", "scale_down_window": "5m",
+                          "sleep_after": sleep_after},
         })),
         replicas,
         at_ms: 5,
@@ -831,7 +837,7 @@ fn arb_command() -> impl Strategy<Value = Command> {
             &model,
             vec![shard(&node, &[gpu], 0)]
         )),
-        (0u8..4, 0usize..7, at.clone()).prop_map(|(r, s, at_ms)| Command::SetShardState {
+        (0u8..4, 0usize..8, at.clone()).prop_map(|(r, s, at_ms)| Command::SetShardState {
             replica: format!("r{r}"),
             rank: 0,
             state: [
@@ -841,7 +847,8 @@ fn arb_command() -> impl Strategy<Value = Command> {
                 ShardState::Ready,
                 ShardState::Draining,
                 ShardState::Stopped,
-                ShardState::Failed
+                ShardState::Failed,
+                ShardState::Sleeping
             ][s],
             pid: Some(u32::from(r)),
             failure: None,
@@ -862,6 +869,12 @@ fn arb_command() -> impl Strategy<Value = Command> {
         (1u64..6, at.clone()).prop_map(|(peer, at_ms)| Command::RetirePeer { peer, at_ms }),
         (model.clone(), 1u32..4).prop_map(|(name, n)| put_autoscaled_model(&name, n, 4)),
         (model.clone(), 0u32..5, 0u32..5).prop_map(|(name, from, to)| scale(&name, from, to)),
+        (model.clone(), 1u32..4).prop_map(|(name, n)| put_sleepy_model(&name, n, 4, Some("1m"))),
+        (model.clone(), at.clone()).prop_map(|(name, at_ms)| Command::SleepModel {
+            name,
+            idle_ms: 60_000,
+            at_ms
+        }),
         (model.clone(), at).prop_map(|(name, at_ms)| Command::WakeModel { name, at_ms }),
         Just(seed(&["llama", "qwen"])),
     ]
@@ -1039,6 +1052,69 @@ fn the_autoscaler_changes_a_count_it_saw_within_the_bounds_and_a_put_keeps_it() 
         rejected_kind(state.apply(&scale("m", 1, 2))),
         RejectionKind::Conflict
     );
+}
+
+#[test]
+fn an_idle_model_sleeps_until_a_request_wakes_it_and_a_release_ends_its_sleep() {
+    let mut state = FleetState::default();
+    let entry = |sleep_after: Option<&str>| Command::PutModel {
+        name: "m".to_owned(),
+        spec: ModelSpec::from_stored(serde_json::json!({
+            "name": "m", "source": "org/m", "replicas": 1, "profiles": [],
+            "autoscale": {"min_replicas": 0, "max_replicas": 2,
+                          "target_requests_per_replica": 8, "scale_up_window": "30s",
+                          "scale_down_window": "5m", "sleep_after": sleep_after},
+        })),
+        replicas: 1,
+        at_ms: 5,
+    };
+    let sleep = |at_ms| Command::SleepModel {
+        name: "m".to_owned(),
+        idle_ms: 60_000,
+        at_ms,
+    };
+    let wake = |at_ms| Command::WakeModel {
+        name: "m".to_owned(),
+        at_ms,
+    };
+    // No sleep mode, no sleep.
+    state.apply(&entry(None));
+    assert_eq!(
+        rejected_kind(state.apply(&sleep(6))),
+        RejectionKind::Conflict
+    );
+    assert_eq!(state.apply(&entry(Some("1m"))), Outcome::Applied);
+    assert_eq!(state.apply(&sleep(10)), Outcome::Applied);
+    assert_eq!(state.models["m"].asleep_since_ms, Some(10));
+    // Asleep already: the first sleep's time stays.
+    state.apply(&sleep(11));
+    assert_eq!(state.models["m"].asleep_since_ms, Some(10));
+    // A request wakes it; its replica count stays.
+    assert_eq!(state.apply(&wake(20)), Outcome::Applied);
+    let record = &state.models["m"];
+    assert_eq!(
+        (
+            record.asleep_since_ms,
+            record.woken_at_ms,
+            record.desired_replicas
+        ),
+        (None, Some(20), 1)
+    );
+    // Released to zero while asleep: the next replica starts awake, and
+    // nothing is put to sleep while none is wanted.
+    state.apply(&sleep(30));
+    assert_eq!(state.apply(&scale("m", 1, 0)), Outcome::Applied);
+    assert_eq!(state.models["m"].asleep_since_ms, None);
+    assert_eq!(
+        rejected_kind(state.apply(&sleep(40))),
+        RejectionKind::Conflict
+    );
+    // A changed entry wakes an asleep model.
+    state.apply(&wake(50));
+    state.apply(&sleep(60));
+    state.apply(&entry(Some("2m")));
+    assert_eq!(state.models["m"].asleep_since_ms, None);
+    assert_eq!(state.models["m"].woken_at_ms, Some(20));
 }
 
 #[test]

@@ -159,7 +159,7 @@ async function follow() {
 }
 
 function statusClass(status) {
-  if (["ready", "leader", "follower", "voter", "live"].includes(status)) return "ok";
+  if (["ready", "leader", "follower", "voter", "live", "sleeping"].includes(status)) return "ok";
   if (["unreachable", "starting", "loading", "pending", "draining", "candidate", "placed"].includes(status)) return "warn";
   return "bad";
 }
@@ -367,7 +367,7 @@ function renderModelLoad(name) {
   const decisions = [...load.decisions].reverse().map((d) =>
     `<tr><td>${esc(clock(d.at_ms))}</td><td>${esc(d.from)} → ${esc(d.to)}</td><td>${esc(d.reason)}</td></tr>`).join("");
   return `${head}
-    <p>Now: ${esc(last.ready)} ready, ${esc(last.starting)} starting, ${esc(last.draining)} draining, ${esc(last.desired)} wanted.
+    <p>Now: ${esc(last.ready)} ready, ${esc(last.starting)} starting, ${esc(last.draining)} draining, ${esc(last.sleeping ?? 0)} asleep, ${esc(last.desired)} wanted.
       Sized for ${esc(t.target_requests_per_replica)} requests a replica. <span class="note">Sampled once a second by peer ${esc(load.peer_id)}
       since ${esc(clock(samples[0].at_ms))}; each peer keeps its own hour.</span></p>
     <div class="charts">
@@ -378,6 +378,7 @@ function renderModelLoad(name) {
     ${chart("Replicas", "count", [{ name: "ready", cls: "s1", points: of("ready"), step: true },
       { name: "starting", cls: "s2", points: of("starting"), step: true },
       { name: "draining", cls: "s3", points: of("draining"), step: true },
+      { name: "asleep", cls: "s5", points: of("sleeping"), step: true },
       { name: "wanted", cls: "s4", points: of("desired"), step: true }], span, load.decisions)}
     </div>
     <h3>Scaling decisions</h3>
