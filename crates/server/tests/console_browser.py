@@ -14,6 +14,7 @@ import signal
 import ssl
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from selenium import webdriver
@@ -81,8 +82,11 @@ def chat(router, model):
                        "messages": [{"role": "user", "content": "hello"}]}).encode()
     request = urllib.request.Request(router + "/v1/chat/completions", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return response.status
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status == 200
+    except urllib.error.URLError:
+        return False
 
 
 def main_text(driver):
@@ -208,10 +212,14 @@ def run(driver, dev, servers, tokens, shots):
     entry["autoscale"] = {"min_replicas": 1, "max_replicas": 2, "target_requests_per_replica": 50,
                           "ttft_p90_slo": "5s"}
     admin(dev, tokens["write"], "PUT", model_url, entry)
+    # The router polls the control plane each second: it may still name
+    # the drained replica for a moment.
+    wait_for("the router sends qwen-0.5b to its new replica",
+             lambda: chat(dev["router"], "qwen-0.5b"))
     answered = 0
     started = time.monotonic()
     while time.monotonic() - started < 8:
-        answered += chat(dev["router"], "qwen-0.5b") == 200
+        answered += chat(dev["router"], "qwen-0.5b")
     log(f"  {answered} chats answered")
     wait_for("the peer sampled the chats",
              lambda: any((s["requests_per_s"] or 0) > 0
