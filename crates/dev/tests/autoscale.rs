@@ -74,15 +74,20 @@ async fn explain_of(admin: &DevAdmin, model: &str) -> ModelExplanation {
         .unwrap_or_else(|e| panic!("explain {model}: {e}"))
 }
 
-/// A dev cluster, its router's address and its admin API.
-async fn dev_cluster(dir: &std::path::Path) -> (Dev, String, DevAdmin) {
+/// A dev cluster, its router's address, its admin API, and an HTTP client
+/// for chats (a held request may wait for a replica to start).
+async fn dev_cluster(dir: &std::path::Path) -> (Dev, String, DevAdmin, reqwest::Client) {
     let dev = Dev::start(&dir.join("dev"), &[]);
     dev.wait_printed("Press Ctrl-C", Duration::from_secs(240))
         .await;
     let dev_file = dev.dev_file().expect("dev.json once dev is ready");
     let router = dev_file.router.clone().expect("dev.json names the router");
     let admin = DevAdmin::new(&dev_file);
-    (dev, router, admin)
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    (dev, router, admin, http)
 }
 
 /// Puts a catalog entry.
@@ -98,12 +103,8 @@ async fn put(admin: &DevAdmin, entry: &serde_json::Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_follow_the_load_up_and_back_down() {
     let dir = tempfile::tempdir().unwrap();
-    let (dev, router, admin) = dev_cluster(dir.path()).await;
+    let (dev, router, admin, http) = dev_cluster(dir.path()).await;
     let dev_file = dev.dev_file().expect("dev.json");
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
 
     // Each chat streams for about a second, so four clients keep about
     // four requests on the engines: two replicas' worth at a target of 2.
@@ -246,6 +247,46 @@ async fn replicas_follow_the_load_up_and_back_down() {
     }
 }
 
+/// Chat clients on one model, through the router.
+struct Chats<'a> {
+    http: &'a reqwest::Client,
+    router: &'a str,
+    model: &'a str,
+    workers: usize,
+}
+
+/// Under the chats, the model grows from one replica to two, and the
+/// decision names `signal` above its `target` as the cause. Returns
+/// `explain` after it.
+async fn grows_for_a_signal(
+    chats: Chats<'_>,
+    admin: &DevAdmin,
+    (signal, target): (&str, u32),
+) -> ModelExplanation {
+    let load = ChatLoad::with_workers(chats.http, chats.router, chats.model, chats.workers);
+    eventually("a second replica, ready", DEADLINE, || {
+        ready_replicas_of(admin, chats.model, 2)
+    })
+    .await;
+    // The scale-up can come within a few seconds: let the load run long
+    // enough to count as one.
+    load.until_answered(30).await;
+    load.stop_without_failures(&format!("while the model grew for its {signal}"))
+        .await;
+    let grown = explain_of(admin, chats.model).await;
+    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
+    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
+    let seen = decision
+        .above_target
+        .expect("a signal above its target decided it");
+    assert_eq!(
+        (seen.signal.as_str(), seen.target),
+        (signal, target),
+        "{decision:?}"
+    );
+    grown
+}
+
 /// Two clients keep two requests on an engine sized for a hundred, but
 /// every first token takes 700 ms against a 300 ms target: the model
 /// grows by a replica, and `explain` says the time to first token did it.
@@ -253,11 +294,7 @@ async fn replicas_follow_the_load_up_and_back_down() {
 async fn first_tokens_slower_than_the_target_add_a_replica() {
     const SLOW: &str = "qwen-slow";
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     let entry = json!({
         "name": SLOW,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -288,27 +325,19 @@ async fn first_tokens_slower_than_the_target_add_a_replica() {
         "{scaling}"
     );
 
-    let load = ChatLoad::with_workers(&http, &router, SLOW, 2);
-    eventually("a second replica, ready", DEADLINE, || {
-        ready_replicas_of(&admin, SLOW, 2)
-    })
-    .await;
-    // The scale-up can come within a few seconds: let the load run long
-    // enough to count as one.
-    load.until_answered(30).await;
-    load.stop_without_failures("while the model grew for its first tokens")
-        .await;
-    let grown = explain_of(&admin, SLOW).await;
-    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
-    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
-    let seen = decision
-        .above_target
-        .expect("a signal above its target decided it");
-    assert_eq!(
-        (seen.signal.as_str(), seen.target),
+    let grown = grows_for_a_signal(
+        Chats {
+            http: &http,
+            router: &router,
+            model: SLOW,
+            workers: 2,
+        },
+        &admin,
         ("time to first token (p90)", 300),
-        "{decision:?}"
-    );
+    )
+    .await;
+    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
+    let seen = decision.above_target.expect("a signal decided it");
     // In vLLM's bucket from 0.5 to 0.75 s, where 700 ms falls.
     assert!(seen.low > 500, "{decision:?}");
     assert!(decision.requests_high < 100, "{decision:?}");
@@ -327,11 +356,7 @@ async fn first_tokens_slower_than_the_target_add_a_replica() {
 async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() {
     const ZERO: &str = "qwen-zero";
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     let entry = json!({
         "name": ZERO,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -403,11 +428,7 @@ async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     // The L40S node's three GPUs the demo model leaves free, all taken by
     // a model that may shrink to one replica.
     let profile = json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
@@ -469,11 +490,7 @@ async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
 async fn a_kv_cache_fuller_than_the_target_adds_a_replica() {
     const FULL: &str = "qwen-full";
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     let entry = json!({
         "name": FULL,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -496,25 +513,19 @@ async fn a_kv_cache_fuller_than_the_target_adds_a_replica() {
     })
     .await;
 
-    let load = ChatLoad::with_workers(&http, &router, FULL, 4);
-    eventually("a second replica, ready", DEADLINE, || {
-        ready_replicas_of(&admin, FULL, 2)
-    })
-    .await;
-    load.until_answered(30).await;
-    load.stop_without_failures("while the model grew for its KV cache")
-        .await;
-    let grown = explain_of(&admin, FULL).await;
-    let decision = grown.last_scale.clone().expect("the scale-up is recorded");
-    assert_eq!((decision.from, decision.to), (1, 2), "{decision:?}");
-    let seen = decision
-        .above_target
-        .expect("a signal above its target decided it");
-    assert_eq!(
-        (seen.signal.as_str(), seen.target),
+    let grown = grows_for_a_signal(
+        Chats {
+            http: &http,
+            router: &router,
+            model: FULL,
+            workers: 4,
+        },
+        &admin,
         ("KV cache usage (fullest engine)", 10),
-        "{decision:?}"
-    );
+    )
+    .await;
+    let decision = grown.last_scale.expect("the scale-up is recorded");
+    let seen = decision.above_target.expect("a signal decided it");
     assert!(seen.low > 10 && seen.high <= 100, "{decision:?}");
     assert!(decision.requests_high < 100, "{decision:?}");
 }
@@ -538,11 +549,7 @@ fn awake_gauge(metrics_page: &str) -> Option<f64> {
 async fn an_idle_model_sleeps_and_the_next_request_wakes_the_same_replica() {
     const SLEEPY: &str = "qwen-sleepy";
     let dir = tempfile::tempdir().unwrap();
-    let (_dev, router, admin) = dev_cluster(dir.path()).await;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     let entry = json!({
         "name": SLEEPY,
         "source": "Qwen/Qwen2.5-0.5B-Instruct",
