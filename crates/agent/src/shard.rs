@@ -496,27 +496,40 @@ impl Run {
         }
     }
 
+    /// POSTs to the engine's sleep or wake endpoint (`url`), then checks
+    /// with `/is_sleeping` that it is now `asleep` as asked.
+    async fn switch_sleep(
+        &self,
+        url: Option<String>,
+        timeout: Duration,
+        asleep: bool,
+    ) -> Result<(), String> {
+        let url = url.ok_or("this engine has no sleep endpoints")?;
+        let path = url.rsplit_once('/').map_or(url.as_str(), |(_, p)| p);
+        match probe::post(&url, timeout).await {
+            Probe::Answer { status: 200, .. } => match self.is_sleeping().await? {
+                now if now == asleep => Ok(()),
+                now => Err(format!(
+                    "/{path} answered 200, but /is_sleeping says {}",
+                    if now { "asleep" } else { "awake" }
+                )),
+            },
+            Probe::Answer { status, body } => Err(format!(
+                "/{path} answered {status}: {}",
+                body.chars().take(200).collect::<String>()
+            )),
+            Probe::Refused => Err(format!("/{path}: connection refused")),
+            Probe::Broken(why) => Err(format!("/{path}: {why}")),
+        }
+    }
+
     /// vLLM sleep mode, level 1. A refusal leaves the engine awake and
     /// serving, and says why; the leader's wish is then forgotten, so the
     /// engine is not asked again until the leader asks again.
     async fn fall_asleep(&mut self) {
         let started = Instant::now();
-        let outcome = match self.task.record.readiness.sleep_url() {
-            None => Err("this engine has no sleep endpoints".to_owned()),
-            Some(url) => match probe::post(&url, SLEEP_TIMEOUT).await {
-                Probe::Answer { status: 200, .. } => match self.is_sleeping().await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err("/sleep answered 200, but /is_sleeping says awake".into()),
-                    Err(why) => Err(why),
-                },
-                Probe::Answer { status, body } => Err(format!(
-                    "/sleep answered {status}: {}",
-                    body.chars().take(200).collect::<String>()
-                )),
-                Probe::Refused => Err("/sleep: connection refused".into()),
-                Probe::Broken(why) => Err(format!("/sleep: {why}")),
-            },
-        };
+        let url = self.task.record.readiness.sleep_url();
+        let outcome = self.switch_sleep(url, SLEEP_TIMEOUT, true).await;
         match outcome {
             Ok(()) => {
                 self.phase = Phase::Asleep { healthy: true };
@@ -548,19 +561,8 @@ impl Run {
             "waking from sleep: weights back to the GPUs",
         );
         let timeout = self.task.settings.startup_timeout;
-        let outcome = match self.task.record.readiness.wake_url() {
-            None => Err("this engine has no sleep endpoints".to_owned()),
-            Some(url) => match probe::post(&url, timeout).await {
-                Probe::Answer { status: 200, .. } => match self.is_sleeping().await {
-                    Ok(false) => Ok(()),
-                    Ok(true) => Err("/wake_up answered 200, but /is_sleeping says asleep".into()),
-                    Err(why) => Err(why),
-                },
-                Probe::Answer { status, .. } => Err(format!("/wake_up answered {status}")),
-                Probe::Refused => Err("/wake_up: connection refused".into()),
-                Probe::Broken(why) => Err(format!("/wake_up: {why}")),
-            },
-        };
+        let url = self.task.record.readiness.wake_url();
+        let outcome = self.switch_sleep(url, timeout, false).await;
         match outcome {
             Ok(()) => {
                 self.phase = Phase::Ready { healthy: true };
