@@ -23,6 +23,12 @@ struct Args {
     /// Node ids are PREFIX-00000, PREFIX-00001, ...
     #[arg(long, default_value = "sim")]
     prefix: String,
+    /// A `llmgw dev` work directory: every node gets a certificate from
+    /// its development CA (`DIR/tls`) and dials with mTLS, as agents of
+    /// that cluster do. Without it, nodes dial in plaintext (peers started
+    /// with `insecure: true`).
+    #[arg(long, value_name = "DIR")]
+    dev_dir: Option<std::path::PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -31,10 +37,13 @@ fn main() -> std::process::ExitCode {
     llmgw_runtime::init_logging("error");
     let args = Args::parse();
     match llmgw_runtime::multi_thread_runtime() {
-        Ok(runtime) => {
-            runtime.block_on(simulate(args));
-            std::process::ExitCode::SUCCESS
-        }
+        Ok(runtime) => match runtime.block_on(simulate(args)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("llmgw-fleet-sim: {error}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Err(error) => {
             eprintln!("llmgw-fleet-sim: cannot start the async runtime: {error}");
             std::process::ExitCode::FAILURE
@@ -43,12 +52,20 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Runs the fleet and prints its stats every 5 s until Ctrl-C.
-async fn simulate(args: Args) {
+async fn simulate(args: Args) -> Result<(), String> {
+    let certificates = match &args.dev_dir {
+        Some(dir) => Some(
+            llmgw_fleet_sim::node_certificates(dir, &args.prefix, args.nodes)
+                .map_err(|e| format!("node certificates from {}: {e}", dir.display()))?,
+        ),
+        None => None,
+    };
     let fleet = llmgw_fleet_sim::Fleet::spawn(
         &args.prefix,
         args.nodes,
         &args.servers,
         Duration::from_millis(args.heartbeat_ms),
+        certificates,
     );
     let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -60,7 +77,7 @@ async fn simulate(args: Args) {
                     s.nodes, s.registered, s.reconnects, s.commands, s.refused
                 );
             }
-            _ = tokio::signal::ctrl_c() => break,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
         }
     }
 }

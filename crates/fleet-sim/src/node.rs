@@ -16,13 +16,16 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NodeSpec {
     pub id: String,
     pub servers: Vec<String>,
     pub heartbeat: Duration,
     pub fabric: String,
     pub rack: String,
+    /// The node's own certificate (`llmgw://node/<ID>`) for mTLS; plaintext
+    /// without.
+    pub tls: Option<llmgw_tls::Tls>,
 }
 
 #[derive(Debug, Default)]
@@ -173,11 +176,10 @@ async fn session(
     stats: &NodeStats,
     highest_term: &mut u64,
 ) -> Result<Option<String>, String> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
+    let endpoint = llmgw_tls::endpoint(addr)?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect()
+        .tcp_nodelay(true);
+    let channel = llmgw_tls::connect(&endpoint, spec.tls.as_ref())
         .await
         .map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<AgentMessage>(64);

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use llmgw_api::NodeStatus;
-use llmgw_fleet_sim::Fleet;
+use llmgw_fleet_sim::{Fleet, node_certificates};
 use llmgw_test_kit::Cluster;
 
 const NODES: usize = 60;
@@ -36,7 +36,8 @@ async fn last_log_index(cluster: &Cluster, peer: u64) -> Result<u64, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
-    let mut cluster = Cluster::start(LIVENESS);
+    // Production transport: every node proves its id with a certificate.
+    let mut cluster = Cluster::start_tls(LIVENESS);
     let servers: Vec<String> = (1..=3).map(|id| cluster.grpc(id)).collect();
     let leader = cluster.wait_leader().await;
     let log_before = cluster
@@ -44,7 +45,14 @@ async fn a_simulated_fleet_registers_and_rehomes_without_going_unreachable() {
             last_log_index(&cluster, leader)
         })
         .await;
-    let fleet = Fleet::spawn("sim", NODES, &servers, Duration::from_millis(500));
+    let certificates = node_certificates(cluster.dir.path(), "sim", NODES).unwrap();
+    let fleet = Fleet::spawn(
+        "sim",
+        NODES,
+        &servers,
+        Duration::from_millis(500),
+        Some(certificates),
+    );
     let first = cluster
         .eventually("every simulated node registered", || async {
             let leader = cluster.wait_leader().await;

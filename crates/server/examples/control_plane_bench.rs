@@ -211,6 +211,31 @@ async fn bench_writes(cluster: &Cluster, write_seconds: u64) {
             errors
         );
     }
+    print_sync_cost(cluster).await;
+}
+
+/// What the leader's synced log writes cost over the whole run, and the
+/// acknowledged record's part of them (the block written and synced after
+/// the WAL so that a torn tail can be told from damage).
+async fn print_sync_cost(cluster: &Cluster) {
+    let leader = cluster.wait_leader().await;
+    let read =
+        |name: &'static str| async move { cluster.metric(leader, name).await.unwrap_or(0.0) };
+    let count = read("llmgw_raft_log_sync_seconds_count").await;
+    let total = read("llmgw_raft_log_sync_seconds_sum").await;
+    let record = read("llmgw_raft_acknowledged_record_sync_seconds_sum").await;
+    let record_max = read("llmgw_raft_acknowledged_record_sync_seconds_max").await;
+    if count == 0.0 || total == 0.0 {
+        println!("log sync on leader {leader}: no synced writes counted");
+        return;
+    }
+    println!(
+        "log sync on leader {leader}: {count:.0} synced writes, mean {:.2} ms, of which the acknowledged record {:.2} ms ({:.0} %, max {:.2} ms)",
+        total / count * 1e3,
+        record / count * 1e3,
+        100.0 * record / total,
+        record_max * 1e3
+    );
 }
 
 /// One client of `clients` writing models until `until`, through each

@@ -101,6 +101,10 @@ async fn a_write_through_any_peer_is_visible_on_all_with_equal_hashes() {
         assert!(value("llmgw_raft_log_sync_seconds_count") >= 4.0, "{text}");
         assert!(value("llmgw_raft_log_sync_seconds_sum") > 0.0, "{text}");
         assert!(value("llmgw_raft_log_sync_seconds_max") > 0.0, "{text}");
+        // The acknowledged record is a part of every synced write.
+        let record = value("llmgw_raft_acknowledged_record_sync_seconds_sum");
+        assert!(record > 0.0, "{text}");
+        assert!(record <= value("llmgw_raft_log_sync_seconds_sum"), "{text}");
     }
 }
 

@@ -236,6 +236,16 @@ fn write_raft_latency(out: &mut String, state: &ApiState, apply: &ApplyStats) {
         "Synced (fsynced) writes of the Raft log and vote: what a peer waits for before it acknowledges.",
         [&syncs.nanos_total, &syncs.syncs, &syncs.nanos_max],
     );
+    summary(
+        out,
+        "llmgw_raft_acknowledged_record_sync_seconds",
+        "The part of each synced log write spent recording what it acknowledged (a second synced block that lets a torn WAL tail be told from damage).",
+        [
+            &syncs.record_nanos_total,
+            &syncs.syncs,
+            &syncs.record_nanos_max,
+        ],
+    );
 }
 
 /// Nodes by status and replicas by state, from this peer's applied state.
