@@ -220,6 +220,7 @@ impl ControlPlane {
             }),
         };
         crate::disk::spawn_disk_watch(control.clone());
+        crate::links::spawn_peer_links(control.clone());
         Ok(control)
     }
 

@@ -15,6 +15,7 @@ mod error;
 mod forward;
 mod inbound;
 mod lease;
+mod links;
 mod network;
 mod service;
 mod settings;

@@ -165,12 +165,17 @@ fn main() -> Result<()> {
     let fleet_state = decide_in_process(args.nodes, args.replicas)?;
     snapshot_in_process(&fleet_state)?;
     drop(fleet_state);
-    llmgw_runtime::multi_thread_runtime()?.block_on(bench_runs(&args))
+    // The simulated fleet gets a runtime of its own: on a real fleet the
+    // agents' side of every handshake runs on other machines, and the
+    // bench's polls must not queue behind ten thousand of them.
+    let fleet_runtime = llmgw_runtime::multi_thread_runtime()?;
+    llmgw_runtime::multi_thread_runtime_with_workers(1)?
+        .block_on(bench_runs(&args, fleet_runtime.handle()))
 }
 
 /// Every run against a fresh cluster; the fleet's certificates are issued
 /// once, by one CA that signs every run's peers too.
-async fn bench_runs(args: &Args) -> Result<()> {
+async fn bench_runs(args: &Args, fleet_runtime: &tokio::runtime::Handle) -> Result<()> {
     let mut dir = tempfile::tempdir()?;
     if args.keep {
         dir.disable_cleanup(true);
@@ -210,7 +215,8 @@ async fn bench_runs(args: &Args) -> Result<()> {
         let run_dir = dir.path().join(format!("run-{run}"));
         std::fs::create_dir_all(&run_dir)?;
         let mut cluster = Cluster::start(&transport, &run_dir, &raft)?;
-        let outcome = phases::bench_cluster(&mut cluster, args, certificates.clone()).await;
+        let outcome =
+            phases::bench_cluster(&mut cluster, args, fleet_runtime, certificates.clone()).await;
         drop(cluster);
         match &outcome {
             Err(error) => {

@@ -20,6 +20,7 @@ use crate::summary::RunFigures;
 pub async fn bench_cluster(
     cluster: &mut Cluster,
     args: &Args,
+    fleet_runtime: &tokio::runtime::Handle,
     certificates: Option<Vec<Tls>>,
 ) -> Result<RunFigures> {
     let mut figures = RunFigures::default();
@@ -31,6 +32,7 @@ pub async fn bench_cluster(
     println!("cluster: leader {first}");
 
     let started = Instant::now();
+    let entered = fleet_runtime.enter();
     let fleet = Fleet::spawn(
         "sim",
         args.nodes,
@@ -38,6 +40,7 @@ pub async fn bench_cluster(
         Duration::from_millis(args.heartbeat_ms),
         certificates,
     );
+    drop(entered);
     let first = fleet_back(cluster, args.nodes, converge, "the whole fleet registered").await?;
     figures.register_s = started.elapsed().as_secs_f64();
     let admin = cluster.admin(first);
