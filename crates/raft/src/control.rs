@@ -266,6 +266,10 @@ impl ControlPlane {
         self.inner.pristine_at_start
     }
 
+    pub(crate) fn peers(&self) -> &crate::network::Peers {
+        &self.inner.peers
+    }
+
     pub(crate) fn configured_peers(&self) -> &BTreeMap<u64, PeerNode> {
         &self.inner.configured
     }
@@ -867,19 +871,30 @@ impl ControlPlane {
 
     /// This peer's own status.
     pub fn local_status(&self) -> PeerStatus {
-        let metrics = self.metrics();
-        let hash = {
-            let applied = self.inner.applied.read().expect("state lock poisoned");
-            let mut cached = self.inner.state_hash.lock().expect("hash lock poisoned");
-            match cached.as_ref() {
-                Some((at, hash)) if *at == applied.last_applied => *hash,
-                _ => {
-                    let hash = applied.fleet.hash();
-                    *cached = Some((applied.last_applied, hash));
-                    hash
-                }
+        let mut status = self.status_without_hash();
+        status.state_hash = self.state_hash().to_string();
+        status
+    }
+
+    /// The state hash, cached per applied entry: at thousands of nodes it
+    /// takes tens of milliseconds, under the state's read lock.
+    fn state_hash(&self) -> StateHash {
+        let applied = self.inner.applied.read().expect("state lock poisoned");
+        let mut cached = self.inner.state_hash.lock().expect("hash lock poisoned");
+        match cached.as_ref() {
+            Some((at, hash)) if *at == applied.last_applied => *hash,
+            _ => {
+                let hash = applied.fleet.hash();
+                *cached = Some((applied.last_applied, hash));
+                hash
             }
-        };
+        }
+    }
+
+    /// This peer's own status with an empty state hash: what a peer
+    /// keeping its link open is answered (see `links.rs`).
+    pub(crate) fn status_without_hash(&self) -> PeerStatus {
+        let metrics = self.metrics();
         let initialized = metrics.last_log_index.is_some()
             || metrics
                 .membership_config
@@ -896,7 +911,7 @@ impl ControlPlane {
             last_log_index: metrics.last_log_index,
             last_applied_index: metrics.last_applied.as_ref().map(|id| id.index),
             commit_index: metrics.local_committed.as_ref().map(|id| id.index),
-            state_hash: hash.to_string(),
+            state_hash: String::new(),
             disk_low: self.inner.disk.check().is_err(),
             cluster_id: self.cluster_id().map(str::to_owned),
             epochs: true,

@@ -49,10 +49,28 @@ pub async fn probe_peer(addr: &str, tls: Option<llmgw_tls::Tls>) -> Result<PeerS
 }
 
 pub(crate) async fn ask_status(peers: &Peers, addr: &str) -> Result<PeerStatus, String> {
+    ask(peers, addr, RaftPayload::default()).await
+}
+
+/// What a `Status` request carries when it only keeps the link open: the
+/// answer leaves out the state hash, which costs tens of milliseconds at
+/// thousands of nodes. Older peers ignore it and answer in full.
+pub(crate) const LINK_PROBE: &[u8] = b"link";
+
+/// A `Status` call that keeps the connection to `addr` open (`links.rs`).
+pub(crate) async fn keep_link(peers: &Peers, addr: &str) -> Result<PeerStatus, String> {
+    let probe = RaftPayload {
+        data: LINK_PROBE.to_vec(),
+        ..RaftPayload::default()
+    };
+    ask(peers, addr, probe).await
+}
+
+async fn ask(peers: &Peers, addr: &str, payload: RaftPayload) -> Result<PeerStatus, String> {
     let mut client = peers.client(addr)?;
     network::with_deadline(
         STATUS_DEADLINE,
-        client.status(peers.request(RaftPayload::default(), STATUS_DEADLINE)),
+        client.status(peers.request(payload, STATUS_DEADLINE)),
     )
     .await
     .and_then(network::decode::<PeerStatus>)
