@@ -65,15 +65,13 @@ pub fn node_certificates(
     llmgw_dev::certs::ensure_ca(work_dir)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per_worker = count.div_ceil(workers).max(1);
-    let indices: Vec<usize> = (0..count).collect();
     std::thread::scope(|scope| {
-        let handles: Vec<_> = indices
-            .chunks(per_worker)
-            .map(|chunk| {
+        let handles: Vec<_> = (0..count)
+            .step_by(per_worker)
+            .map(|first| {
                 scope.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|&i| {
+                    (first..count.min(first + per_worker))
+                        .map(|i| {
                             let id = node_id(prefix, i);
                             let files = llmgw_dev::certs::node_tls(work_dir, &id)?;
                             Tls::load(files, Identity::Node(id))

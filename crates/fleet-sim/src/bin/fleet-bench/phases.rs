@@ -55,13 +55,13 @@ pub async fn bench_cluster(
     (figures.leader_cpu_percent, figures.leader_rss_mib) =
         measure_steady_state(cluster, first, args).await?;
     figures.placements_per_s = measure_placement(&cluster.http, &admin, args.replicas).await?;
-    let (next, elected, rehomed, not_ready) =
-        measure_failover(cluster, first, args.nodes, converge).await?;
+    let next;
     (
+        next,
         figures.new_leader_s,
         figures.rehomed_s,
         figures.failover_not_ready,
-    ) = (elected, rehomed, not_ready);
+    ) = measure_failover(cluster, first, args.nodes, converge).await?;
     figures.catch_up_s = measure_catch_up(cluster, first, next, args).await?;
     (
         figures.restart_s,
