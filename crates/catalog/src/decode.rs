@@ -359,6 +359,7 @@ impl Decode for Autoscale {
                 "queue_p90_slo",
                 "kv_cache_usage_percent",
                 "sleep_after",
+                "max_requests_per_replica",
             ],
         )?;
         let min_replicas: u32 = f.required(cx, "min_replicas")?;
@@ -381,7 +382,21 @@ impl Decode for Autoscale {
             queue_p90_slo: f.optional(cx, "queue_p90_slo"),
             kv_cache_usage_percent: f.optional(cx, "kv_cache_usage_percent"),
             sleep_after: f.optional(cx, "sleep_after"),
+            max_requests_per_replica: f.optional(cx, "max_requests_per_replica"),
         };
+        if let Some(most) = autoscale.max_requests_per_replica
+            && most < autoscale.target_requests_per_replica
+        {
+            f.report(
+                cx,
+                "max_requests_per_replica",
+                format!(
+                    "{most} is below target_requests_per_replica ({}): replicas held under \
+                     their target never ask for more",
+                    autoscale.target_requests_per_replica
+                ),
+            );
+        }
         if let Some(idle) = autoscale.sleep_after {
             if idle.is_zero() {
                 f.report(

@@ -109,6 +109,12 @@ pub struct Autoscale {
         with = "optional_duration_text"
     )]
     pub sleep_after: Option<Duration>,
+    /// Requests each router sends one ready replica at a time; more wait
+    /// at the router, in arrival order, for a replica with room. Without
+    /// it, every request goes to an engine at once and queues there, and
+    /// the queue stays on that engine when a new replica comes up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_replica: Option<u32>,
 }
 
 impl Autoscale {
@@ -139,6 +145,9 @@ impl Autoscale {
         } else {
             format!(", and to keep {}", targets.join(" and "))
         };
+        let queue = self.max_requests_per_replica.map_or(String::new(), |most| {
+            format!("; at most {most} requests a replica from each router, the rest wait there")
+        });
         let sleep = self.sleep_after.map_or(String::new(), |idle| {
             format!(
                 "; asleep (vLLM sleep mode) after {} without a request",
@@ -147,7 +156,7 @@ impl Autoscale {
         });
         format!(
             "autoscaled between {} and {} replicas, sized for {} requests (running and waiting) a replica{slo}; \
-             a change must be wanted for {} to grow, {} to shrink{sleep}",
+             a change must be wanted for {} to grow, {} to shrink{queue}{sleep}",
             self.min_replicas,
             self.max_replicas,
             self.target_requests_per_replica,

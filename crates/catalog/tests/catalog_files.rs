@@ -557,3 +557,33 @@ fn sleep_after_is_for_single_node_vllm_replicas_that_sleep_before_release() {
         .replace("sleep_after: 2m", "sleep_after: 1h");
     assert!(parse_catalog("models.yaml", &warm).is_ok());
 }
+
+#[test]
+fn a_limit_per_replica_round_trips_and_may_not_sit_below_the_target() {
+    let src = "models:\n  - name: a\n    source: x\n    autoscale: {min_replicas: 1, max_replicas: 3, target_requests_per_replica: 4, max_requests_per_replica: 6}\n    profiles: [{name: p, engine: vllm}]\n";
+    let catalog = parse_catalog("models.yaml", src).unwrap();
+    let autoscale = catalog.models[0].managed().unwrap().autoscale.unwrap();
+    assert_eq!(autoscale.max_requests_per_replica, Some(6));
+    assert!(
+        autoscale
+            .describe()
+            .contains("at most 6 requests a replica from each router"),
+        "{}",
+        autoscale.describe()
+    );
+    let json = serde_json::to_value(&catalog).unwrap();
+    assert_eq!(
+        parse_catalog("models.json", &json.to_string()).unwrap(),
+        catalog
+    );
+    let below = src.replace("max_requests_per_replica: 6", "max_requests_per_replica: 3");
+    let err = parse_catalog("models.yaml", &below)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "models[0].autoscale.max_requests_per_replica: 3 is below target_requests_per_replica (4)"
+        ),
+        "{err}"
+    );
+}

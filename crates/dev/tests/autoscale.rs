@@ -4,7 +4,8 @@
 //! fails; under a light load the extra replica is drained away, again
 //! with no request failing. A model scaled to zero holds its first request
 //! while a replica starts, and goes back to zero when idle. A model with
-//! no room takes the GPUs of a lower-priority one, drained first.
+//! no room takes the GPUs of a lower-priority one, drained first, and an
+//! idle one of the same priority gives them up on its grow window.
 //! A model whose first tokens come later than its target grows though its
 //! requests do not ask for it, and so does one whose engine's KV cache is
 //! fuller than its target. `explain` says why a model has the replicas it
@@ -479,6 +480,57 @@ async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
             .unwrap_or_default()
             .contains("gave a replica's GPUs to model chat"),
         "ctl explain says why batch shrank"
+    );
+}
+
+/// Three idle replicas of a model whose shrink window is an hour fill the
+/// L40S node's free GPUs; a model of the same priority then wants one.
+/// The idle model gives its GPUs up after its 3 s grow window, not the
+/// hour, and the waiting model is placed and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_model_gives_its_gpus_to_a_waiting_one_of_equal_priority_on_the_grow_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
+    let profile = json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+                          "min_gpu_memory_gb": 16, "gpu_models": ["L40S"]}]);
+    put(
+        &admin,
+        &json!({"name": "batch", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 3, "profiles": profile,
+                "autoscale": {"min_replicas": 1, "max_replicas": 3,
+                              "scale_up_window": "3s", "scale_down_window": "1h"}}),
+    )
+    .await;
+    eventually("three ready replicas of batch", DEADLINE, || {
+        ready_replicas_of(&admin, "batch", 3)
+    })
+    .await;
+    put(
+        &admin,
+        &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 1, "profiles": profile}),
+    )
+    .await;
+    eventually("chat placed and ready", DEADLINE, || {
+        ready_replicas_of(&admin, "chat", 1)
+    })
+    .await;
+    let answer = eventually("chat answers", DEADLINE, || {
+        stream_chat(&http, &router, "chat")
+    })
+    .await;
+    assert!(!answer.is_empty());
+    let batch = explain_of(&admin, "batch").await;
+    let why = batch.last_scale.expect("the release is recorded");
+    assert_eq!((why.from, why.to), (3, 1), "{why:?}");
+    assert!(why.released_for_waiting, "{why:?}");
+    assert_eq!(why.window_ms, 3_000, "the grow window's evidence: {why:?}");
+    assert!(
+        batch
+            .scaling
+            .unwrap_or_default()
+            .contains("since another model waited for GPUs"),
+        "ctl explain says why batch shrank early"
     );
 }
 

@@ -40,6 +40,8 @@ pub struct LoadSample {
     pub queue_p90_ms: Option<u32>,
     /// The KV cache used on the fullest ready engine, in percent.
     pub kv_usage_percent: Option<u32>,
+    /// Another model waits for GPUs that none is free for.
+    pub others_waiting: bool,
 }
 
 /// Replicas that hold `requests` at the policy's target, within its bounds.
@@ -84,12 +86,25 @@ fn too_slow(policy: &Autoscale, sample: &LoadSample) -> Vec<ScaleSignal> {
         .collect()
 }
 
+/// Whether every ready replica holds what the routers send one at most,
+/// so more requests may wait at the routers than the engines show.
+fn saturated(policy: &Autoscale, sample: &LoadSample) -> bool {
+    policy.max_requests_per_replica.is_some_and(|most| {
+        sample.ready_replicas > 0 && sample.requests >= most.saturating_mul(sample.ready_replicas)
+    })
+}
+
 /// Replicas the sample asks for when the model has `desired`: what its
-/// requests want, and one more than it has while a signal is above its
-/// target.
+/// requests want; one more than it has while a signal is above its
+/// target; and while its replicas are saturated, one more than are ready,
+/// never fewer than it has (replicas still starting will take the
+/// requests waiting at the routers).
 fn wanted_by(policy: &Autoscale, desired: u32, sample: &LoadSample) -> u32 {
     let by_requests = wanted_replicas(policy, sample.requests);
-    if !too_slow(policy, sample).is_empty() {
+    if saturated(policy, sample) {
+        let more = sample.ready_replicas.saturating_add(1).max(desired);
+        policy.clamp(by_requests.max(more))
+    } else if !too_slow(policy, sample).is_empty() {
         policy.clamp(by_requests.max(desired.saturating_add(1)))
     } else {
         by_requests
@@ -133,8 +148,14 @@ impl ScaleMemory {
             history.pop_front();
         }
         let wanted_now = wanted_by(policy, desired, &sample);
+        // A GPU another model waits for is given up on the evidence a model
+        // needs to ask for one: the shrink window protects a model from
+        // its own lulls, not from a neighbour that needs the GPU now.
+        let released_for_waiting =
+            sample.others_waiting && policy.scale_up_window < policy.scale_down_window;
         let (window, growing) = match wanted_now.cmp(&desired) {
             std::cmp::Ordering::Greater => (policy.scale_up_window, true),
+            std::cmp::Ordering::Less if released_for_waiting => (policy.scale_up_window, false),
             std::cmp::Ordering::Less => (policy.scale_down_window, false),
             std::cmp::Ordering::Equal => return None,
         };
@@ -177,6 +198,8 @@ impl ScaleMemory {
             woken_by_request: false,
             yielded_to: None,
             above_target,
+            saturated: growing && in_window.iter().all(|s| saturated(policy, s)),
+            released_for_waiting: !growing && released_for_waiting,
         };
         history.clear();
         Some(decision)
@@ -259,6 +282,7 @@ mod tests {
             queue_p90_slo: None,
             kv_cache_usage_percent: None,
             sleep_after: None,
+            max_requests_per_replica: None,
         }
     }
 
@@ -274,6 +298,7 @@ mod tests {
             ttft_p90_ms,
             queue_p90_ms: None,
             kv_usage_percent: None,
+            others_waiting: false,
         })
     }
 
@@ -427,6 +452,85 @@ mod tests {
             }
         }
         None
+    }
+
+    #[test]
+    fn saturated_replicas_grow_the_model_though_their_count_sits_at_the_target() {
+        // Sized for 8 a replica, and the routers send one at most 8: the
+        // engines show 8 whatever waits at the routers.
+        let policy = Autoscale {
+            max_requests_per_replica: Some(8),
+            ..policy()
+        };
+        let mut memory = ScaleMemory::default();
+        let (at, decision) = (0..30)
+            .find_map(|s| {
+                memory
+                    .observe("m", &policy, 1, sample(s, 8))
+                    .map(|d| (s, d))
+            })
+            .expect("a scale-up");
+        assert_eq!((at, decision.from, decision.to), (10, 1, 2));
+        assert!(decision.saturated);
+        assert!(
+            decision
+                .reason()
+                .contains("every ready replica had as many as the routers send one"),
+            "{}",
+            decision.reason()
+        );
+        // Without the limit, 8 on a replica sized for 8 is just right.
+        let mut memory = ScaleMemory::default();
+        assert_eq!(feed(&mut memory, 1, 0..60, |_| 8), None);
+    }
+
+    #[test]
+    fn saturated_replicas_keep_the_count_while_the_others_start() {
+        // Three wanted, one ready and saturated: the two starting will take
+        // what waits at the routers, so the model neither shrinks to what
+        // the one engine shows nor asks for a fourth.
+        let policy = Autoscale {
+            max_requests_per_replica: Some(8),
+            ..policy()
+        };
+        let mut memory = ScaleMemory::default();
+        for second in 0..200 {
+            assert_eq!(
+                memory.observe("m", &policy, 3, sample(second, 8)),
+                None,
+                "at {second}s"
+            );
+        }
+    }
+
+    #[test]
+    fn a_model_waiting_for_gpus_shortens_the_shrink_window_to_the_grow_window() {
+        let mut memory = ScaleMemory::default();
+        let idle_beside_a_waiting_model = |second| {
+            Some(LoadSample {
+                others_waiting: true,
+                ..sample(second, 0)?
+            })
+        };
+        let (at, decision) = (0..100)
+            .find_map(|s| {
+                memory
+                    .observe("m", &policy(), 3, idle_beside_a_waiting_model(s))
+                    .map(|d| (s, d))
+            })
+            .expect("a scale-down");
+        assert_eq!((at, decision.to), (10, 1), "after the 10 s grow window");
+        assert!(decision.released_for_waiting);
+        assert!(
+            decision.reason().contains("another model waited for GPUs"),
+            "{}",
+            decision.reason()
+        );
+        // Alone, the same lull waits out the 60 s shrink window.
+        let mut memory = ScaleMemory::default();
+        let (at, decision) = feed(&mut memory, 3, 0..100, |_| 0).expect("a scale-down");
+        assert_eq!(at, 60);
+        assert!(!decision.released_for_waiting);
     }
 
     #[test]

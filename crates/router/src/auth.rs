@@ -195,6 +195,7 @@ mod tests {
             endpoints: vec![],
             unavailable_reason: None,
             wakes_on_request: false,
+            max_requests_per_replica: None,
         };
         assert!(may_use(Some(&grant), &model));
         let other = RoutedModel {

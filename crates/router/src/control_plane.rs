@@ -451,6 +451,10 @@ pub fn build_table(models: &[Model], replicas: &[ReplicaView]) -> RoutingTable {
                     .managed()
                     .and_then(|m| m.autoscale)
                     .is_some_and(|a| a.wakes_on_request()),
+                max_requests_per_replica: model
+                    .managed()
+                    .and_then(|m| m.autoscale)
+                    .and_then(|a| a.max_requests_per_replica),
             })
             .collect(),
     };

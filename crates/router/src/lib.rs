@@ -32,6 +32,7 @@ mod openai;
 mod peek;
 mod probes;
 mod proxy;
+mod queue;
 mod relay;
 mod resume;
 mod serve;

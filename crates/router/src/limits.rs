@@ -10,22 +10,17 @@
 //! empty, and may take it below zero, which later requests then wait out.
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, SizeHint};
 use hyper::header::{HeaderMap, HeaderValue};
 use hyper::{Response, StatusCode};
 use tokio::time::Instant;
 
 use crate::keys::Grant;
 use crate::openai::ApiError;
-use crate::relay::{BoxError, ResponseBody};
+use crate::relay::ResponseBody;
 
 #[derive(Debug, Default)]
 pub struct Limiter {
@@ -420,39 +415,8 @@ impl Admitted {
         insert_rate_headers(response.headers_mut(), &self.headers);
         match self.permit {
             None => response,
-            Some(permit) => response.map(|inner| {
-                WithPermit {
-                    inner,
-                    _permit: permit,
-                }
-                .boxed_unsync()
-            }),
+            Some(permit) => crate::relay::holding(response, permit),
         }
-    }
-}
-
-struct WithPermit {
-    inner: ResponseBody,
-    _permit: Permit,
-}
-
-impl Body for WithPermit {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

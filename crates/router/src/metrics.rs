@@ -59,6 +59,9 @@ struct ModelSeries {
     in_flight: AtomicI64,
     duration: Histogram,
     ttft: Histogram,
+    /// Requests waiting at the router for a replica with room now.
+    waiting_for_room: AtomicI64,
+    room_wait: Histogram,
     /// By endpoint URL (`none` for answers the router gave itself).
     requests: RwLock<HashMap<String, Arc<StatusCounts>>>,
     retries: Mutex<BTreeMap<&'static str, u64>>,
@@ -118,6 +121,20 @@ impl Metrics {
     /// unknown model); it counts, but not towards latency.
     pub fn request_refused(&self, model: &str, status: u16) {
         self.model(model).count(NO_ENDPOINT, status);
+    }
+
+    /// A request waits for a replica with room (`max_requests_per_replica`).
+    pub fn queued(&self, model: &str) {
+        self.model(model)
+            .waiting_for_room
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// It stopped waiting, sent with a place or without one.
+    pub fn waited_for_room(&self, model: &str, waited: Duration) {
+        let series = self.model(model);
+        series.waiting_for_room.fetch_sub(1, Ordering::Relaxed);
+        series.room_wait.observe(waited);
     }
 
     pub fn first_token(&self, model: &str, elapsed: Duration) {
@@ -190,6 +207,26 @@ impl Metrics {
                 out,
                 "llmgw_router_in_flight_requests{{model=\"{model}\"}} {}",
                 series.in_flight.load(Ordering::Relaxed)
+            );
+        }
+        histogram(
+            &mut out,
+            "llmgw_router_queue_wait_seconds",
+            "Time requests waited at the router for a replica with room (max_requests_per_replica), of those that waited.",
+            &models,
+            |s| &s.room_wait,
+        );
+        header(
+            &mut out,
+            "llmgw_router_waiting_requests",
+            "gauge",
+            "Requests waiting at the router now for a replica with room (max_requests_per_replica).",
+        );
+        for (model, series) in &models {
+            let _ = writeln!(
+                out,
+                "llmgw_router_waiting_requests{{model=\"{model}\"}} {}",
+                series.waiting_for_room.load(Ordering::Relaxed)
             );
         }
         render_rare_events(&mut out, &models, &self.ejections);

@@ -88,6 +88,13 @@ pub async fn forward(
         )
         .into_response();
     }
+    if let Some(most) = model.max_requests_per_replica
+        && pool.iter().any(|e| e.outstanding() < most)
+    {
+        // Balanced among the replicas with room, so none gets more than
+        // its share while another has places free.
+        pool.retain(|e| e.outstanding() < most);
+    }
     shared.metrics.request_started(&model.name);
     let attempts = settings.max_retries as usize + 1;
     let mut last_error = None;

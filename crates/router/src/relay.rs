@@ -28,6 +28,48 @@ use crate::upstream::UpstreamBody;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// The answer with `guard` kept until its body is done or dropped: what
+/// the request holds (a key's concurrency permit, a replica's place) is
+/// held while the client reads.
+pub(crate) fn holding<G: Send + Unpin + 'static>(
+    response: hyper::Response<ResponseBody>,
+    guard: G,
+) -> hyper::Response<ResponseBody> {
+    use http_body_util::BodyExt;
+    response.map(|inner| {
+        Holding {
+            inner,
+            _guard: guard,
+        }
+        .boxed_unsync()
+    })
+}
+
+struct Holding<G> {
+    inner: ResponseBody,
+    _guard: G,
+}
+
+impl<G: Unpin> Body for Holding<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Bookkeeping done once the answer is over, however it ends.
 pub struct Finish {
     pub metrics: Arc<Metrics>,

@@ -57,6 +57,7 @@ impl Router {
                 table: source.subscribe(),
                 waker: None,
                 held_requests: std::sync::atomic::AtomicUsize::new(0),
+                queues: crate::queue::Queues::default(),
                 limiter: Arc::default(),
                 usage: Default::default(),
             }),

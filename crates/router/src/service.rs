@@ -39,6 +39,8 @@ pub struct Shared {
     pub waker: Option<Arc<dyn crate::wake::ModelWaker>>,
     /// Requests waiting for such a replica now.
     pub held_requests: std::sync::atomic::AtomicUsize,
+    /// Requests waiting for a replica with room.
+    pub queues: crate::queue::Queues,
     /// Per-key limits.
     pub limiter: Arc<crate::limits::Limiter>,
     /// What each key used.
@@ -205,7 +207,12 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
             }
         }
     }
-    dispatch(shared, &table, parts, &bytes, &peeked, grant, admitted).await
+    let (table, place) = crate::queue::wait_for_room(shared, &peeked.model, table).await;
+    let response = dispatch(shared, &table, parts, &bytes, &peeked, grant, admitted).await;
+    match place {
+        Some(place) => crate::relay::holding(response, place),
+        None => response,
+    }
 }
 
 /// Sends an admitted request to one of its model's engines in `table`,

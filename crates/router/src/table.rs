@@ -30,6 +30,9 @@ pub struct RoutedModel {
     /// The model scales to zero: with no ready replica a request is held
     /// (and the control plane asked for one) instead of refused.
     pub wakes_on_request: bool,
+    /// Requests this router sends one ready replica at a time; the rest
+    /// wait at the router for a replica with room (see `queue`).
+    pub max_requests_per_replica: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +167,7 @@ pub fn static_table(catalog: &Catalog) -> RoutingTable {
                     )
                 }),
                 wakes_on_request: false,
+                max_requests_per_replica: None,
             })
             .collect(),
     }
@@ -194,6 +198,7 @@ mod tests {
                 ],
                 unavailable_reason: None,
                 wakes_on_request: false,
+                max_requests_per_replica: None,
             }],
         };
         assert_eq!(table.resolve("l3").unwrap().name, "llama");

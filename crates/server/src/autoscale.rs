@@ -40,6 +40,8 @@ struct Scaled {
     asleep: bool,
     /// When a request last woke it.
     woken_at_ms: Option<u64>,
+    /// Another model wants more replicas than it has placed.
+    others_waiting: bool,
 }
 
 /// A model's replicas by what they are doing.
@@ -119,7 +121,10 @@ pub async fn run_autoscaler(
                 // idle spell before must not release or resleep it.
                 memory.forget(&model.name);
             }
-            let sample = sampled.map(|s| s.load);
+            let sample = sampled.map(|s| LoadSample {
+                others_waiting: model.others_waiting,
+                ..s.load
+            });
             if let Some(decision) =
                 memory.observe(&model.name, &model.policy, model.desired, sample)
             {
@@ -150,6 +155,7 @@ pub async fn run_autoscaler(
 }
 
 fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
+    let waiting = models_waiting_for_gpus(fleet);
     fleet
         .models
         .values()
@@ -174,8 +180,27 @@ fn autoscaled_models(fleet: &FleetState) -> Vec<Scaled> {
                 last_scale: record.last_scale.clone(),
                 asleep: record.asleep_since_ms.is_some(),
                 woken_at_ms: record.woken_at_ms,
+                others_waiting: waiting.iter().any(|name| *name != record.name),
             })
         })
+        .collect()
+}
+
+/// Models that want more replicas than they have placed: the reconciler
+/// found no GPUs for the rest (or is about to place them).
+fn models_waiting_for_gpus(fleet: &FleetState) -> Vec<&str> {
+    fleet
+        .models
+        .values()
+        .filter(|record| {
+            let placed = fleet
+                .replicas
+                .values()
+                .filter(|r| r.model == record.name && r.stop.is_none())
+                .count();
+            placed < record.desired_replicas as usize
+        })
+        .map(|record| record.name.as_str())
         .collect()
 }
 
@@ -281,6 +306,7 @@ async fn sample_load(
             queue_p90_ms: watches.queue.since_last(queued).p90_ms(),
             kv_usage_percent: kv_usage
                 .map(|usage| (usage * 100.0).round().clamp(0.0, 100.0) as u32),
+            others_waiting: false,
         },
         first_tokens_per_s,
     })

@@ -114,6 +114,8 @@ mod tests {
             woken_by_request: false,
             yielded_to: None,
             above_target: None,
+            saturated: false,
+            released_for_waiting: false,
         }
     }
 

@@ -95,6 +95,10 @@ pub fn routing_table(fleet: &FleetState) -> RoutingTable {
                 .managed()
                 .and_then(|m| m.autoscale)
                 .is_some_and(|a| a.wakes_on_request()),
+            max_requests_per_replica: model
+                .managed()
+                .and_then(|m| m.autoscale)
+                .and_then(|a| a.max_requests_per_replica),
         };
         for served in served_names {
             routed.note_served_names(served);

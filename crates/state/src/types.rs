@@ -211,6 +211,16 @@ pub struct ScaleDecision {
     /// that and not its request count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub above_target: Option<SignalSeen>,
+    /// Every ready replica had its `max_requests_per_replica` through the
+    /// window, and more may have waited at the routers: the engines' count
+    /// was only the least the demand could be, so the model grew by at
+    /// least one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub saturated: bool,
+    /// Shrunk after a grow window rather than a shrink window, since
+    /// another model waited for GPUs that none was free for.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released_for_waiting: bool,
 }
 
 /// A signal besides the request count that the autoscaler holds a model's
@@ -290,8 +300,15 @@ impl ScaleDecision {
                 self.target_per_replica
             );
         }
+        let why = if self.saturated {
+            ", and every ready replica had as many as the routers send one, the rest waiting there"
+        } else if self.released_for_waiting {
+            "; shrunk after the grow window, not the shrink window, since another model waited for GPUs"
+        } else {
+            ""
+        };
         format!(
-            "{} -> {} replicas: the engines held {held} requests (running and waiting) on {} ready replica(s) for {}s, sized for {} a replica",
+            "{} -> {} replicas: the engines held {held} requests (running and waiting) on {} ready replica(s) for {}s, sized for {} a replica{why}",
             self.from,
             self.to,
             self.ready_replicas,

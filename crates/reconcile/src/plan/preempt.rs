@@ -59,6 +59,8 @@ impl Round<'_> {
             woken_by_request: false,
             yielded_to: Some(model.name.clone()),
             above_target: None,
+            saturated: false,
+            released_for_waiting: false,
         };
         tracing::info!(
             model = %model.name,

@@ -344,6 +344,7 @@ async fn run_one(
             endpoints: fleet.endpoints.clone(),
             unavailable_reason: None,
             wakes_on_request: false,
+            max_requests_per_replica: None,
         }],
     };
     let (tx, _) = watch::channel(Arc::new(table));

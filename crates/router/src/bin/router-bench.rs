@@ -133,6 +133,7 @@ fn serve_router(port: u16, upstream: String, threads: NonZeroUsize) -> anyhow::R
                 endpoints: vec![Endpoint::ready(upstream)],
                 unavailable_reason: None,
                 wakes_on_request: false,
+                max_requests_per_replica: None,
             }],
         };
         let (tx, _) = watch::channel(Arc::new(table));

@@ -112,6 +112,7 @@ pub fn model(name: &str, aliases: &[&str], endpoints: Vec<Endpoint>) -> RoutedMo
         endpoints,
         unavailable_reason: None,
         wakes_on_request: false,
+        max_requests_per_replica: None,
     }
 }
 

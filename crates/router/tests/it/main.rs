@@ -9,6 +9,7 @@ mod t30_failover;
 mod t35_resume;
 mod t40_drain;
 mod t45_scale_from_zero;
+mod t47_queue;
 mod t50_control_plane;
 mod t60_cancel;
 mod t70_threads;

@@ -112,6 +112,8 @@ impl FleetState {
                 woken_by_request: true,
                 yielded_to: None,
                 above_target: None,
+                saturated: false,
+                released_for_waiting: false,
             });
         }
         Outcome::Applied

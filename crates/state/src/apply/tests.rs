@@ -79,6 +79,8 @@ fn scale(name: &str, from: u32, to: u32) -> Command {
             woken_by_request: false,
             yielded_to: None,
             above_target: None,
+            saturated: false,
+            released_for_waiting: false,
         },
         at_ms: 9,
     }

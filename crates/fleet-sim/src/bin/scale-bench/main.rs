@@ -79,6 +79,10 @@ struct Args {
     scale_up_window: String,
     #[arg(long, default_value = "60s")]
     scale_down_window: String,
+    /// Requests the router sends a replica at once (the models'
+    /// `max_requests_per_replica`); the rest wait at the router.
+    #[arg(long)]
+    max_requests_per_replica: Option<u32>,
     /// TTFT p90 the models should meet, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     slo_ms: u64,
@@ -152,7 +156,7 @@ async fn run(args: Args) -> Result<()> {
     }
     println!(
         "scale-bench: trace {:?} for {:.0}s over {} model(s); cold start {}, target {} request(s) \
-         a replica{}, windows {} up / {} down, {} to {} replicas a model",
+         a replica{}{}, windows {} up / {} down, {} to {} replicas a model",
         args.trace,
         trace.duration_s(),
         models.len(),
@@ -163,6 +167,10 @@ async fn run(args: Args) -> Result<()> {
         } else {
             String::new()
         },
+        args.max_requests_per_replica
+            .map_or(String::new(), |most| format!(
+                ", at most {most} a replica from the router"
+            )),
         args.scale_up_window,
         args.scale_down_window,
         args.min_replicas,
@@ -226,6 +234,9 @@ async fn put_model(admin: &DevAdmin, args: &Args, model: &str) -> Result<()> {
         "scale_up_window": args.scale_up_window,
         "scale_down_window": args.scale_down_window,
     });
+    if let Some(most) = args.max_requests_per_replica {
+        autoscale["max_requests_per_replica"] = json!(most);
+    }
     if args.ttft_target {
         autoscale["ttft_p90_slo"] = json!(format!("{}ms", args.slo_ms));
     }
