@@ -13,6 +13,7 @@
 //!     target/release/scale-bench --trace step --base-rate 1.5 --step 5
 //!     target/release/scale-bench --trace diurnal --day-s 600
 //!     target/release/scale-bench --trace two-models --max-replicas 2
+//!     target/release/scale-bench --trace rollout --nodes 4 --min-replicas 4 --max-replicas 4 --base-rate 4 --during-s 240
 
 mod report;
 mod trace;
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use llmgw_api::{ModelExplanation, ReplicaState, ReplicaView, paths};
+use llmgw_api::{ModelExplanation, ReplicaState, ReplicaView, RolloutPhase, RolloutView, paths};
 use llmgw_test_kit::dev::{Dev, DevAdmin};
 use reqwest::Method;
 use serde_json::json;
@@ -30,7 +31,7 @@ use serde_json::json;
 use crate::report::{FleetSample, Outcome};
 use crate::trace::{Phases, Shape, Trace};
 
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 struct Args {
     #[arg(long, value_enum, default_value_t = Shape::Step)]
     trace: Shape,
@@ -89,6 +90,10 @@ struct Args {
     /// Also give the autoscaler the SLO as its `ttft_p90_slo` target.
     #[arg(long)]
     ttft_target: bool,
+    /// Simulated GPU nodes (`llmgw dev --nodes`): the fourth is an A100
+    /// node with four GPUs more.
+    #[arg(long, default_value_t = 3)]
+    nodes: u32,
     /// The timeline's rows, in seconds.
     #[arg(long, default_value_t = 10)]
     window_s: u64,
@@ -130,7 +135,8 @@ async fn run(args: Args) -> Result<()> {
     let trace = args.trace();
     let models = model_names(&trace);
     let work = tempfile::tempdir()?;
-    let dev = Dev::start(&work.path().join("dev"), &[]);
+    let nodes = args.nodes.to_string();
+    let dev = Dev::start(&work.path().join("dev"), &["--nodes", &nodes]);
     dev.wait_printed("Press Ctrl-C", Duration::from_secs(300))
         .await;
     let dev_file = dev.dev_file().context("dev.json")?;
@@ -140,7 +146,7 @@ async fn run(args: Args) -> Result<()> {
         .context("dev.json names no router")?;
     let admin = DevAdmin::new(&dev_file);
     for model in &models {
-        put_model(&admin, &args, model).await?;
+        put_model(&admin, &args, model, 1).await?;
     }
     let deadline = Instant::now() + Duration::from_secs(180);
     for model in &models {
@@ -202,8 +208,16 @@ async fn run(args: Args) -> Result<()> {
             }
         })
     };
+    let rollout = trace.rollout_at_s().map(|at_s| {
+        let (admin, args, model) = (DevAdmin::new(&dev_file), args.clone(), models[0].clone());
+        tokio::spawn(async move { roll_out(&admin, &args, &model, started, at_s).await })
+    });
     let outcomes = send_trace(&http, &router, &trace, &models, started).await;
     let _ = sampler.await;
+    let rollout = match rollout {
+        Some(task) => Some(task.await??),
+        None => None,
+    };
     let mut last = Vec::new();
     for model in &models {
         let explained: ModelExplanation = admin
@@ -222,12 +236,54 @@ async fn run(args: Args) -> Result<()> {
         slo: Duration::from_millis(args.slo_ms),
         window_s: args.window_s as f64,
         max_replicas: args.max_replicas,
+        rollout,
     });
     drop(dev);
     Ok(())
 }
 
-async fn put_model(admin: &DevAdmin, args: &Args, model: &str) -> Result<()> {
+/// Changes the model's launch spec at `at_s` and waits until every
+/// replica runs it and is ready (or the run's samples end).
+async fn roll_out(
+    admin: &DevAdmin,
+    args: &Args,
+    model: &str,
+    started: Instant,
+    at_s: f64,
+) -> Result<report::RolloutRun> {
+    tokio::time::sleep_until((started + Duration::from_secs_f64(at_s)).into()).await;
+    let changed_s = started.elapsed().as_secs_f64();
+    put_model(admin, args, model, 2).await?;
+    let give_up = started + Duration::from_secs_f64(args.during_s as f64 + 60.0);
+    while Instant::now() < give_up {
+        let view: RolloutView = admin
+            .get(&paths::rollout(model))
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if view.phase == RolloutPhase::Complete
+            && view.outdated == 0
+            && view.updated_ready == view.desired
+        {
+            return Ok(report::RolloutRun {
+                changed_s,
+                done_s: Some(started.elapsed().as_secs_f64()),
+                max_unavailable: view.policy.max_unavailable,
+                max_surge: view.policy.max_surge,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(report::RolloutRun {
+        changed_s,
+        done_s: None,
+        max_unavailable: 0,
+        max_surge: 0,
+    })
+}
+
+/// Puts the model's entry; `revision` goes into its engines' environment,
+/// so a new one changes the launch spec and rolls the replicas.
+async fn put_model(admin: &DevAdmin, args: &Args, model: &str, revision: u32) -> Result<()> {
     let mut autoscale = json!({
         "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
         "target_requests_per_replica": args.target_requests_per_replica,
@@ -248,7 +304,8 @@ async fn put_model(admin: &DevAdmin, args: &Args, model: &str) -> Result<()> {
                       "min_gpu_memory_gb": 16, "gpu_models": ["L40S", "A100"],
                       "env": {"LLMGW_SIM_ITL": "40ms",
                               "LLMGW_SIM_LOAD_TIME": args.cold_start,
-                              "LLMGW_SIM_PREFILL_PER_TOKEN": args.prefill_per_token}}],
+                              "LLMGW_SIM_PREFILL_PER_TOKEN": args.prefill_per_token,
+                              "LLMGW_BENCH_REVISION": revision.to_string()}}],
         "autoscale": autoscale,
     });
     let (status, body) = admin

@@ -34,6 +34,19 @@ pub struct Run<'a> {
     pub slo: Duration,
     pub window_s: f64,
     pub max_replicas: u32,
+    /// The rollout, for a rollout trace.
+    pub rollout: Option<RolloutRun>,
+}
+
+/// A spec change rolled onto the model's replicas.
+#[derive(Debug, Clone, Copy)]
+pub struct RolloutRun {
+    pub changed_s: f64,
+    /// When every replica ran the new spec and was ready; none if not
+    /// by the end of the run.
+    pub done_s: Option<f64>,
+    pub max_unavailable: u32,
+    pub max_surge: u32,
 }
 
 /// Scale actions closer together than this, in opposite directions, are a
@@ -142,6 +155,9 @@ fn summary(run: &Run<'_>, model: usize, outcomes: &[&Outcome], samples: &[FleetS
     if let Some(step_at) = run.trace.step_at_s() {
         step_figures(run, outcomes, samples, step_at);
     }
+    if let Some(rollout) = &run.rollout {
+        rollout_figures(run, outcomes, samples, rollout);
+    }
     if !run.last_decisions[model].is_empty() {
         println!("last decision: {}", run.last_decisions[model]);
     }
@@ -186,6 +202,44 @@ fn step_figures(run: &Run<'_>, outcomes: &[&Outcome], samples: &[FleetSample], s
         last_over_slo.map_or("never (after the step)".into(), |t| format!(
             "{t:.0}s after the step"
         ))
+    );
+}
+
+/// How a rollout went: how long, the fewest replicas ready meanwhile, and
+/// the requests sent while it ran that failed.
+fn rollout_figures(
+    run: &Run<'_>,
+    outcomes: &[&Outcome],
+    samples: &[FleetSample],
+    rollout: &RolloutRun,
+) {
+    let end = rollout.done_s.unwrap_or(f64::INFINITY);
+    let during = |at_s: f64| at_s >= rollout.changed_s && at_s <= end;
+    let fewest_ready = samples
+        .iter()
+        .filter(|s| during(s.at_s))
+        .map(|s| s.ready)
+        .min();
+    let sent: Vec<&&Outcome> = outcomes.iter().filter(|o| during(o.sent_s)).collect();
+    let failed = sent.iter().filter(|o| o.ttft.is_none()).count();
+    println!(
+        "rollout (max_surge {}, max_unavailable {}): spec changed at {:.0}s, {}",
+        rollout.max_surge,
+        rollout.max_unavailable,
+        rollout.changed_s,
+        rollout
+            .done_s
+            .map_or("not complete by the end of the run".into(), |done| format!(
+                "every replica on it and ready {:.0}s later",
+                done - rollout.changed_s
+            ))
+    );
+    println!(
+        "fewest replicas ready during the rollout: {} of {}; {} requests sent during it, {} failed",
+        fewest_ready.map_or("none sampled".into(), |n| n.to_string()),
+        run.max_replicas,
+        sent.len(),
+        failed
     );
 }
 

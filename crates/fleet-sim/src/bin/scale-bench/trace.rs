@@ -17,6 +17,9 @@ pub enum Shape {
     /// Two models on one pool, each a diurnal day, their peaks half a day
     /// apart.
     TwoModels,
+    /// `base_rate` throughout, with noise, for `during_s`; at `before_s`
+    /// the model's launch spec changes and rolls onto its replicas.
+    Rollout,
 }
 
 /// One run's arrivals, per model.
@@ -80,7 +83,7 @@ impl Trace {
         let p = &self.phases;
         match self.shape {
             Shape::Step => p.before_s + p.during_s + p.after_s,
-            Shape::Steady => p.during_s,
+            Shape::Steady | Shape::Rollout => p.during_s,
             Shape::Diurnal | Shape::TwoModels => p.day_s,
         }
     }
@@ -90,6 +93,11 @@ impl Trace {
         (self.shape == Shape::Step).then_some(self.phases.before_s)
     }
 
+    /// When the model's spec changes, for a rollout trace.
+    pub fn rollout_at_s(&self) -> Option<f64> {
+        (self.shape == Shape::Rollout).then_some(self.phases.before_s)
+    }
+
     /// Requests a second for `model` at `t_s` seconds into the run.
     pub fn rate(&self, model: usize, t_s: f64) -> f64 {
         let p = &self.phases;
@@ -97,7 +105,7 @@ impl Trace {
             Shape::Step if t_s >= p.before_s && t_s < p.before_s + p.during_s => {
                 p.base_rate * p.step
             }
-            Shape::Step | Shape::Steady => p.base_rate,
+            Shape::Step | Shape::Steady | Shape::Rollout => p.base_rate,
             Shape::Diurnal | Shape::TwoModels => {
                 // The second model's day starts at its noon.
                 let phase = t_s / p.day_s + model as f64 * 0.5;
