@@ -159,6 +159,14 @@ async fn run(args: Args) -> Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        // The router reads the control plane once a second: the first
+        // request must not reach it before the model does.
+        while !routed(&router, model).await {
+            if Instant::now() > deadline {
+                bail!("the router did not route {model} within 180s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     println!(
         "scale-bench: trace {:?} for {:.0}s over {} model(s); cold start {}, target {} request(s) \
@@ -380,6 +388,21 @@ async fn ttft(http: &reqwest::Client, router: &str, model: &str, seq: usize) -> 
         .trim_end()
         .ends_with("data: [DONE]");
     first.filter(|_| done)
+}
+
+/// Whether the router lists `model` with a ready endpoint.
+async fn routed(router: &str, model: &str) -> bool {
+    let Ok(response) = reqwest::get(format!("{router}/v1/models")).await else {
+        return false;
+    };
+    let Ok(listed) = response.json::<serde_json::Value>().await else {
+        return false;
+    };
+    listed["data"].as_array().is_some_and(|models| {
+        models
+            .iter()
+            .any(|m| m["id"] == model && m["ready_endpoints"].as_u64().unwrap_or(0) > 0)
+    })
 }
 
 async fn fleet_sample(admin: &DevAdmin, model: &str, at_s: f64) -> Option<FleetSample> {
