@@ -426,26 +426,39 @@ async fn a_model_scaled_to_zero_holds_its_first_request_and_goes_back_to_zero() 
     assert_eq!((decision.from, decision.to), (1, 0), "{decision:?}");
 }
 
+/// One replica on one L40S GPU.
+fn l40s_profile() -> serde_json::Value {
+    json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
+            "min_gpu_memory_gb": 16, "gpu_models": ["L40S"]}])
+}
+
+/// The L40S node's three GPUs the demo model leaves free, all taken by
+/// `batch`, a model that may shrink to one replica and, alone, only after
+/// an hour; it grows after `scale_up_window`. Returns its replicas.
+async fn fill_the_l40s_node_with_batch(
+    admin: &DevAdmin,
+    scale_up_window: &str,
+) -> Vec<ReplicaView> {
+    put(
+        admin,
+        &json!({"name": "batch", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 3, "profiles": l40s_profile(),
+                "autoscale": {"min_replicas": 1, "max_replicas": 3,
+                              "scale_up_window": scale_up_window, "scale_down_window": "1h"}}),
+    )
+    .await;
+    eventually("three ready replicas of batch", DEADLINE, || {
+        ready_replicas_of(admin, "batch", 3)
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
     let dir = tempfile::tempdir().unwrap();
     let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
-    // The L40S node's three GPUs the demo model leaves free, all taken by
-    // a model that may shrink to one replica.
-    let profile = json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
-                          "min_gpu_memory_gb": 16, "gpu_models": ["L40S"]}]);
-    put(
-        &admin,
-        &json!({"name": "batch", "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 3, "profiles": profile,
-                "autoscale": {"min_replicas": 1, "max_replicas": 3,
-                              "scale_up_window": "1h", "scale_down_window": "1h"}}),
-    )
-    .await;
-    let before = eventually("three ready replicas of batch", DEADLINE, || {
-        ready_replicas_of(&admin, "batch", 3)
-    })
-    .await;
+    let before = fill_the_l40s_node_with_batch(&admin, "1h").await;
+    let profile = l40s_profile();
     put(
         &admin,
         &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
@@ -491,20 +504,8 @@ async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
 async fn an_idle_model_gives_its_gpus_to_a_waiting_one_of_equal_priority_on_the_grow_window() {
     let dir = tempfile::tempdir().unwrap();
     let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
-    let profile = json!([{"name": "tp1", "engine": "vllm", "gpus_per_node": 1,
-                          "min_gpu_memory_gb": 16, "gpu_models": ["L40S"]}]);
-    put(
-        &admin,
-        &json!({"name": "batch", "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 3, "profiles": profile,
-                "autoscale": {"min_replicas": 1, "max_replicas": 3,
-                              "scale_up_window": "3s", "scale_down_window": "1h"}}),
-    )
-    .await;
-    eventually("three ready replicas of batch", DEADLINE, || {
-        ready_replicas_of(&admin, "batch", 3)
-    })
-    .await;
+    fill_the_l40s_node_with_batch(&admin, "3s").await;
+    let profile = l40s_profile();
     put(
         &admin,
         &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
