@@ -453,27 +453,37 @@ async fn fill_the_l40s_node_with_batch(
     .await
 }
 
+/// Adds `chat`, one replica on an L40S GPU with `priority`, and waits
+/// until it is placed, ready and answering through the router.
+async fn chat_placed_and_answering(
+    admin: &DevAdmin,
+    http: &reqwest::Client,
+    router: &str,
+    priority: u32,
+) {
+    put(
+        admin,
+        &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
+                "replicas": 1, "priority": priority, "profiles": l40s_profile()}),
+    )
+    .await;
+    eventually("chat placed and ready", DEADLINE, || {
+        ready_replicas_of(admin, "chat", 1)
+    })
+    .await;
+    let answer = eventually("chat answers", DEADLINE, || {
+        stream_chat(http, router, "chat")
+    })
+    .await;
+    assert!(!answer.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_model_takes_the_gpus_of_a_lower_one_drained_first() {
     let dir = tempfile::tempdir().unwrap();
     let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     let before = fill_the_l40s_node_with_batch(&admin, "1h").await;
-    let profile = l40s_profile();
-    put(
-        &admin,
-        &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 1, "priority": 10, "profiles": profile}),
-    )
-    .await;
-    eventually("chat placed and ready", DEADLINE, || {
-        ready_replicas_of(&admin, "chat", 1)
-    })
-    .await;
-    let answer = eventually("chat answers", DEADLINE, || {
-        stream_chat(&http, &router, "chat")
-    })
-    .await;
-    assert!(!answer.is_empty());
+    chat_placed_and_answering(&admin, &http, &router, 10).await;
     let after = ready_replicas_of(&admin, "batch", 2).await.unwrap();
     assert!(
         after
@@ -505,22 +515,7 @@ async fn an_idle_model_gives_its_gpus_to_a_waiting_one_of_equal_priority_on_the_
     let dir = tempfile::tempdir().unwrap();
     let (_dev, router, admin, http) = dev_cluster(dir.path()).await;
     fill_the_l40s_node_with_batch(&admin, "3s").await;
-    let profile = l40s_profile();
-    put(
-        &admin,
-        &json!({"name": "chat", "source": "Qwen/Qwen2.5-0.5B-Instruct",
-                "replicas": 1, "profiles": profile}),
-    )
-    .await;
-    eventually("chat placed and ready", DEADLINE, || {
-        ready_replicas_of(&admin, "chat", 1)
-    })
-    .await;
-    let answer = eventually("chat answers", DEADLINE, || {
-        stream_chat(&http, &router, "chat")
-    })
-    .await;
-    assert!(!answer.is_empty());
+    chat_placed_and_answering(&admin, &http, &router, 0).await;
     let batch = explain_of(&admin, "batch").await;
     let why = batch.last_scale.expect("the release is recorded");
     assert_eq!((why.from, why.to), (3, 1), "{why:?}");
