@@ -185,6 +185,7 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
             }
         },
     };
+    let limited = model.max_requests_per_replica.is_some();
     if model.wakes_on_request && model.ready_endpoints().next().is_none() {
         let name = model.name.clone();
         if peeked.stream && !shared.settings.held_keep_alive.is_zero() {
@@ -207,7 +208,11 @@ async fn proxy(shared: &Arc<Shared>, request: Request<RequestBody>) -> Response<
             }
         }
     }
-    let (table, place) = crate::queue::wait_for_room(shared, &peeked.model, table).await;
+    let (table, place) = if limited {
+        crate::queue::wait_for_room(shared, &peeked.model, table).await
+    } else {
+        (table, None)
+    };
     let response = dispatch(shared, &table, parts, &bytes, &peeked, grant, admitted).await;
     match place {
         Some(place) => crate::relay::holding(response, place),

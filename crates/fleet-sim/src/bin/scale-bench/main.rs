@@ -263,30 +263,24 @@ async fn roll_out(
     let changed_s = started.elapsed().as_secs_f64();
     put_model(admin, args, model, 2).await?;
     let give_up = started + Duration::from_secs_f64(args.during_s as f64 + 60.0);
-    while Instant::now() < give_up {
+    loop {
         let view: RolloutView = admin
             .get(&paths::rollout(model))
             .await
             .map_err(anyhow::Error::msg)?;
-        if view.phase == RolloutPhase::Complete
+        let complete = view.phase == RolloutPhase::Complete
             && view.outdated == 0
-            && view.updated_ready == view.desired
-        {
+            && view.updated_ready == view.desired;
+        if complete || Instant::now() >= give_up {
             return Ok(report::RolloutRun {
                 changed_s,
-                done_s: Some(started.elapsed().as_secs_f64()),
+                done_s: complete.then(|| started.elapsed().as_secs_f64()),
                 max_unavailable: view.policy.max_unavailable,
                 max_surge: view.policy.max_surge,
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Ok(report::RolloutRun {
-        changed_s,
-        done_s: None,
-        max_unavailable: 0,
-        max_surge: 0,
-    })
 }
 
 /// Puts the model's entry; `revision` goes into its engines' environment,
