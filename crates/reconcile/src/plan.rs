@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
 
 use llmgw_catalog::Model;
-use llmgw_scheduler::{Placement, Placer, Request, Siblings, Strategy};
+use llmgw_scheduler::{NodeHealth, Placement, Placer, Request, Siblings, Strategy};
 use llmgw_state::{
     Command, FleetState, KvEventPorts, NodeStatus, Replica, ReplicaFailure, ReplicaState, Shard,
     ShardFailure, ShardState,
@@ -59,6 +59,12 @@ pub struct Memory {
     pub retry_at: HashMap<String, u64>,
     /// Consecutive failed rounds per model, for the backoff.
     pub retries: HashMap<String, u32>,
+    /// Per model whose backoff began because nothing fit: the free GPUs the
+    /// fleet had then. Once more are free (a replica stopped, a node
+    /// joined), it tries again at once instead of waiting out the backoff.
+    /// A backoff after a failure is not cut short: a crashing engine frees
+    /// its own GPUs.
+    pub free_gpus_when_unplaced: HashMap<String, usize>,
     /// (host, port) pairs an engine failed on; not reused for a while.
     pub bad_ports: HashSet<(String, u16)>,
     /// Per model: why the last placement attempt found no fit.
@@ -81,7 +87,26 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// Backs off after a failure: the full delay, whatever frees up.
     fn backoff(&mut self, model: &str, now_ms: u64, settings: &PlanSettings) {
+        self.free_gpus_when_unplaced.remove(model);
+        self.delay_retry(model, now_ms, settings);
+    }
+
+    /// Backs off after finding no room, with `free_gpus` free in the fleet.
+    fn backoff_for_room(
+        &mut self,
+        model: &str,
+        now_ms: u64,
+        settings: &PlanSettings,
+        free_gpus: usize,
+    ) {
+        self.free_gpus_when_unplaced
+            .insert(model.to_owned(), free_gpus);
+        self.delay_retry(model, now_ms, settings);
+    }
+
+    fn delay_retry(&mut self, model: &str, now_ms: u64, settings: &PlanSettings) {
         let tries = self.retries.entry(model.to_owned()).or_default();
         *tries = tries.saturating_add(1);
         let delay = settings
@@ -159,6 +184,9 @@ struct Round<'a> {
     commands: Vec<Command>,
     /// A replica was told to yield its GPUs this round: at most one.
     yielded_this_round: bool,
+    /// GPUs free on ready nodes as this round began; counted when first
+    /// asked.
+    free_gpus: Option<usize>,
 }
 
 /// Decides one round.
@@ -178,6 +206,7 @@ pub fn decide(
         ports: used_ports(fleet),
         commands: Vec::new(),
         yielded_this_round: false,
+        free_gpus: None,
     };
     round.retire_replicas(&models);
     round.drain_nodes(&models);
@@ -405,12 +434,7 @@ impl Round<'_> {
                 }
                 continue;
             }
-            if self
-                .memory
-                .retry_at
-                .get(name)
-                .is_some_and(|at| *at > self.now_ms)
-            {
+            if self.held_back(name) {
                 continue;
             }
             for _ in serving.len()..want {
@@ -418,12 +442,50 @@ impl Round<'_> {
                     // Room being made for it: placed as soon as there is,
                     // without waiting out a backoff.
                     if !self.take_gpus_for(model) {
-                        self.memory.backoff(name, self.now_ms, self.settings);
+                        self.back_off_for_room(name);
                     }
                     break;
                 }
             }
         }
+    }
+
+    /// Whether `model` waits out a backoff before placing again: not once
+    /// more GPUs are free than when it last found no room.
+    fn held_back(&mut self, model: &str) -> bool {
+        let Some(&retry_at) = self.memory.retry_at.get(model) else {
+            return false;
+        };
+        if retry_at <= self.now_ms {
+            return false;
+        }
+        match self.memory.free_gpus_when_unplaced.get(model).copied() {
+            Some(then) => self.free_gpus() <= then,
+            None => true,
+        }
+    }
+
+    fn back_off_for_room(&mut self, model: &str) {
+        let free = self.free_gpus();
+        self.memory
+            .backoff_for_room(model, self.now_ms, self.settings, free);
+    }
+
+    /// GPUs on ready nodes that no shard (nor a process that outlived its
+    /// shard) holds, as the round began.
+    fn free_gpus(&mut self) -> usize {
+        if let Some(free) = self.free_gpus {
+            return free;
+        }
+        let mut views = node_views(self.fleet);
+        take_survivor_gpus(&mut views, &self.memory.survivor_gpus);
+        let free = views
+            .iter()
+            .filter(|n| n.health == NodeHealth::Ready && !n.cordoned && !n.draining)
+            .flat_map(|n| &n.gpus)
+            .filter(|g| g.free)
+            .count();
+        *self.free_gpus.get_or_insert(free)
     }
 
     /// Places one replica of `model`; `false` when nothing fits (the

@@ -114,13 +114,7 @@ impl Round<'_> {
                 None => waiting.push(replica),
             }
         }
-        if waiting.is_empty()
-            || self
-                .memory
-                .retry_at
-                .get(name)
-                .is_some_and(|at| *at > self.now_ms)
-        {
+        if waiting.is_empty() || self.held_back(name) {
             return;
         }
         let ready = serving(fleet, name)
@@ -134,7 +128,7 @@ impl Round<'_> {
                     in_flight += 1;
                     continue;
                 }
-                self.memory.backoff(name, self.now_ms, self.settings);
+                self.back_off_for_room(name);
             }
             // No surge left, or no room for one: take an old replica down
             // first, within the unavailability allowed.

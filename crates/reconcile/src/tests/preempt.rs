@@ -110,3 +110,44 @@ fn nothing_yields_below_its_floor_to_an_equal_priority_or_when_its_count_is_fixe
         );
     }
 }
+
+#[test]
+fn a_model_waiting_for_room_is_placed_once_gpus_free_not_after_its_backoff() {
+    let mut w = full_node_then(entry("low", 2, 0, None), entry("high", 1, 0, None));
+    // No room, and an equal priority yields nothing: it backs off, each
+    // time for longer.
+    for _ in 0..40 {
+        assert!(w.round().is_empty());
+        w.now_ms += 1_000;
+    }
+    let backed_off_until = w.memory.retry_at["high"];
+    assert!(
+        backed_off_until > w.now_ms + 5_000,
+        "a long backoff by now: until {backed_off_until}, now {}",
+        w.now_ms
+    );
+
+    // The operator takes one replica of `low` away: drained, then stopped.
+    assert_eq!(
+        w.fleet.apply(&entry("low", 1, 0, None)),
+        llmgw_state::Outcome::Applied
+    );
+    assert_eq!(w.round(), vec!["stop_replica"]);
+    let leaving = w
+        .fleet
+        .replicas
+        .values()
+        .find(|r| r.stop.is_some())
+        .expect("one replica told to go")
+        .id
+        .clone();
+    assert!(w.round().is_empty(), "its GPU is held while it drains");
+    w.set_all(&leaving, ShardState::Stopped, None);
+    assert!(w.now_ms < backed_off_until);
+    assert_eq!(
+        w.round(),
+        vec!["remove_replica", "place_replica"],
+        "placed as the GPU frees, within what was its backoff"
+    );
+    assert_eq!(w.replicas_of("high").len(), 1);
+}
