@@ -13,6 +13,7 @@
 //!     target/release/scale-bench --trace step --base-rate 1.5 --step 5
 //!     target/release/scale-bench --trace diurnal --day-s 600
 //!     target/release/scale-bench --trace two-models --max-replicas 2
+//!     target/release/scale-bench --trace two-models --nodes 4 --max-replicas 4 --warm-up-s 120
 //!     target/release/scale-bench --trace rollout --nodes 4 --min-replicas 4 --max-replicas 4 --base-rate 4 --during-s 240
 
 mod report;
@@ -97,6 +98,12 @@ struct Args {
     /// The timeline's rows, in seconds.
     #[arg(long, default_value_t = 10)]
     window_s: u64,
+    /// Runs the trace this long before the measured run: the fleet has
+    /// been following the load, as a serving fleet has, instead of starting
+    /// every model at `min_replicas` wherever the trace begins. Its
+    /// requests and samples are left out of the figures.
+    #[arg(long, default_value_t = 0)]
+    warm_up_s: u64,
 }
 
 impl Args {
@@ -110,6 +117,7 @@ impl Args {
             low_rate: self.low_rate,
             peak_rate: self.peak_rate,
             day_s: self.day_s as f64,
+            warm_up_s: self.warm_up_s as f64,
         };
         Trace::new(self.trace, phases, self.noise, self.seed)
     }
@@ -169,10 +177,14 @@ async fn run(args: Args) -> Result<()> {
         }
     }
     println!(
-        "scale-bench: trace {:?} for {:.0}s over {} model(s); cold start {}, target {} request(s) \
-         a replica{}{}, windows {} up / {} down, {} to {} replicas a model",
+        "scale-bench: trace {:?} for {:.0}s{} over {} model(s); cold start {}, target {} \
+         request(s) a replica{}{}, windows {} up / {} down, {} to {} replicas a model",
         args.trace,
         trace.duration_s(),
+        match args.warm_up_s {
+            0 => String::new(),
+            s => format!(" after a {s}s warm-up"),
+        },
         models.len(),
         args.cold_start,
         args.target_requests_per_replica,
@@ -195,7 +207,8 @@ async fn run(args: Args) -> Result<()> {
         .timeout(Duration::from_secs(300))
         .pool_max_idle_per_host(256)
         .build()?;
-    let started = Instant::now();
+    // The measured run's zero: requests of the warm-up are sent before it.
+    let started = Instant::now() + Duration::from_secs(args.warm_up_s);
     let total_s = trace.duration_s();
     let samples = Arc::new(Mutex::new(vec![Vec::new(); models.len()]));
     let sampler = {
@@ -205,6 +218,7 @@ async fn run(args: Args) -> Result<()> {
             models.clone(),
         );
         tokio::spawn(async move {
+            tokio::time::sleep_until(started.into()).await;
             while started.elapsed().as_secs_f64() < total_s + 5.0 {
                 let at_s = started.elapsed().as_secs_f64();
                 for (i, model) in models.iter().enumerate() {
@@ -220,7 +234,17 @@ async fn run(args: Args) -> Result<()> {
         let (admin, args, model) = (DevAdmin::new(&dev_file), args.clone(), models[0].clone());
         tokio::spawn(async move { roll_out(&admin, &args, &model, started, at_s).await })
     });
-    let outcomes = send_trace(&http, &router, &trace, &models, started).await;
+    let sent = send_trace(&http, &router, &trace, &models, started).await;
+    let (warm_up, outcomes): (Vec<Outcome>, Vec<Outcome>) =
+        sent.into_iter().partition(|o| o.sent_s < 0.0);
+    if args.warm_up_s > 0 {
+        println!(
+            "warm-up: {} requests in the {}s before the measured run, {} failed (left out below)",
+            warm_up.len(),
+            args.warm_up_s,
+            warm_up.iter().filter(|o| o.ttft.is_none()).count()
+        );
+    }
     let _ = sampler.await;
     let rollout = match rollout {
         Some(task) => Some(task.await??),
@@ -321,7 +345,8 @@ async fn put_model(admin: &DevAdmin, args: &Args, model: &str, revision: u32) ->
 }
 
 /// Sends every model's requests at the trace's rate, open loop, and waits
-/// for them all.
+/// for them all; `started` is the measured run's zero, the warm-up's
+/// requests come before it.
 async fn send_trace(
     http: &reqwest::Client,
     router: &str,
@@ -335,7 +360,11 @@ async fn send_trace(
     schedule.sort_by(|a, b| a.0.total_cmp(&b.0));
     let mut tasks = Vec::new();
     for (seq, (at, model)) in schedule.into_iter().enumerate() {
-        tokio::time::sleep_until((started + Duration::from_secs_f64(at)).into()).await;
+        let when = match at < 0.0 {
+            true => started - Duration::from_secs_f64(-at),
+            false => started + Duration::from_secs_f64(at),
+        };
+        tokio::time::sleep_until(when.into()).await;
         let (http, router, name) = (http.clone(), router.to_owned(), models[model].clone());
         tasks.push(tokio::spawn(async move {
             Outcome {

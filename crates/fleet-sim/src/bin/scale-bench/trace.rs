@@ -41,6 +41,9 @@ pub struct Phases {
     pub low_rate: f64,
     pub peak_rate: f64,
     pub day_s: f64,
+    /// The trace runs this long before its measured start, from where its
+    /// shape is at that time before it (for a day, the evening before).
+    pub warm_up_s: f64,
 }
 
 /// The noise holds for this long, then changes: load that wanders, not
@@ -98,7 +101,8 @@ impl Trace {
         (self.shape == Shape::Rollout).then_some(self.phases.before_s)
     }
 
-    /// Requests a second for `model` at `t_s` seconds into the run.
+    /// Requests a second for `model` at `t_s` seconds into the run (before
+    /// it, in the warm-up, when negative).
     pub fn rate(&self, model: usize, t_s: f64) -> f64 {
         let p = &self.phases;
         let shaped = match self.shape {
@@ -123,9 +127,10 @@ impl Trace {
     }
 
     /// The send times of every request of `model`, in seconds from the
-    /// start: evenly spaced at the rate of the moment.
+    /// measured start (negative in the warm-up): evenly spaced at the rate
+    /// of the moment.
     pub fn arrivals(&self, model: usize) -> Vec<f64> {
-        let mut at = 0.0;
+        let mut at = -self.phases.warm_up_s;
         let mut times = Vec::new();
         while at < self.duration_s() {
             times.push(at);
@@ -149,6 +154,7 @@ mod tests {
             low_rate: 0.5,
             peak_rate: 6.0,
             day_s: 600.0,
+            warm_up_s: 0.0,
         }
     }
 
@@ -181,5 +187,28 @@ mod tests {
         // The same seed, the same noise.
         let again = Trace::new(Shape::TwoModels, phases(), 0.2, 7);
         assert_eq!(trace.arrivals(1), again.arrivals(1));
+    }
+
+    #[test]
+    fn a_warm_up_runs_the_day_from_the_evening_before() {
+        let warm = Trace::new(
+            Shape::TwoModels,
+            Phases {
+                warm_up_s: 120.0,
+                ..phases()
+            },
+            0.0,
+            7,
+        );
+        let sent = warm.arrivals(1);
+        assert!(sent[0] == -120.0, "{}", sent[0]);
+        // 120 s before the day starts is the day's 480 s.
+        let cold = Trace::new(Shape::TwoModels, phases(), 0.0, 7);
+        assert!((warm.rate(1, -120.0) - cold.rate(1, 480.0)).abs() < 1e-9);
+        let measured = sent.iter().filter(|at| **at >= 0.0).count();
+        assert!(
+            (measured as i64 - cold.arrivals(1).len() as i64).abs() <= 1,
+            "the measured part is the day itself"
+        );
     }
 }
