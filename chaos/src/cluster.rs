@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use llmgw_api::{ClusterView, Membership, paths};
 use llmgw_dev::{AdminAccess, PeerLayout, server_yaml_tls};
-use llmgw_procfs::{alive, signal_group, to_pid};
+use llmgw_procfs::{alive, group_members_with_state, signal_group, to_pid};
 use llmgw_tls::certs::{self, IssueRequest};
 use llmgw_tls::{Identity, TlsFiles};
 use serde::de::DeserializeOwned;
@@ -390,20 +390,31 @@ impl Cluster {
         (clean, started.elapsed())
     }
 
-    pub fn pause(&mut self, id: u64) {
+    /// SIGSTOP to peer `id`'s process group, and the proof that it took
+    /// effect: every process of the group read as stopped in /proc (or
+    /// why not).
+    pub fn pause(&mut self, id: u64) -> Result<String, String> {
         let peer = self.peers.get_mut(&id).expect("known peer");
-        if let Some(child) = &peer.child {
-            signal_group(to_pid(child.id()), libc::SIGSTOP);
-            peer.stopped = true;
-        }
+        let Some(child) = &peer.child else {
+            return Err(format!("peer {id} is not running"));
+        };
+        let group = to_pid(child.id());
+        signal_group(group, libc::SIGSTOP);
+        peer.stopped = true;
+        confirm_group_state(group, "stopped", |state| matches!(state, 'T' | 't'))
     }
 
-    pub fn resume(&mut self, id: u64) {
+    /// SIGCONT to peer `id`'s process group, and the proof that it runs
+    /// again: no process of the group read as stopped.
+    pub fn resume(&mut self, id: u64) -> Result<String, String> {
         let peer = self.peers.get_mut(&id).expect("known peer");
-        if let Some(child) = &peer.child {
-            signal_group(to_pid(child.id()), libc::SIGCONT);
-        }
         peer.stopped = false;
+        let Some(child) = &peer.child else {
+            return Err(format!("peer {id} is not running"));
+        };
+        let group = to_pid(child.id());
+        signal_group(group, libc::SIGCONT);
+        confirm_group_state(group, "running again", |state| !matches!(state, 'T' | 't'))
     }
 
     /// `GET path` on peer `id`, decoded as the admin API's answer `T`.
@@ -503,7 +514,10 @@ impl Cluster {
     pub fn shutdown(&mut self) -> Vec<String> {
         let ids: Vec<u64> = self.peers.keys().copied().collect();
         for id in ids {
-            self.resume(id);
+            if self.peers[&id].stopped {
+                // Whether it woke matters not: it is killed next.
+                let _ = self.resume(id);
+            }
             self.kill(id);
         }
         self.stop_proxies();
@@ -563,4 +577,45 @@ pub async fn get_view<T: DeserializeOwned>(
     }
     serde_json::from_str(&text)
         .map_err(|e| format!("HTTP 200, not the admin API's answer ({e}): {text}"))
+}
+
+/// How long a signalled process group may take to show the signal's
+/// effect in /proc: delivery takes microseconds, a loaded machine more.
+const SIGNAL_EFFECT_WITHIN: Duration = Duration::from_secs(2);
+
+/// Reads the states of process group `group` until every member is in a
+/// state `wanted` accepts: what was seen, and how soon, or what was seen
+/// instead when `SIGNAL_EFFECT_WITHIN` passed.
+fn confirm_group_state(
+    group: i32,
+    what: &str,
+    wanted: impl Fn(char) -> bool,
+) -> Result<String, String> {
+    let started = Instant::now();
+    loop {
+        let members = group_members_with_state(group);
+        if !members.is_empty() && members.iter().all(|(_, state)| wanted(*state)) {
+            return Ok(format!(
+                "/proc shows its {} process(es) {what} after {} ms",
+                members.len(),
+                started.elapsed().as_millis()
+            ));
+        }
+        if started.elapsed() > SIGNAL_EFFECT_WITHIN {
+            let states: Vec<String> = members
+                .iter()
+                .map(|(pid, state)| format!("pid {pid} state {state}"))
+                .collect();
+            return Err(format!(
+                "process group {group} not {what} {} ms after the signal: {}",
+                started.elapsed().as_millis(),
+                if states.is_empty() {
+                    "no live member".to_owned()
+                } else {
+                    states.join(", ")
+                }
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }

@@ -87,12 +87,12 @@ pub(super) async fn lossy_links(ctx: &mut Ctx) -> Result<(), ScenarioError> {
 
 pub(super) async fn leader_sigstop(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let leader = ctx.leader().await?;
-    ctx.cluster.pause(leader);
-    ctx.fault(format!("SIGSTOP leader {leader}"));
+    let proof = ctx.cluster.pause(leader);
+    ctx.confirmed(format!("SIGSTOP leader {leader}"), proof);
     // The election timeout is at most 1.6 s.
     ctx.hold(3000, 6000).await;
-    ctx.cluster.resume(leader);
-    ctx.fault(format!("SIGCONT peer {leader}"));
+    let proof = ctx.cluster.resume(leader);
+    ctx.confirmed(format!("SIGCONT peer {leader}"), proof);
     ctx.hold(2000, 4000).await;
     Ok(())
 }

@@ -50,6 +50,10 @@ pub struct Ctx {
     /// While set, the admin load sends nothing (the runner's heal clears
     /// it).
     pub(super) load_quiet: Arc<AtomicBool>,
+    /// Faults whose effect was read back (a paused process's state).
+    pub(super) faults_confirmed: usize,
+    /// Faults that did not take effect, and what was seen instead.
+    pub(super) faults_unconfirmed: Vec<String>,
 }
 
 /// A check that runs on the run's [`Evidence`] once it is collected.
@@ -129,15 +133,31 @@ impl Ctx {
     /// answering; no node is touched).
     pub(super) fn pause(&mut self, id: u64) {
         self.open_window(Subject::Peer(id), true);
-        self.cluster.pause(id);
-        self.fault(format!("SIGSTOP peer {id}"));
+        let proof = self.cluster.pause(id);
+        self.confirmed(format!("SIGSTOP peer {id}"), proof);
     }
 
     /// SIGCONT to peer `id`; closes its window.
     pub(super) fn resume(&mut self, id: u64) {
-        self.cluster.resume(id);
+        let proof = self.cluster.resume(id);
         self.close_window(&Subject::Peer(id));
-        self.fault(format!("SIGCONT peer {id}"));
+        self.confirmed(format!("SIGCONT peer {id}"), proof);
+    }
+
+    /// Logs fault `what` with the proof that it took effect, or records
+    /// that it did not: a fault that never happened must not pass as one
+    /// the cluster survived.
+    pub(super) fn confirmed(&mut self, what: String, proof: Result<String, String>) {
+        match proof {
+            Ok(proof) => {
+                self.faults_confirmed += 1;
+                self.fault(format!("{what}: {proof}"));
+            }
+            Err(why) => {
+                self.fault(format!("{what}: did NOT take effect: {why}"));
+                self.faults_unconfirmed.push(format!("{what}: {why}"));
+            }
+        }
     }
 
     pub(super) fn heal(&mut self) -> Result<(), ScenarioError> {

@@ -131,6 +131,8 @@ async fn set_up(
         rolled_out: BTreeSet::new(),
         later: Vec::new(),
         load_quiet: Arc::new(AtomicBool::new(false)),
+        faults_confirmed: 0,
+        faults_unconfirmed: Vec::new(),
     };
     if options.verbose {
         println!(
@@ -266,8 +268,8 @@ fn heal(ctx: &mut Ctx) -> Result<Instant, ScenarioError> {
     }
     for id in ctx.cluster.member_ids() {
         if ctx.cluster.peers[&id].stopped {
-            ctx.cluster.resume(id);
-            ctx.fault(format!("SIGCONT peer {id} (healing)"));
+            let proof = ctx.cluster.resume(id);
+            ctx.confirmed(format!("SIGCONT peer {id} (healing)"), proof);
         }
         if !ctx.cluster.is_running(id) {
             ctx.restart(id)?;
@@ -464,6 +466,16 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             &rolled_out,
         ));
     }
+    if ctx.faults_confirmed + ctx.faults_unconfirmed.len() > 0 {
+        checked.push(Checked::new(
+            invariants::FAULTS_TOOK_EFFECT,
+            format!(
+                "{} fault(s) read back in /proc",
+                ctx.faults_confirmed + ctx.faults_unconfirmed.len()
+            ),
+            ctx.faults_unconfirmed.clone(),
+        ));
+    }
     checked.append(&mut ctx.extra_checks);
     for later in std::mem::take(&mut ctx.later) {
         checked.push(later(evidence));
@@ -500,7 +512,7 @@ fn tear_down(ctx: &mut Ctx, dir: &Path, evidence: &Evidence, checked: &mut Vec<C
     let mut groups = engine_groups;
     groups.sort_unstable();
     groups.dedup();
-    checked.push(Checked::new(
+    let mut left_nothing = Checked::new(
         invariants::NO_LEFTOVERS,
         format!(
             "{} peer processes, {agents_started} agents, {} engine process groups started",
@@ -508,7 +520,14 @@ fn tear_down(ctx: &mut Ctx, dir: &Path, evidence: &Evidence, checked: &mut Vec<C
             groups.len()
         ),
         leftovers,
-    ));
+    )
+    .needs("peer processes started", ctx.cluster.spawned.len(), 3);
+    if ctx.fleet.is_some() {
+        left_nothing = left_nothing
+            .needs("agents started", agents_started, 1)
+            .needs("engine process groups started", groups.len(), 1);
+    }
+    checked.push(left_nothing);
 }
 
 /// Phase 10: the counts, and the history files when the run is kept.
