@@ -619,3 +619,48 @@ fn confirm_group_state(
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    use super::*;
+
+    /// A pause is confirmed only by what /proc shows: a group never sent
+    /// SIGSTOP is not taken as paused, one that was is, and SIGCONT is
+    /// read back too.
+    #[test]
+    fn a_pause_counts_only_once_proc_shows_the_group_stopped() {
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .expect("sleep runs");
+        let group = to_pid(child.id());
+        let stopped = |state: char| matches!(state, 'T' | 't');
+
+        let not_sent = confirm_group_state(group, "stopped", stopped);
+        assert!(
+            not_sent
+                .as_ref()
+                .is_err_and(|why| why.contains("not stopped") && why.contains("state S")),
+            "{not_sent:?}"
+        );
+
+        signal_group(group, libc::SIGSTOP);
+        let paused = confirm_group_state(group, "stopped", stopped);
+        assert!(
+            paused
+                .as_ref()
+                .is_ok_and(|proof| proof.contains("1 process(es) stopped")),
+            "{paused:?}"
+        );
+
+        signal_group(group, libc::SIGCONT);
+        let running = confirm_group_state(group, "running again", |s| !stopped(s));
+        assert!(running.is_ok(), "{running:?}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
