@@ -38,6 +38,7 @@ pub const NO_TERM_CHANGE_FOLLOWER_PAUSED: &str = "no-term-change-while-follower-
 pub const HEALTHY_LEADER_KEPT_STREAMS: &str = "healthy-leader-kept-agent-streams";
 pub const REJOINED_AFTER_HEALING: &str = "healed-peer-rejoined-promptly";
 pub const FAULTS_TOOK_EFFECT: &str = "faults-took-effect";
+pub const MAJORITY_FAILED_OVER: &str = "majority-failed-over";
 
 /// How every shortfall of evidence begins, whichever invariant reports it.
 pub const NOT_ENOUGH_EVIDENCE: &str = "not enough evidence";

@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use super::ctx::{pick_small_node, promise, write_through};
-use super::silent_peers::hold_watching_majority;
+use super::silent_peers::{hold_requiring_failover, hold_watching_majority};
 use super::{Ctx, ScenarioError};
 use crate::fleet::{self, Subject};
 use crate::invariants::Checked;
@@ -56,7 +56,7 @@ pub(super) async fn leader_disk_full(ctx: &mut Ctx) -> Result<(), ScenarioError>
     let refused = refuses_writes(ctx, full).await;
     ctx.extra_checks.push(refused);
     let others = ctx.followers(full);
-    hold_watching_majority(ctx, &others, FULL_FOR).await;
+    hold_requiring_failover(ctx, &others, FULL_FOR).await;
 
     let freed_us = ctx.history.now_us();
     ctx.cluster
@@ -119,6 +119,7 @@ pub(super) async fn every_disk_full(ctx: &mut Ctx) -> Result<(), ScenarioError> 
         format!("node {node}, its agent killed while every disk was full"),
         seen,
     );
+    // Any leader will do here: no peer has room to lead anew.
     hold_watching_majority(ctx, &peers, Duration::from_secs(3)).await;
 
     let freed_us = ctx.history.now_us();

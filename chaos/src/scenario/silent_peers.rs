@@ -40,8 +40,13 @@ fn check_rejoined(ctx: &mut Ctx, peer: u64) {
 }
 
 /// Sleeps `total`, noting the first moment at which one of `among`
-/// names a leader of `among` (a new leader on the majority side).
-pub(super) async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: Duration) {
+/// names a leader of `among` (a new leader on the majority side): how
+/// long into the fault that was, if it happened.
+pub(super) async fn hold_watching_majority(
+    ctx: &mut Ctx,
+    among: &[u64],
+    total: Duration,
+) -> Option<Duration> {
     let started = Instant::now();
     let mut seen = None;
     while started.elapsed() < total {
@@ -49,7 +54,7 @@ pub(super) async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: 
             && let Some(leader) = ctx.cluster.wait_leader_among(among).await
             && among.contains(&leader)
         {
-            seen = Some(leader);
+            seen = Some(started.elapsed());
             ctx.fault(format!(
                 "peer {leader} leads the majority ({:.1}s into the fault)",
                 started.elapsed().as_secs_f64()
@@ -64,6 +69,42 @@ pub(super) async fn hold_watching_majority(ctx: &mut Ctx, among: &[u64], total: 
             total.as_secs_f64()
         ));
     }
+    seen
+}
+
+/// How soon a healthy majority that lost its leader must name a leader
+/// of its own. Twenty times the default `raft.election_timeout_max`
+/// (450 ms), for a vote's round trips, fsyncs and the 250 ms polling on
+/// this noisy 2-core machine; shorter than every fault held here, so a
+/// majority that never elects fails however the run is timed.
+pub(super) const FAILOVER_WITHIN: Duration = Duration::from_secs(9);
+
+/// Holds the fault like [`hold_watching_majority`], and requires the
+/// majority `among` to have failed over within [`FAILOVER_WITHIN`]: a
+/// scenario whose point is a failover fails when none happens.
+pub(super) async fn hold_requiring_failover(ctx: &mut Ctx, among: &[u64], total: Duration) {
+    let led = hold_watching_majority(ctx, among, total).await;
+    let verdict = match led {
+        Some(after) if after <= FAILOVER_WITHIN => Ok(()),
+        Some(after) => Err(format!(
+            "peers {among:?} first named a leader of their own {:.1}s into the fault, later than \
+             {FAILOVER_WITHIN:?}",
+            after.as_secs_f64()
+        )),
+        None => Err(format!(
+            "no peer of {among:?} led during the {:.0}s fault: the majority never failed over",
+            total.as_secs_f64()
+        )),
+    };
+    super::ctx::promise(
+        ctx,
+        invariants::MAJORITY_FAILED_OVER,
+        format!(
+            "peers {among:?} name a leader of their own within {}s of the fault",
+            FAILOVER_WITHIN.as_secs()
+        ),
+        verdict,
+    );
 }
 
 /// Whether a TCP connection from namespace `ns` to `ip:port` opens
@@ -132,7 +173,7 @@ async fn pause_leader(ctx: &mut Ctx, secs: u64) -> Result<(), ScenarioError> {
         fleet::NODE_TTL,
         fleet::LOST_AFTER
     ));
-    hold_watching_majority(ctx, &followers, Duration::from_secs(secs)).await;
+    hold_requiring_failover(ctx, &followers, Duration::from_secs(secs)).await;
     ctx.resume(leader);
     check_rejoined(ctx, leader);
     ctx.hold(WATCH_AFTER.0, WATCH_AFTER.1).await;
@@ -340,7 +381,7 @@ async fn hold_cut_then_heal(
 ) -> Result<(), ScenarioError> {
     let checked = check_cut(ctx, leader)?;
     ctx.fault(checked);
-    hold_watching_majority(ctx, followers, hold).await;
+    hold_requiring_failover(ctx, followers, hold).await;
     ctx.heal()?;
     ctx.close_window(&Subject::Peer(leader));
     check_rejoined(ctx, leader);
