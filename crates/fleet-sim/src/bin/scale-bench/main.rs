@@ -15,6 +15,7 @@
 //!     target/release/scale-bench --trace two-models --max-replicas 2
 //!     target/release/scale-bench --trace two-models --nodes 4 --max-replicas 4 --warm-up-s 120
 //!     target/release/scale-bench --trace rollout --nodes 4 --min-replicas 4 --max-replicas 4 --base-rate 4 --during-s 240
+//!     target/release/scale-bench --trace from-zero --min-replicas 0 --before-s 120 --during-s 60 --after-s 30
 
 mod report;
 mod trace;
@@ -404,13 +405,21 @@ async fn ttft(http: &reqwest::Client, router: &str, model: &str, seq: usize) -> 
     let mut first = None;
     let mut text = Vec::new();
     while let Ok(Some(chunk)) = response.chunk().await {
-        first.get_or_insert_with(|| sent.elapsed());
         text.extend_from_slice(&chunk);
+        // A held request's keep-alive comments (`: ...`) come before any
+        // token: the first token is the first `data:` event.
+        if first.is_none() && contains(&text, b"data:") {
+            first = Some(sent.elapsed());
+        }
     }
     let done = String::from_utf8_lossy(&text)
         .trim_end()
         .ends_with("data: [DONE]");
     first.filter(|_| done)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Whether the router lists `model` with a ready endpoint.

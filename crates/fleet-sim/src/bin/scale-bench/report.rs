@@ -155,6 +155,9 @@ fn summary(run: &Run<'_>, model: usize, outcomes: &[&Outcome], samples: &[FleetS
     if let Some(step_at) = run.trace.step_at_s() {
         step_figures(run, outcomes, samples, step_at);
     }
+    if let Some(wake_at) = run.trace.wake_at_s() {
+        wake_figures(outcomes, samples, wake_at);
+    }
     if let Some(rollout) = &run.rollout {
         rollout_figures(run, outcomes, samples, rollout);
     }
@@ -202,6 +205,38 @@ fn step_figures(run: &Run<'_>, outcomes: &[&Outcome], samples: &[FleetSample], s
         last_over_slo.map_or("never (after the step)".into(), |t| format!(
             "{t:.0}s after the step"
         ))
+    );
+}
+
+/// How a model scaled to zero took its first requests: how many replicas
+/// were ready when the first was sent, and how long it waited for its first
+/// token.
+fn wake_figures(outcomes: &[&Outcome], samples: &[FleetSample], wake_at: f64) {
+    let ready_before = samples
+        .iter()
+        .rev()
+        .find(|s| s.at_s <= wake_at)
+        .map_or("not sampled".into(), |s| s.ready.to_string());
+    let first = outcomes
+        .iter()
+        .filter(|o| o.sent_s >= wake_at)
+        .min_by(|a, b| a.sent_s.total_cmp(&b.sent_s));
+    let ready_again = samples
+        .iter()
+        .find(|s| s.at_s >= wake_at && s.ready > 0)
+        .map(|s| s.at_s - wake_at);
+    println!(
+        "from zero: {ready_before} replica(s) ready when the first request was sent at {wake_at:.0}s; \
+         a replica ready {} later; the first request {}",
+        ready_again.map_or("never".into(), |s| format!("{s:.0}s")),
+        match first.map(|o| o.ttft) {
+            Some(Some(ttft)) => format!(
+                "held and answered, its first token after {:.1}s",
+                ttft.as_secs_f64()
+            ),
+            Some(None) => "failed".into(),
+            None => "was never sent".into(),
+        }
     );
 }
 

@@ -20,6 +20,10 @@ pub enum Shape {
     /// `base_rate` throughout, with noise, for `during_s`; at `before_s`
     /// the model's launch spec changes and rolls onto its replicas.
     Rollout,
+    /// Nothing for `before_s` (long enough for a model with
+    /// `min_replicas: 0` to scale to zero), then `base_rate` for
+    /// `during_s`, then nothing for `after_s`.
+    FromZero,
 }
 
 /// One run's arrivals, per model.
@@ -85,15 +89,31 @@ impl Trace {
     pub fn duration_s(&self) -> f64 {
         let p = &self.phases;
         match self.shape {
-            Shape::Step => p.before_s + p.during_s + p.after_s,
+            Shape::Step | Shape::FromZero => p.before_s + p.during_s + p.after_s,
             Shape::Steady | Shape::Rollout => p.during_s,
             Shape::Diurnal | Shape::TwoModels => p.day_s,
+        }
+    }
+
+    /// After `t_s`, where the trace has no load, the next time it has
+    /// some (the run's end when none is left).
+    fn next_load_s(&self, t_s: f64) -> f64 {
+        let p = &self.phases;
+        match self.shape {
+            Shape::FromZero if t_s < p.before_s => p.before_s,
+            _ => self.duration_s(),
         }
     }
 
     /// When the step comes, for a step trace.
     pub fn step_at_s(&self) -> Option<f64> {
         (self.shape == Shape::Step).then_some(self.phases.before_s)
+    }
+
+    /// When the first requests come to a model scaled to zero, for a
+    /// from-zero trace.
+    pub fn wake_at_s(&self) -> Option<f64> {
+        (self.shape == Shape::FromZero).then_some(self.phases.before_s)
     }
 
     /// When the model's spec changes, for a rollout trace.
@@ -110,6 +130,8 @@ impl Trace {
                 p.base_rate * p.step
             }
             Shape::Step | Shape::Steady | Shape::Rollout => p.base_rate,
+            Shape::FromZero if t_s >= p.before_s && t_s < p.before_s + p.during_s => p.base_rate,
+            Shape::FromZero => 0.0,
             Shape::Diurnal | Shape::TwoModels => {
                 // The second model's day starts at its noon.
                 let phase = t_s / p.day_s + model as f64 * 0.5;
@@ -133,8 +155,13 @@ impl Trace {
         let mut at = -self.phases.warm_up_s;
         let mut times = Vec::new();
         while at < self.duration_s() {
+            let rate = self.rate(model, at);
+            if rate <= 0.0 {
+                at = self.next_load_s(at);
+                continue;
+            }
             times.push(at);
-            at += 1.0 / self.rate(model, at).max(0.01);
+            at += 1.0 / rate.max(0.01);
         }
         times
     }
@@ -187,6 +214,16 @@ mod tests {
         // The same seed, the same noise.
         let again = Trace::new(Shape::TwoModels, phases(), 0.2, 7);
         assert_eq!(trace.arrivals(1), again.arrivals(1));
+    }
+
+    #[test]
+    fn from_zero_sends_nothing_before_and_after_its_burst() {
+        let trace = Trace::new(Shape::FromZero, phases(), 0.0, 1);
+        let sent = trace.arrivals(0);
+        assert_eq!(sent[0], 60.0, "the first request comes at before_s");
+        assert!(sent.iter().all(|at| (60.0..180.0).contains(at)));
+        // 120 s at 2/s.
+        assert!((sent.len() as i64 - 240).abs() <= 1, "{}", sent.len());
     }
 
     #[test]
