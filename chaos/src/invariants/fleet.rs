@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Checked, NO_GPU_TWICE, ROUTER_HEALTHY_SERVED};
+use super::{Checked, NO_GPU_TWICE, ROUTER_HEALTHY_SERVED, first_of};
 use crate::fleet::{FleetSample, RouterOp, Subject, Window, nodes_of};
 
 /// How long after a node's fault window closes a mark or a retirement
@@ -166,11 +166,7 @@ pub fn router_healthy(ops: &[RouterOp], samples: &[FleetSample], windows: &[Wind
         }
     }
     let ok = ops.iter().filter(|op| op.result.is_ok()).count();
-    let total = violations.len();
-    let mut shown: Vec<String> = violations.into_iter().take(8).collect();
-    if total > shown.len() {
-        shown.push(format!("... and {} more", total - shown.len()));
-    }
+    let shown = first_of(violations, 8);
     Checked::new(
         ROUTER_HEALTHY_SERVED,
         format!(

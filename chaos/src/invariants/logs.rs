@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::fleet::{faulted_nodes, node_fault_at, node_windows};
-use super::{Checked, HEALTHY_LEADER_KEPT_STREAMS, NO_UNREACHABLE_WHILE_HEALTHY};
+use super::{Checked, HEALTHY_LEADER_KEPT_STREAMS, NO_UNREACHABLE_WHILE_HEALTHY, first_of};
 use crate::fleet::{FleetSample, Window};
 
 /// The wall-clock time of a tracing log line (`2026-12-03T07:06:07.123456Z
@@ -99,11 +99,7 @@ pub fn no_unreachable_while_healthy(
         }
     }
     let node_samples = samples.iter().filter(|s| s.nodes.is_some()).count();
-    let total = violations.len();
-    let mut shown: Vec<String> = violations.into_iter().take(10).collect();
-    if total > shown.len() {
-        shown.push(format!("... and {} more", total - shown.len()));
-    }
+    let shown = first_of(violations, 10);
     Checked::new(
         NO_UNREACHABLE_WHILE_HEALTHY,
         format!(

@@ -73,3 +73,30 @@ impl Checked {
         self
     }
 }
+
+/// The first `most` violations, and how many more there were: a fault
+/// that breaks one rule many times must not bury the report.
+fn first_of(violations: impl IntoIterator<Item = String>, most: usize) -> Vec<String> {
+    let mut all = violations.into_iter();
+    let mut shown: Vec<String> = all.by_ref().take(most).collect();
+    let more = all.count();
+    if more > 0 {
+        shown.push(format!("... and {more} more"));
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_list_of_violations_is_cut_with_a_count() {
+        let many = (1..=12).map(|n| format!("v{n}"));
+        let shown = first_of(many, 10);
+        assert_eq!(shown.len(), 11);
+        assert_eq!(shown[9], "v10");
+        assert_eq!(shown[10], "... and 2 more");
+        assert_eq!(first_of(vec!["one".to_owned()], 10), vec!["one"]);
+    }
+}

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::fleet::{API_LAG_US, faulted_nodes, node_fault_at};
-use super::{Checked, NO_RETIREMENT_WHILE_REACHABLE};
+use super::{Checked, NO_RETIREMENT_WHILE_REACHABLE, first_of};
 use crate::fleet::{FleetSample, Window};
 
 /// The replica a shard id (`<replica>-r<rank>`) belongs to.
@@ -94,11 +94,7 @@ pub fn no_retirement_while_reachable(
             ));
         }
     }
-    let total = violations.len();
-    let mut shown: Vec<String> = violations.into_iter().take(10).collect();
-    if total > shown.len() {
-        shown.push(format!("... and {} more", total - shown.len()));
-    }
+    let shown = first_of(violations, 10);
     Checked::new(
         NO_RETIREMENT_WHILE_REACHABLE,
         format!(
