@@ -30,7 +30,7 @@ use llmgw_test_kit::dev::{Dev, DevAdmin};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::report::{FleetSample, Outcome};
+use crate::report::{FleetSample, Outcome, RoutingSample};
 use crate::trace::{Phases, Shape, Trace};
 
 #[derive(Debug, Clone, Parser)]
@@ -231,6 +231,10 @@ async fn run(args: Args) -> Result<()> {
             }
         })
     };
+    let routing = {
+        let (admin, router, models) = (DevAdmin::new(&dev_file), router.clone(), models.clone());
+        tokio::spawn(async move { watch_routing(&admin, &router, &models, started, total_s).await })
+    };
     let rollout = trace.rollout_at_s().map(|at_s| {
         let (admin, args, model) = (DevAdmin::new(&dev_file), args.clone(), models[0].clone());
         tokio::spawn(async move { roll_out(&admin, &args, &model, started, at_s).await })
@@ -247,6 +251,7 @@ async fn run(args: Args) -> Result<()> {
         );
     }
     let _ = sampler.await;
+    let routing = routing.await.unwrap_or_default();
     let rollout = match rollout {
         Some(task) => Some(task.await??),
         None => None,
@@ -265,6 +270,7 @@ async fn run(args: Args) -> Result<()> {
         models: &models,
         outcomes: &outcomes,
         samples: &samples,
+        routing: &routing,
         last_decisions: &last,
         slo: Duration::from_millis(args.slo_ms),
         window_s: args.window_s as f64,
@@ -420,6 +426,64 @@ async fn ttft(http: &reqwest::Client, router: &str, model: &str, seq: usize) -> 
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// How often the routing watcher looks: the lag it reports is known to
+/// within this.
+const ROUTING_SAMPLE: Duration = Duration::from_millis(100);
+
+/// Per model, every `ROUTING_SAMPLE`: the replicas the control plane
+/// calls ready, and the ready endpoints the router routes to.
+async fn watch_routing(
+    admin: &DevAdmin,
+    router: &str,
+    models: &[String],
+    started: Instant,
+    total_s: f64,
+) -> Vec<Vec<RoutingSample>> {
+    let mut samples = vec![Vec::new(); models.len()];
+    tokio::time::sleep_until(started.into()).await;
+    while started.elapsed().as_secs_f64() < total_s + 5.0 {
+        let at_s = started.elapsed().as_secs_f64();
+        let replicas: Option<Vec<ReplicaView>> = admin.get(paths::REPLICAS).await.ok();
+        let routed = router_ready_endpoints(router).await;
+        if let (Some(replicas), Some(routed)) = (replicas, routed) {
+            for (i, model) in models.iter().enumerate() {
+                samples[i].push(RoutingSample {
+                    at_s,
+                    control_plane_ready: replicas
+                        .iter()
+                        .filter(|r| r.replica.model == *model && r.state == ReplicaState::Ready)
+                        .count() as u32,
+                    router_ready: routed.get(model).copied().unwrap_or(0),
+                });
+            }
+        }
+        tokio::time::sleep(ROUTING_SAMPLE).await;
+    }
+    samples
+}
+
+/// The router's ready endpoints per model, from its `/v1/models`.
+async fn router_ready_endpoints(router: &str) -> Option<std::collections::HashMap<String, u32>> {
+    let listed: serde_json::Value = reqwest::get(format!("{router}/v1/models"))
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    Some(
+        listed["data"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| {
+                Some((
+                    m["id"].as_str()?.to_owned(),
+                    m["ready_endpoints"].as_u64().unwrap_or(0) as u32,
+                ))
+            })
+            .collect(),
+    )
 }
 
 /// Whether the router lists `model` with a ready endpoint.

@@ -24,12 +24,23 @@ pub struct FleetSample {
     pub starting: u32,
 }
 
+/// What the control plane and the router each said of a model's ready
+/// replicas at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingSample {
+    pub at_s: f64,
+    pub control_plane_ready: u32,
+    pub router_ready: u32,
+}
+
 pub struct Run<'a> {
     pub trace: &'a Trace,
     pub models: &'a [String],
     pub outcomes: &'a [Outcome],
     /// Per model.
     pub samples: &'a [Vec<FleetSample>],
+    /// Per model, sampled more often than `samples`.
+    pub routing: &'a [Vec<RoutingSample>],
     pub last_decisions: &'a [String],
     pub slo: Duration,
     pub window_s: f64,
@@ -161,6 +172,9 @@ fn summary(run: &Run<'_>, model: usize, outcomes: &[&Outcome], samples: &[FleetS
     if let Some(rollout) = &run.rollout {
         rollout_figures(run, outcomes, samples, rollout);
     }
+    if let Some(routing) = run.routing.get(model) {
+        routing_figures(routing);
+    }
     if !run.last_decisions[model].is_empty() {
         println!("last decision: {}", run.last_decisions[model]);
     }
@@ -278,6 +292,42 @@ fn rollout_figures(
     );
 }
 
+/// How long after the control plane called a new replica ready the router
+/// routed to it: for each rise of the ready count, until the router's
+/// ready endpoints reached it.
+fn routing_figures(samples: &[RoutingSample]) {
+    let lags = routing_lags(samples);
+    if lags.is_empty() {
+        return;
+    }
+    let most = lags.iter().map(|(_, lag)| *lag).fold(0.0, f64::max);
+    println!(
+        "the router routed each newly ready replica within {most:.1}s of the control plane \
+         calling it ready (sampled every 100 ms): {}",
+        lags.iter()
+            .map(|(at, lag)| format!("{lag:.1}s at {at:.0}s"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+}
+
+/// For each sample where the control plane's ready count rose, when it
+/// did and how long until the router's count was as high; rises the run
+/// ended before the router caught up with are left out.
+fn routing_lags(samples: &[RoutingSample]) -> Vec<(f64, f64)> {
+    samples
+        .windows(2)
+        .filter(|w| w[1].control_plane_ready > w[0].control_plane_ready)
+        .filter_map(|w| {
+            let (rose, wanted) = (w[1].at_s, w[1].control_plane_ready);
+            samples
+                .iter()
+                .find(|s| s.at_s >= rose && s.router_ready >= wanted)
+                .map(|s| (rose, s.at_s - rose))
+        })
+        .collect()
+}
+
 /// Each change of the wanted count: when, and whether it grew.
 fn scale_actions(samples: &[FleetSample]) -> Vec<(f64, bool)> {
     samples
@@ -322,6 +372,26 @@ mod tests {
             ready: desired,
             starting: 0,
         }
+    }
+
+    #[test]
+    fn routing_lag_runs_from_ready_in_the_control_plane_to_routed() {
+        let at = |at_s, control_plane_ready, router_ready| RoutingSample {
+            at_s,
+            control_plane_ready,
+            router_ready,
+        };
+        let samples = [
+            at(0.0, 1, 1),
+            at(0.1, 3, 1),
+            at(0.2, 3, 2),
+            at(0.9, 3, 3),
+            at(1.0, 4, 3),
+        ];
+        let lags = routing_lags(&samples);
+        assert_eq!(lags.len(), 1, "the rise to 4 never reached the router");
+        assert_eq!(lags[0].0, 0.1);
+        assert!((lags[0].1 - 0.8).abs() < 1e-9, "{lags:?}");
     }
 
     #[test]
