@@ -471,15 +471,22 @@ impl Round<'_> {
             .backoff_for_room(model, self.now_ms, self.settings, free);
     }
 
+    /// The fleet as the scheduler sees it, GPUs held by processes that
+    /// outlived their shard taken.
+    fn node_views(&self) -> Vec<llmgw_scheduler::NodeView> {
+        let mut views = node_views(self.fleet);
+        take_survivor_gpus(&mut views, &self.memory.survivor_gpus);
+        views
+    }
+
     /// GPUs on ready nodes that no shard (nor a process that outlived its
     /// shard) holds, as the round began.
     fn free_gpus(&mut self) -> usize {
         if let Some(free) = self.free_gpus {
             return free;
         }
-        let mut views = node_views(self.fleet);
-        take_survivor_gpus(&mut views, &self.memory.survivor_gpus);
-        let free = views
+        let free = self
+            .node_views()
             .iter()
             .filter(|n| n.health == NodeHealth::Ready && !n.cordoned && !n.draining)
             .flat_map(|n| &n.gpus)
@@ -494,12 +501,11 @@ impl Round<'_> {
         let Some(managed) = model.managed() else {
             return false;
         };
+        if self.placer.is_none() {
+            self.placer = Some(Placer::new(self.node_views()));
+        }
         let fleet = self.fleet;
-        let placer = self.placer.get_or_insert_with(|| {
-            let mut views = node_views(fleet);
-            take_survivor_gpus(&mut views, &self.memory.survivor_gpus);
-            Placer::new(views)
-        });
+        let placer = self.placer.as_mut().expect("built above");
         let siblings = if placer.tracks(&model.name) {
             Siblings::default()
         } else {
