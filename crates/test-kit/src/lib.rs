@@ -38,15 +38,41 @@ pub use skip::skipped;
 pub use tmpfs::Tmpfs;
 pub use wait::{DEADLINE, eventually, poll_until_ok, wait_until, wait_until_blocking};
 
-/// A port free right now on 127.0.0.1 (the kernel's choice). Another
-/// process may take it before the test binds it; tests that start
-/// clusters plan their ports with `llmgw_dev::plan_peers` instead, below
-/// the ephemeral range.
+/// A port free right now on 127.0.0.1, for a process the test is about to
+/// start. Chosen below the kernel's ephemeral range (32768 and up by
+/// default) and below the engine ports the leader hands out (20000 and
+/// up): a port the kernel picks as free can become the source port of any
+/// outgoing connection, another test's or the router's own reconnect to
+/// that very port, before the process binds it, which then fails with
+/// "address in use". Each call in a process moves on to the next port, so
+/// no two callers get the same one; the start differs per process.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("a free port on 127.0.0.1")
-        .port()
+    free_consecutive_ports(1)
+}
+
+/// The first of `count` consecutive ports free right now on 127.0.0.1
+/// (an engine's data-parallel ranks publish on a port each, from a base),
+/// chosen as [`free_port`] chooses one.
+pub fn free_consecutive_ports(count: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const PORTS: std::ops::Range<u32> = 10_000..20_000;
+    const UNSET: u32 = u32::MAX;
+    static NEXT: AtomicU32 = AtomicU32::new(UNSET);
+    let span = PORTS.end - PORTS.start;
+    let count = u32::from(count.max(1));
+    let start = std::process::id().wrapping_mul(7919) % span;
+    let _ = NEXT.compare_exchange(UNSET, start, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..span {
+        let first = PORTS.start + NEXT.fetch_add(count, Ordering::SeqCst) % (span - count);
+        let all_free = (first..first + count).all(|port| {
+            let port = u16::try_from(port).expect("ports fit in u16");
+            std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        });
+        if all_free {
+            return u16::try_from(first).expect("ports fit in u16");
+        }
+    }
+    panic!("no {count} consecutive free ports in {PORTS:?} on 127.0.0.1")
 }
 
 /// A port on 127.0.0.1 that refuses connections and that no other process

@@ -14,7 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use llmgw_router::{Endpoint, RoutedModel, Router, RoutingTable, RunningRouter, Settings};
 use llmgw_test_kit::engine_sim_bin;
-pub use llmgw_test_kit::{free_port, metric, wait_until};
+pub use llmgw_test_kit::{free_consecutive_ports, free_port, metric, wait_until};
 use tokio::sync::watch;
 
 pub const SMALL: &str = "Qwen/Qwen2.5-0.5B-Instruct";

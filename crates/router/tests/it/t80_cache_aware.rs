@@ -319,18 +319,9 @@ async fn a_stream_cut_mid_answer_resumes_on_the_survivor_caching_its_prompt() {
 
 /// A port whose next one is free too: a second data-parallel rank
 /// publishes on the port after its first's.
-fn free_port_pair() -> u16 {
-    loop {
-        let port = free_port();
-        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-}
-
 #[tokio::test]
 async fn every_data_parallel_rank_of_an_engine_is_followed() {
-    let (stream, replay) = (free_port_pair(), free_port_pair());
+    let (stream, replay) = (free_consecutive_ports(2), free_consecutive_ports(2));
     let config = format!(
         r#"{{"enable_kv_cache_events":true,"endpoint":"tcp://*:{stream}","replay_endpoint":"tcp://*:{replay}"}}"#
     );
