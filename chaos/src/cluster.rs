@@ -19,7 +19,8 @@ use serde::de::DeserializeOwned;
 use crate::netns::{Net, NetError};
 use crate::slow_links::SlowLinks;
 
-const GRPC_PORT: u16 = 7070;
+/// Every peer's gRPC (Raft and agent streams) port, in its own namespace.
+pub const GRPC_PORT: u16 = 7070;
 const ADMIN_PORT: u16 = 7080;
 /// The in-peer router's port (`router_listen`), when the run has a fleet.
 pub const ROUTER_PORT: u16 = 7090;
@@ -301,6 +302,20 @@ impl Cluster {
             .into_iter()
             .filter(|id| self.peers[id].child.is_some() && !self.peers[id].stopped)
             .collect()
+    }
+
+    /// The longest election timeout the peers were configured with (the
+    /// first member's file, as the server read it): what the run's
+    /// availability bounds are derived from.
+    pub fn election_timeout_max(&self) -> Result<Duration, String> {
+        let id = *self
+            .member_ids()
+            .first()
+            .ok_or("the cluster has no members")?;
+        let path = &self.peers[&id].layout.config;
+        llmgw_config::ServerConfig::load(path)
+            .map(|config| config.raft.election_timeout_max)
+            .map_err(|e| format!("{}: {e}", path.display()))
     }
 
     pub fn log_path(&self, id: u64, start: u32) -> PathBuf {

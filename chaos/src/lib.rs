@@ -68,6 +68,12 @@ pub struct RunArgs {
     /// Keep logs and histories of clean runs too.
     #[arg(long)]
     pub keep: bool,
+    /// Also write the whole output (what was run, on which commit and
+    /// build, every invariant's scope and violations, every fault, the
+    /// summary table) to this Markdown file, rewritten after every run, so
+    /// a table in the docs is a file the run wrote, not a paste.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
     /// Concurrent client workers during each run.
     #[arg(long, default_value_t = 3)]
     pub workers: usize,
@@ -177,6 +183,71 @@ pub fn details(report: &RunReport) -> String {
     out
 }
 
+/// The head of a `--report` file: what was run, where and on what.
+fn report_head(args: &[String], first_seed: u64, seeds: u64, bin: &std::path::Path) -> String {
+    let git = |what: &[&str]| {
+        std::process::Command::new("git")
+            .args(what)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let commit = match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(commit) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
+            Some(changes) if !changes.is_empty() => {
+                format!("{commit} with uncommitted changes")
+            }
+            _ => commit,
+        },
+        None => "unknown (not run from a git checkout)".to_owned(),
+    };
+    let started = time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    format!(
+        "# llmgw chaos run\n\n\
+         * command: `{}`\n\
+         * started: {started}\n\
+         * commit: {commit}\n\
+         * peers run: `{}` (llmgw {}, {} build of this chaos binary)\n\
+         * links: mTLS between peers and agents, HTTPS admin API with a token\n\
+         * machine: {cores} CPU(s)\n\
+         * seeds: {first_seed} to {}\n\n",
+        args.join(" "),
+        bin.display(),
+        env!("CARGO_PKG_VERSION"),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        first_seed + seeds.max(1) - 1,
+    )
+}
+
+/// Rewrites the `--report` file with everything so far; a failure to
+/// write is said once per run, never fatal.
+fn write_report(path: &std::path::Path, head: &str, runs: &str, reports: &[RunReport]) {
+    let text = format!(
+        "{head}## Runs\n\n```\n{runs}```\n\n## Summary\n\n{}",
+        summary(reports)
+    );
+    if let Err(error) = std::fs::write(path, text) {
+        eprintln!("chaos: cannot write the report {}: {error}", path.display());
+    }
+}
+
+/// One run's fault log, indented under its details in a report.
+fn faults(report: &RunReport) -> String {
+    let mut out = String::from("  faults:\n");
+    for fault in &report.faults {
+        out.push_str(&format!("    {fault}\n"));
+    }
+    out
+}
+
 /// `llmgw chaos ...`.
 pub fn main(args: ChaosArgs) -> ExitCode {
     match args.command {
@@ -250,22 +321,37 @@ fn run_cli(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let head = report_head(
+        &std::env::args().collect::<Vec<_>>(),
+        first_seed,
+        args.seeds,
+        &options.bin,
+    );
+    let mut runs = String::new();
     let mut reports = Vec::new();
     let mut errors = 0;
     for scenario in scenarios {
         for seed in first_seed..first_seed + args.seeds.max(1) {
             match runtime.block_on(scenario::run(scenario, seed, &options)) {
                 Ok(report) => {
-                    print!("{}", details(&report));
+                    let text = details(&report);
+                    print!("{text}");
+                    runs.push_str(&text);
+                    runs.push_str(&faults(&report));
                     reports.push(report);
                 }
                 Err(error) => {
                     errors += 1;
-                    eprintln!(
-                        "chaos: {} seed {seed} could not run: {error}\n  replay: llmgw chaos run --scenario {} --seed {seed}",
+                    let text = format!(
+                        "chaos: {} seed {seed} could not run: {error}\n  replay: llmgw chaos run --scenario {} --seed {seed}\n",
                         scenario.name, scenario.name
                     );
+                    eprint!("{text}");
+                    runs.push_str(&text);
                 }
+            }
+            if let Some(path) = &args.report {
+                write_report(path, &head, &runs, &reports);
             }
         }
     }

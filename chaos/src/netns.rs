@@ -47,6 +47,25 @@ pub(crate) fn run(program: &str, args: &[&str]) -> Result<String, NetError> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Whether a TCP connection from namespace `ns` to `ip:port` opens
+/// within 1 s (a dropped SYN on the bridge never gets an answer).
+pub(crate) fn connects(ns: &str, ip: Ipv4Addr, port: u16) -> bool {
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "timeout",
+            "1",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{ip}/{port}"),
+        ],
+    )
+    .is_ok()
+}
+
 /// Whether this process can build the run's network: root, `ip netns`,
 /// `nft`. `Err` says what is missing.
 pub fn preflight() -> Result<(), String> {
@@ -312,6 +331,32 @@ impl Net {
                 "nftables random loss {loss_percent}% (this kernel has no netem: no delay)"
             ))
         }
+    }
+
+    /// Whether a TCP connection from `from`'s namespace to `to`'s address
+    /// and `port` opens within 1 s: the harness's probe of its own cuts.
+    pub fn reaches(&self, from: u64, to: u64, port: u16) -> bool {
+        connects(self.namespace(from), self.peer_ip(to), port)
+    }
+
+    /// How peer `id`'s incoming traffic is degraded, read back from the
+    /// kernel (the netem qdisc, or the nftables rule where there is no
+    /// netem); `None` when nothing degrades it.
+    pub fn degradation(&self, id: u64) -> Result<Option<String>, NetError> {
+        let ns = self.namespace(id).to_owned();
+        let shown = if self.netem {
+            run("tc", &["-n", &ns, "qdisc", "show", "dev", "eth0"])?
+        } else {
+            run(
+                "ip",
+                &["netns", "exec", &ns, "nft", "list", "table", "inet", TABLE],
+            )?
+        };
+        let marker = if self.netem { "loss" } else { "numgen" };
+        Ok(shown
+            .lines()
+            .find(|line| line.contains(marker))
+            .map(|line| line.trim().to_owned()))
     }
 
     /// Removes every fault from every peer.

@@ -4,6 +4,7 @@
 //! states the evidence it needs ([`Checked::needs`]): with less, it fails
 //! with a violation of its own instead of passing silently.
 
+mod availability;
 mod fleet;
 mod logs;
 mod raft;
@@ -12,6 +13,7 @@ mod retirement;
 mod test_support;
 mod witness;
 
+pub use availability::{Leaderless, leader_followed, leaderless_spans};
 pub use fleet::{no_gpu_twice, router_healthy};
 pub use logs::{healthy_leader_kept_streams, log_time_us, no_unreachable_while_healthy};
 pub use raft::{
@@ -39,6 +41,7 @@ pub const HEALTHY_LEADER_KEPT_STREAMS: &str = "healthy-leader-kept-agent-streams
 pub const REJOINED_AFTER_HEALING: &str = "healed-peer-rejoined-promptly";
 pub const FAULTS_TOOK_EFFECT: &str = "faults-took-effect";
 pub const MAJORITY_FAILED_OVER: &str = "majority-failed-over";
+pub const LEADER_FOLLOWED: &str = "leader-followed-by-a-majority";
 
 /// How every shortfall of evidence begins, whichever invariant reports it.
 pub const NOT_ENOUGH_EVIDENCE: &str = "not enough evidence";

@@ -37,7 +37,16 @@ pub(super) async fn follower_kill_restart(ctx: &mut Ctx) -> Result<(), ScenarioE
 pub(super) async fn leader_isolated_minority(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let leader = ctx.leader().await?;
     ctx.cluster.net.isolate(&[leader])?;
-    ctx.fault(format!("isolate leader {leader} from both followers"));
+    let followers = ctx.followers(leader);
+    let cut: Vec<(u64, u64)> = followers
+        .iter()
+        .flat_map(|&f| [(leader, f), (f, leader)])
+        .collect();
+    let proof = probe_cut(ctx, &cut, &both_ways(&followers));
+    ctx.confirmed(
+        format!("isolate leader {leader} from both followers"),
+        proof,
+    );
     ctx.hold(4000, 8000).await;
     ctx.heal()?;
     ctx.hold(1500, 3000).await;
@@ -46,26 +55,37 @@ pub(super) async fn leader_isolated_minority(ctx: &mut Ctx) -> Result<(), Scenar
 
 pub(super) async fn one_way_partition(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let leader = ctx.leader().await?;
-    for follower in ctx.followers(leader) {
+    let followers = ctx.followers(leader);
+    for &follower in &followers {
         ctx.cluster.net.block(leader, follower)?;
     }
-    ctx.fault(format!(
-        "drop all traffic from leader {leader} to the followers"
-    ));
+    let cut: Vec<(u64, u64)> = followers.iter().map(|&f| (leader, f)).collect();
+    let proof = probe_cut(ctx, &cut, &both_ways(&followers));
+    ctx.confirmed(
+        format!("drop all traffic from leader {leader} to the followers"),
+        proof,
+    );
     ctx.hold(4000, 7000).await;
     ctx.heal()?;
     ctx.hold(1500, 3000).await;
     let leader = ctx.leader().await?;
     let followers = ctx.followers(leader);
     let sender = ctx.pick(&followers);
-    for other in ctx.cluster.member_ids() {
-        if other != sender {
-            ctx.cluster.net.block(sender, other)?;
-        }
+    let others: Vec<u64> = ctx
+        .cluster
+        .member_ids()
+        .into_iter()
+        .filter(|id| *id != sender)
+        .collect();
+    for &other in &others {
+        ctx.cluster.net.block(sender, other)?;
     }
-    ctx.fault(format!(
-        "drop all traffic from follower {sender} to the others"
-    ));
+    let cut: Vec<(u64, u64)> = others.iter().map(|&o| (sender, o)).collect();
+    let proof = probe_cut(ctx, &cut, &both_ways(&others));
+    ctx.confirmed(
+        format!("drop all traffic from follower {sender} to the others"),
+        proof,
+    );
     ctx.hold(4000, 7000).await;
     ctx.heal()?;
     ctx.hold(1500, 3000).await;
@@ -77,12 +97,68 @@ pub(super) async fn lossy_links(ctx: &mut Ctx) -> Result<(), ScenarioError> {
         let loss = ctx.rng.random_range(10..30);
         let delay = ctx.rng.random_range(20..80);
         let how = ctx.cluster.net.degrade(id, loss, delay)?;
-        ctx.fault(format!("peer {id}: {how}"));
+        let proof = match ctx.cluster.net.degradation(id) {
+            Ok(Some(rule)) => Ok(format!("the kernel shows `{rule}`")),
+            Ok(None) => Err("the kernel shows no loss rule".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        ctx.confirmed(format!("peer {id}: {how}"), proof);
     }
     ctx.hold(6000, 10000).await;
     ctx.heal()?;
     ctx.hold(1500, 3000).await;
     Ok(())
+}
+
+/// Every ordered pair of distinct peers in `ids`.
+fn both_ways(ids: &[u64]) -> Vec<(u64, u64)> {
+    ids.iter()
+        .flat_map(|&a| ids.iter().filter(move |&&b| b != a).map(move |&b| (a, b)))
+        .collect()
+}
+
+/// Probes a cut the schedule just made, all at once (about a second):
+/// from every `(from, to)` of `cut` no connection opens to `to`'s gRPC
+/// port, and from every pair of `open` one does, which shows the probe
+/// itself works. A cut that did not take effect must not pass as a
+/// partition the cluster survived.
+fn probe_cut(ctx: &Ctx, cut: &[(u64, u64)], open: &[(u64, u64)]) -> Result<String, String> {
+    let net = &ctx.cluster.net;
+    let probe = |pairs: &[(u64, u64)]| -> Vec<((u64, u64), bool)> {
+        std::thread::scope(|scope| {
+            let asked: Vec<_> = pairs
+                .iter()
+                .map(|&(from, to)| {
+                    let ask = scope.spawn(move || net.reaches(from, to, crate::cluster::GRPC_PORT));
+                    ((from, to), ask)
+                })
+                .collect();
+            asked
+                .into_iter()
+                .map(|(pair, ask)| (pair, ask.join().unwrap_or(false)))
+                .collect()
+        })
+    };
+    let mut wrong: Vec<String> = probe(cut)
+        .into_iter()
+        .filter(|(_, reached)| *reached)
+        .map(|((from, to), _)| format!("peer {from} still reaches peer {to}"))
+        .collect();
+    wrong.extend(
+        probe(open)
+            .into_iter()
+            .filter(|(_, reached)| !*reached)
+            .map(|((from, to), _)| format!("peer {from} cannot reach peer {to}, which is not cut")),
+    );
+    if wrong.is_empty() {
+        Ok(format!(
+            "probed: {} cut direction(s) open no connection, {} open one(s) do",
+            cut.len(),
+            open.len()
+        ))
+    } else {
+        Err(wrong.join("; "))
+    }
 }
 
 pub(super) async fn leader_sigstop(ctx: &mut Ctx) -> Result<(), ScenarioError> {

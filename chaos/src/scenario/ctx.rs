@@ -19,6 +19,9 @@ use crate::history::{History, Outcome};
 use crate::invariants::Checked;
 use crate::linearizability::RegOp;
 use crate::load::{self, LeaderSample};
+/// Election timeouts a failover may take (see [`Ctx::failover_bound`]).
+pub const FAILOVER_TIMEOUTS: u32 = 20;
+
 /// The fault-injection side of a run: the cluster, the seeded schedule,
 /// and the log of what was done.
 pub struct Ctx {
@@ -90,6 +93,17 @@ impl Ctx {
             println!("  {line}");
         }
         self.faults.push(line);
+    }
+
+    /// How soon a majority that lost its leader must follow a new one:
+    /// [`FAILOVER_TIMEOUTS`] of the configured `raft.election_timeout_max`,
+    /// for a vote's round trips, fsyncs and the sampling on a noisy 2-core
+    /// machine (9 s with the defaults, shorter than every fault held, so a
+    /// majority that never elects fails however the run is timed).
+    pub(super) fn failover_bound(&self) -> Result<Duration, String> {
+        self.cluster
+            .election_timeout_max()
+            .map(|timeout| timeout * FAILOVER_TIMEOUTS)
     }
 
     /// Waits a seeded time in `[min_ms, max_ms)`.

@@ -439,6 +439,19 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
     checked.push(invariants::state_hashes(&closing.states));
     checked.push(invariants::acknowledged_writes(&ops, &closing.catalogs));
     checked.push(invariants::linearizable(&ops));
+    checked.push(match ctx.failover_bound() {
+        Ok(bound) => invariants::leader_followed(
+            &evidence.leader_samples,
+            ctx.cluster.member_ids().len(),
+            &evidence.windows,
+            u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
+        ),
+        Err(why) => Checked::new(
+            invariants::LEADER_FOLLOWED,
+            "the configured election timeout",
+            vec![why],
+        ),
+    });
     if ctx.fleet.is_some() {
         checked.push(invariants::no_gpu_twice(&evidence.fleet_samples));
         checked.push(invariants::no_unreachable_while_healthy(
@@ -470,7 +483,7 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
         checked.push(Checked::new(
             invariants::FAULTS_TOOK_EFFECT,
             format!(
-                "{} fault(s) read back in /proc",
+                "{} fault(s) read back (/proc, connection probes, the kernel's rules)",
                 ctx.faults_confirmed + ctx.faults_unconfirmed.len()
             ),
             ctx.faults_unconfirmed.clone(),

@@ -72,26 +72,21 @@ pub(super) async fn hold_watching_majority(
     seen
 }
 
-/// How soon a healthy majority that lost its leader must name a leader
-/// of its own. Twenty times the default `raft.election_timeout_max`
-/// (450 ms), for a vote's round trips, fsyncs and the 250 ms polling on
-/// this noisy 2-core machine; shorter than every fault held here, so a
-/// majority that never elects fails however the run is timed.
-pub(super) const FAILOVER_WITHIN: Duration = Duration::from_secs(9);
-
 /// Holds the fault like [`hold_watching_majority`], and requires the
-/// majority `among` to have failed over within [`FAILOVER_WITHIN`]: a
+/// majority `among` to have failed over within [`Ctx::failover_bound`]: a
 /// scenario whose point is a failover fails when none happens.
 pub(super) async fn hold_requiring_failover(ctx: &mut Ctx, among: &[u64], total: Duration) {
     let led = hold_watching_majority(ctx, among, total).await;
-    let verdict = match led {
-        Some(after) if after <= FAILOVER_WITHIN => Ok(()),
-        Some(after) => Err(format!(
+    let bound = ctx.failover_bound();
+    let verdict = match (led, &bound) {
+        (_, Err(why)) => Err(format!("no bound to hold the failover to: {why}")),
+        (Some(after), Ok(bound)) if after <= *bound => Ok(()),
+        (Some(after), Ok(bound)) => Err(format!(
             "peers {among:?} first named a leader of their own {:.1}s into the fault, later than \
-             {FAILOVER_WITHIN:?}",
+             {bound:?}",
             after.as_secs_f64()
         )),
-        None => Err(format!(
+        (None, _) => Err(format!(
             "no peer of {among:?} led during the {:.0}s fault: the majority never failed over",
             total.as_secs_f64()
         )),
@@ -100,30 +95,11 @@ pub(super) async fn hold_requiring_failover(ctx: &mut Ctx, among: &[u64], total:
         ctx,
         invariants::MAJORITY_FAILED_OVER,
         format!(
-            "peers {among:?} name a leader of their own within {}s of the fault",
-            FAILOVER_WITHIN.as_secs()
+            "peers {among:?} name a leader of their own within {:.1}s of the fault",
+            bound.map_or(0.0, |b| b.as_secs_f64())
         ),
         verdict,
     );
-}
-
-/// Whether a TCP connection from namespace `ns` to `ip:port` opens
-/// within 1 s (a dropped SYN on the bridge never gets an answer).
-fn connects(ns: &str, ip: std::net::Ipv4Addr, port: u16) -> bool {
-    crate::netns::run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns,
-            "timeout",
-            "1",
-            "bash",
-            "-c",
-            &format!("exec 3<>/dev/tcp/{ip}/{port}"),
-        ],
-    )
-    .is_ok()
 }
 
 /// The harness's own check of a cut between `leader` and its peers: every
@@ -141,12 +117,12 @@ fn check_cut(ctx: &Ctx, leader: u64) -> Result<String, ScenarioError> {
         .flat_map(|f| f.agents.iter().map(|(id, a)| (id.clone(), a.addr)))
         .collect();
     for (node, addr) in &nodes {
-        if !connects(net.namespace(*addr), target, fleet::STREAM_PORT) {
+        if !crate::netns::connects(net.namespace(*addr), target, fleet::STREAM_PORT) {
             wrong.push(format!("agent {node} cannot reach leader {leader}"));
         }
     }
     for peer in ctx.followers(leader) {
-        if connects(net.namespace(peer), target, fleet::STREAM_PORT) {
+        if net.reaches(peer, leader, fleet::STREAM_PORT) {
             wrong.push(format!("peer {peer} still reaches leader {leader}"));
         }
     }
