@@ -24,9 +24,10 @@ const FRESH_US: u64 = 1_000_000;
 const STEP_US: u64 = 50_000;
 /// Spans shorter than this are not listed in the scope (an election).
 const NOTABLE_US: u64 = 500_000;
-/// A run's timeline must be judged over at least this long (10 s of
-/// samples) to say anything about availability.
-const MIN_JUDGED_US: u64 = 10_000_000;
+/// A run's timeline must be judged over at least this long to say
+/// anything about availability (the shortest scenarios judge about 9 s
+/// once the time a majority was down is taken out).
+const MIN_JUDGED_US: u64 = 5_000_000;
 
 /// A span of run time with no leader a majority followed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ pub fn log_time_us(line: &str) -> Option<u64> {
 
 /// A log line's time in run time (microseconds since the run's time
 /// zero), given the wall-clock time of that zero.
-fn run_time_us(line: &str, wall_zero_us: u64) -> Option<u64> {
+pub(super) fn run_time_us(line: &str, wall_zero_us: u64) -> Option<u64> {
     log_time_us(line).map(|t| t.saturating_sub(wall_zero_us))
 }
 
@@ -114,7 +114,7 @@ pub fn no_unreachable_while_healthy(
 
 /// Logs with at least one line whose time reads: a log this check cannot
 /// place in time, or that is empty, shows nothing.
-fn logs_read(logs: &[(String, String)]) -> usize {
+pub(super) fn logs_read(logs: &[(String, String)]) -> usize {
     logs.iter()
         .filter(|(_, text)| text.lines().any(|l| log_time_us(l).is_some()))
         .count()

@@ -4,6 +4,7 @@
 //! states the evidence it needs ([`Checked::needs`]): with less, it fails
 //! with a violation of its own instead of passing silently.
 
+mod agent_streams;
 mod availability;
 mod fleet;
 mod logs;
@@ -13,6 +14,7 @@ mod retirement;
 mod test_support;
 mod witness;
 
+pub use agent_streams::agents_found_the_leader;
 pub use availability::{Leaderless, leader_followed, leaderless_spans};
 pub use fleet::{no_gpu_twice, router_healthy};
 pub use logs::{healthy_leader_kept_streams, log_time_us, no_unreachable_while_healthy};
@@ -42,6 +44,7 @@ pub const REJOINED_AFTER_HEALING: &str = "healed-peer-rejoined-promptly";
 pub const FAULTS_TOOK_EFFECT: &str = "faults-took-effect";
 pub const MAJORITY_FAILED_OVER: &str = "majority-failed-over";
 pub const LEADER_FOLLOWED: &str = "leader-followed-by-a-majority";
+pub const AGENTS_FOUND_THE_LEADER: &str = "agents-found-the-leader";
 
 /// How every shortfall of evidence begins, whichever invariant reports it.
 pub const NOT_ENOUGH_EVIDENCE: &str = "not enough evidence";

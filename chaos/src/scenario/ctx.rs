@@ -106,6 +106,22 @@ impl Ctx {
             .map(|timeout| timeout * FAILOVER_TIMEOUTS)
     }
 
+    /// How soon an agent that lost its stream must be registered with a
+    /// leader again: the failover bound and two of its longest reconnect
+    /// backoffs (`reconnect_max`, from the first agent's config file).
+    pub(super) fn agent_reconnect_bound(&self) -> Result<Duration, String> {
+        let failover = self.failover_bound()?;
+        let agent = self
+            .fleet
+            .as_ref()
+            .and_then(|fleet| fleet.agents.values().next())
+            .ok_or("the run has no agents")?;
+        let path = &agent.layout.config;
+        let config = llmgw_config::AgentConfig::load(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(failover + config.reconnect_max * 2)
+    }
+
     /// Waits a seeded time in `[min_ms, max_ms)`.
     pub(super) async fn hold(&mut self, min_ms: u64, max_ms: u64) {
         let ms = self.rng.random_range(min_ms..max_ms);

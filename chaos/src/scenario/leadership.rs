@@ -100,7 +100,9 @@ pub(super) async fn reconnect_during_drain(ctx: &mut Ctx) -> Result<(), Scenario
         .and_then(|f| f.agents.get(&node))
         .map(|a| a.log_text())
         .unwrap_or_default();
-    let left = agent_log.matches("leaving a silent peer").count()
+    let left = agent_log
+        .matches(llmgw_runtime::log_events::CONTROL_PLANE_PEER_SILENT)
+        .count()
         + agent_log
             .matches(llmgw_runtime::log_events::CONTROL_PLANE_STREAM_LOST)
             .count();

@@ -460,6 +460,19 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             &evidence.windows,
             evidence.wall_zero_us,
         ));
+        checked.push(match ctx.agent_reconnect_bound() {
+            Ok(bound) => invariants::agents_found_the_leader(
+                &evidence.agent_logs,
+                &evidence.windows,
+                evidence.wall_zero_us,
+                u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
+            ),
+            Err(why) => Checked::new(
+                invariants::AGENTS_FOUND_THE_LEADER,
+                "the configured reconnect backoff",
+                vec![why],
+            ),
+        });
         checked.push(invariants::router_healthy(
             &evidence.router_ops,
             &evidence.fleet_samples,

@@ -242,7 +242,12 @@ impl StreamClient {
                     attempt = attempt.max(REFUSED_ATTEMPT);
                 }
                 SessionEnd::Silent { why } => {
-                    tracing::warn!(peer = %target, %why, "leaving a silent peer; finding the leader through the others");
+                    tracing::warn!(
+                        peer = %target,
+                        %why,
+                        "{}",
+                        llmgw_runtime::log_events::CONTROL_PLANE_PEER_SILENT
+                    );
                     avoid = Some(Avoid {
                         addr: target.clone(),
                         until: Instant::now() + self.leader_timeout(),
@@ -361,7 +366,12 @@ impl StreamClient {
             Ok(stream) => stream,
             Err(end) => return end,
         };
-        tracing::info!(peer = %addr, node = %self.config.node_id, "stream open; registered");
+        tracing::info!(
+            peer = %addr,
+            node = %self.config.node_id,
+            "{}",
+            llmgw_runtime::log_events::AGENT_REGISTERED
+        );
         let mut seq = 0u64;
         let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

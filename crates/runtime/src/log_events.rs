@@ -14,3 +14,12 @@ pub const AGENT_STREAMS_RELEASED: &str =
 
 /// An agent's stream to the control plane ended (fields `peer`, `why`).
 pub const CONTROL_PLANE_STREAM_LOST: &str = "control-plane stream lost";
+
+/// An agent's registration was accepted: its stream to the leader is open
+/// (fields `peer`, `node`).
+pub const AGENT_REGISTERED: &str = "stream open; registered";
+
+/// An agent stopped waiting on a peer that went silent and looks for the
+/// leader through the others (fields `peer`, `why`).
+pub const CONTROL_PLANE_PEER_SILENT: &str =
+    "leaving a silent peer; finding the leader through the others";

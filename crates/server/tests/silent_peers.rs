@@ -310,7 +310,11 @@ async fn a_paused_follower_wakes_without_changing_the_term_or_any_stream() {
     let opened = |agents: &[Agent]| -> usize {
         agents
             .iter()
-            .map(|a| a.log_text().matches("stream open; registered").count())
+            .map(|a| {
+                a.log_text()
+                    .matches(llmgw_runtime::log_events::AGENT_REGISTERED)
+                    .count()
+            })
             .sum()
     };
     let streams_before = opened(&agents);
