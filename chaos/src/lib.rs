@@ -184,22 +184,41 @@ pub fn details(report: &RunReport) -> String {
 }
 
 /// The head of a `--report` file: what was run, where and on what.
-fn report_head(args: &[String], first_seed: u64, seeds: u64, bin: &std::path::Path) -> String {
+fn report_head(
+    args: &[String],
+    first_seed: u64,
+    seeds: u64,
+    bin: &std::path::Path,
+    report: &std::path::Path,
+) -> String {
     let git = |what: &[&str]| {
         std::process::Command::new("git")
             .args(what)
             .output()
             .ok()
             .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
     };
     let commit = match git(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(commit) => match git(&["status", "--porcelain", "--untracked-files=no"]) {
-            Some(changes) if !changes.is_empty() => {
+        Some(commit) => {
+            let commit = commit.trim().to_owned();
+            // The report itself may be a tracked file being rewritten: not
+            // a change to the code that ran.
+            let root = git(&["rev-parse", "--show-toplevel"]).map(|r| PathBuf::from(r.trim()));
+            let is_report = |path: &str| {
+                root.as_ref()
+                    .is_some_and(|root| same_file(&root.join(path), report))
+            };
+            let changed = git(&["status", "--porcelain", "--untracked-files=no"])
+                .unwrap_or_default()
+                .lines()
+                .any(|line| line.get(3..).is_some_and(|path| !is_report(path)));
+            if changed {
                 format!("{commit} with uncommitted changes")
+            } else {
+                commit
             }
-            _ => commit,
-        },
+        }
         None => "unknown (not run from a git checkout)".to_owned(),
     };
     let started = time::OffsetDateTime::now_utc()
@@ -225,6 +244,15 @@ fn report_head(args: &[String], first_seed: u64, seeds: u64, bin: &std::path::Pa
         },
         first_seed + seeds.max(1) - 1,
     )
+}
+
+/// Whether two paths name one file, whether or not it exists yet.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let canonical = |p: &std::path::Path| {
+        let parent = p.parent().and_then(|d| d.canonicalize().ok());
+        parent.zip(p.file_name()).map(|(d, name)| d.join(name))
+    };
+    canonical(a).is_some_and(|a| Some(a) == canonical(b))
 }
 
 /// Rewrites the `--report` file with everything so far; a failure to
@@ -321,12 +349,15 @@ fn run_cli(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let head = report_head(
-        &std::env::args().collect::<Vec<_>>(),
-        first_seed,
-        args.seeds,
-        &options.bin,
-    );
+    let head = args.report.as_deref().map_or_else(String::new, |report| {
+        report_head(
+            &std::env::args().collect::<Vec<_>>(),
+            first_seed,
+            args.seeds,
+            &options.bin,
+            report,
+        )
+    });
     let mut runs = String::new();
     let mut reports = Vec::new();
     let mut errors = 0;

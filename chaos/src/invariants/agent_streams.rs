@@ -6,16 +6,24 @@ use llmgw_runtime::log_events::{
     AGENT_REGISTERED, CONTROL_PLANE_PEER_SILENT, CONTROL_PLANE_STREAM_LOST,
 };
 
+use super::availability::majority_down_spans;
 use super::fleet::node_windows;
 use super::logs::{logs_read, run_time_us};
 use super::{AGENTS_FOUND_THE_LEADER, Checked, first_of};
 use crate::fleet::Window;
 
 /// Where a span of `node` without a leader, from `from_us` to `to_us`,
-/// starts to count: after the last fault window on the node that overlaps
-/// it (a cut or killed agent cannot register), or at `from_us`. `None`
-/// when a window still open covers it all.
-fn counted_from(windows: &[Window], node: &str, from_us: u64, to_us: u64) -> Option<u64> {
+/// starts to count: after the last fault window on the node that
+/// overlaps it (a cut or killed agent cannot register) and after the last
+/// span of `majority_down` that does (no leader to register with), or at
+/// `from_us`. `None` when a window still open covers it all.
+fn counted_from(
+    windows: &[Window],
+    majority_down: &[(u64, u64)],
+    node: &str,
+    from_us: u64,
+    to_us: u64,
+) -> Option<u64> {
     let mut start = from_us;
     for w in node_windows(windows, node).filter(|w| w.from_us <= to_us) {
         match w.to_us {
@@ -24,20 +32,30 @@ fn counted_from(windows: &[Window], node: &str, from_us: u64, to_us: u64) -> Opt
             Some(_) => {}
         }
     }
+    for &(down_from, down_to) in majority_down {
+        if down_from <= to_us && down_to >= from_us {
+            if down_to == u64::MAX {
+                return None;
+            }
+            start = start.max(down_to);
+        }
+    }
     Some(start)
 }
 
 /// Every agent, once registered, found a leader again within `bound_us`
-/// of losing its stream, outside fault windows on its own node: a failover
-/// costs the fleet no more than an election and a reconnect backoff. A
-/// loss never followed by a registration counts up to the last line of
-/// any agent log.
+/// of losing its stream, outside fault windows on its own node and spans
+/// with a majority of the `members` peers down: a failover costs the
+/// fleet no more than an election and a reconnect backoff. A loss never
+/// followed by a registration counts up to the last line of any agent log.
 pub fn agents_found_the_leader(
     agent_logs: &[(String, String)],
     windows: &[Window],
+    members: usize,
     wall_zero_us: u64,
     bound_us: u64,
 ) -> Checked {
+    let majority_down = majority_down_spans(windows, members);
     let secs = |us: u64| us as f64 / 1e6;
     let logs_end = agent_logs
         .iter()
@@ -59,7 +77,7 @@ pub fn agents_found_the_leader(
                 registered = true;
                 let Some(from) = lost_at.take() else { continue };
                 outages += 1;
-                let Some(start) = counted_from(windows, node, from, at) else {
+                let Some(start) = counted_from(windows, &majority_down, node, from, at) else {
                     continue;
                 };
                 let without = at.saturating_sub(start);
@@ -82,7 +100,7 @@ pub fn agents_found_the_leader(
             }
         }
         if let Some(from) = lost_at
-            && let Some(start) = counted_from(windows, node, from, logs_end)
+            && let Some(start) = counted_from(windows, &majority_down, node, from, logs_end)
             && logs_end.saturating_sub(start) > bound_us
         {
             violations.push(format!(
@@ -140,7 +158,7 @@ mod tests {
     }
 
     fn check(logs: &[(String, String)], windows: &[Window]) -> Checked {
-        agents_found_the_leader(logs, windows, ZERO, BOUND)
+        agents_found_the_leader(logs, windows, 3, ZERO, BOUND)
     }
 
     #[test]
@@ -219,6 +237,27 @@ mod tests {
         let checked = check(&logs, &cut);
         assert!(checked.violations.is_empty(), "{checked:?}");
         assert!(checked.scope.contains("longest 2.0s"), "{}", checked.scope);
+    }
+
+    #[test]
+    fn time_with_a_majority_of_peers_down_is_excused() {
+        let logs = [log(
+            "n1",
+            &[
+                (1.0, AGENT_REGISTERED),
+                (10.0, CONTROL_PLANE_STREAM_LOST),
+                (33.0, AGENT_REGISTERED),
+            ],
+        )];
+        let down = |peer: u64| Window {
+            data_plane: true,
+            ..window(Subject::Peer(peer), 10_000_000, 30_000_000)
+        };
+        let checked = check(&logs, &[down(1), down(2)]);
+        assert!(checked.violations.is_empty(), "{checked:?}");
+        assert!(checked.scope.contains("longest 3.0s"), "{}", checked.scope);
+        // One peer down is no excuse.
+        assert_eq!(found(&check(&logs, &[down(1)])).len(), 1);
     }
 
     #[test]

@@ -44,6 +44,41 @@ impl Leaderless {
     }
 }
 
+/// The spans of run time in which a majority of `members` peers were down
+/// or paused by the schedule (their data-plane fault windows overlap): no
+/// leader is possible then, and nothing can register with one.
+pub fn majority_down_spans(windows: &[Window], members: usize) -> Vec<(u64, u64)> {
+    let majority = members / 2 + 1;
+    let peer_windows: Vec<(u64, u64, u64)> = windows
+        .iter()
+        .filter(|w| w.data_plane)
+        .filter_map(|w| match w.subject {
+            Subject::Peer(id) => Some((id, w.from_us, w.to_us.unwrap_or(u64::MAX))),
+            Subject::Node(_) => None,
+        })
+        .collect();
+    let mut bounds: Vec<u64> = peer_windows.iter().flat_map(|&(_, a, b)| [a, b]).collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for pair in bounds.windows(2) {
+        let (from, to) = (pair[0], pair[1]);
+        let down: std::collections::BTreeSet<u64> = peer_windows
+            .iter()
+            .filter(|&&(_, a, b)| a <= from && from < b)
+            .map(|&(id, _, _)| id)
+            .collect();
+        if down.len() < majority {
+            continue;
+        }
+        match spans.last_mut() {
+            Some(last) if last.1 == from => last.1 = to,
+            _ => spans.push((from, to)),
+        }
+    }
+    spans
+}
+
 /// The spans, outside those excused, when no majority of `members` peers
 /// named one leader of one term; and how much time was judged.
 pub fn leaderless_spans(
@@ -57,17 +92,8 @@ pub fn leaderless_spans(
         return (Vec::new(), 0);
     };
     let majority = members / 2 + 1;
-    let down = |t: u64| {
-        windows
-            .iter()
-            .filter(|w| w.data_plane && w.from_us <= t && t < w.to_us.unwrap_or(u64::MAX))
-            .filter_map(|w| match w.subject {
-                Subject::Peer(id) => Some(id),
-                Subject::Node(_) => None,
-            })
-            .collect::<std::collections::BTreeSet<u64>>()
-            .len()
-    };
+    let majority_down = majority_down_spans(windows, members);
+    let excused_at = |t: u64| majority_down.iter().any(|&(a, b)| a <= t && t < b);
     // Each peer's latest answer so far.
     let mut latest: BTreeMap<u64, &LeaderSample> = BTreeMap::new();
     let mut next = 0;
@@ -80,7 +106,7 @@ pub fn leaderless_spans(
             latest.insert(ordered[next].peer, ordered[next]);
             next += 1;
         }
-        let excused = members - down(t).min(members) < majority;
+        let excused = excused_at(t);
         let mut followers: BTreeMap<(u64, u64, u64), usize> = BTreeMap::new();
         for s in latest.values() {
             if let Some(leader) = s.leader

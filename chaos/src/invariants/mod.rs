@@ -15,7 +15,7 @@ mod test_support;
 mod witness;
 
 pub use agent_streams::agents_found_the_leader;
-pub use availability::{Leaderless, leader_followed, leaderless_spans};
+pub use availability::{Leaderless, leader_followed, leaderless_spans, majority_down_spans};
 pub use fleet::{no_gpu_twice, router_healthy};
 pub use logs::{healthy_leader_kept_streams, log_time_us, no_unreachable_while_healthy};
 pub use raft::{

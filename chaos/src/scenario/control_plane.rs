@@ -7,6 +7,7 @@ use llmgw_api::{AddPeer, Membership, paths};
 use rand::Rng;
 use rand::seq::SliceRandom;
 
+use super::silent_peers::{check_rejoined, hold_requiring_failover};
 use super::{Ctx, ScenarioError};
 use crate::invariants::{self, Checked};
 
@@ -47,8 +48,9 @@ pub(super) async fn leader_isolated_minority(ctx: &mut Ctx) -> Result<(), Scenar
         format!("isolate leader {leader} from both followers"),
         proof,
     );
-    ctx.hold(4000, 8000).await;
+    hold_for_failover(ctx, &followers, 4000, 8000).await;
     ctx.heal()?;
+    check_rejoined(ctx, leader);
     ctx.hold(1500, 3000).await;
     Ok(())
 }
@@ -65,8 +67,10 @@ pub(super) async fn one_way_partition(ctx: &mut Ctx) -> Result<(), ScenarioError
         format!("drop all traffic from leader {leader} to the followers"),
         proof,
     );
-    ctx.hold(4000, 7000).await;
+    // The followers hear nothing from the leader: they must elect.
+    hold_for_failover(ctx, &followers, 4000, 7000).await;
     ctx.heal()?;
+    check_rejoined(ctx, leader);
     ctx.hold(1500, 3000).await;
     let leader = ctx.leader().await?;
     let followers = ctx.followers(leader);
@@ -88,6 +92,7 @@ pub(super) async fn one_way_partition(ctx: &mut Ctx) -> Result<(), ScenarioError
     );
     ctx.hold(4000, 7000).await;
     ctx.heal()?;
+    check_rejoined(ctx, sender);
     ctx.hold(1500, 3000).await;
     Ok(())
 }
@@ -108,6 +113,14 @@ pub(super) async fn lossy_links(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     ctx.heal()?;
     ctx.hold(1500, 3000).await;
     Ok(())
+}
+
+/// Holds a fault that silenced the leader for a seeded time in
+/// `[min_ms, max_ms)` (as `Ctx::hold` would), and requires `followers`
+/// to have elected a leader of their own within it.
+async fn hold_for_failover(ctx: &mut Ctx, followers: &[u64], min_ms: u64, max_ms: u64) {
+    let ms = ctx.rng.random_range(min_ms..max_ms);
+    hold_requiring_failover(ctx, followers, Duration::from_millis(ms)).await;
 }
 
 /// Every ordered pair of distinct peers in `ids`.
@@ -165,10 +178,11 @@ pub(super) async fn leader_sigstop(ctx: &mut Ctx) -> Result<(), ScenarioError> {
     let leader = ctx.leader().await?;
     let proof = ctx.cluster.pause(leader);
     ctx.confirmed(format!("SIGSTOP leader {leader}"), proof);
-    // The election timeout is at most 1.6 s.
-    ctx.hold(3000, 6000).await;
+    let followers = ctx.followers(leader);
+    hold_for_failover(ctx, &followers, 3000, 6000).await;
     let proof = ctx.cluster.resume(leader);
     ctx.confirmed(format!("SIGCONT peer {leader}"), proof);
+    check_rejoined(ctx, leader);
     ctx.hold(2000, 4000).await;
     Ok(())
 }

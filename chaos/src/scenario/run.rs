@@ -464,6 +464,7 @@ fn check(ctx: &mut Ctx, evidence: &Evidence, closing: &Closing, checked: &mut Ve
             Ok(bound) => invariants::agents_found_the_leader(
                 &evidence.agent_logs,
                 &evidence.windows,
+                ctx.cluster.member_ids().len(),
                 evidence.wall_zero_us,
                 u64::try_from(bound.as_micros()).unwrap_or(u64::MAX),
             ),

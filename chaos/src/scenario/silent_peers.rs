@@ -32,7 +32,7 @@ const REJOIN_WITHIN_US: u64 = 10_000_000;
 
 /// Checks later that `peer` named the others' leader within
 /// `REJOIN_WITHIN_US` of now (its fault just healed).
-fn check_rejoined(ctx: &mut Ctx, peer: u64) {
+pub(super) fn check_rejoined(ctx: &mut Ctx, peer: u64) {
     let healed_us = ctx.history.now_us();
     ctx.check_later(move |ev| {
         invariants::rejoined_after_healing(&ev.leader_samples, peer, healed_us, REJOIN_WITHIN_US)
